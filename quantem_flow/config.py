@@ -1,0 +1,108 @@
+"""Defaults, environment variables and a ``set()`` context manager.
+
+Every default can be read with :func:`get`, overridden for a block with
+:func:`set` and preset through an environment variable
+``QUANTEM_FLOW_<NAME>`` (upper case), read once at import.
+
+========================  =========================================  =========
+name                      meaning                                    default
+========================  =========================================  =========
+``chunk_mib``             logical (decoded) MiB per chunk            128
+``local_workers``         worker processes of the embedded cluster   min(cores, 4)
+``local_threads``         threads per embedded worker                1
+``probe_sample_frames``   frames read to find the probe ("auto")     256
+``progress``              show a progress bar on long work           True
+``numba_cache``           cache compiled CPU kernels on disk         True
+========================  =========================================  =========
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from .errors import ParameterError
+
+__all__ = ["get", "set", "snapshot"]
+
+_DEFAULTS: dict[str, Any] = {
+    "chunk_mib": 128.0,
+    "local_workers": max(1, min(os.cpu_count() or 1, 4)),
+    "local_threads": 1,
+    "probe_sample_frames": 256,
+    "progress": True,
+    "numba_cache": True,
+}
+
+
+def _coerce(name: str, raw: str) -> Any:
+    default = _DEFAULTS[name]
+    if isinstance(default, bool):
+        return raw.strip().lower() in {"1", "true", "yes", "on"}
+    if isinstance(default, int):
+        return int(raw)
+    if isinstance(default, float):
+        return float(raw)
+    return raw
+
+
+_values: dict[str, Any] = dict(_DEFAULTS)
+for _name in _DEFAULTS:
+    _env = os.environ.get(f"QUANTEM_FLOW_{_name.upper()}")
+    if _env is not None:
+        _values[_name] = _coerce(_name, _env)
+
+
+def get(name: str) -> Any:
+    """Return the current value of a setting.
+
+    Parameters
+    ----------
+    name
+        One of the names in this module's table.
+
+    Returns
+    -------
+    Any
+        The value in force.
+    """
+    if name not in _values:
+        raise ParameterError(
+            f"unknown quantem-flow setting {name!r}; known settings: {sorted(_values)}"
+        )
+    return _values[name]
+
+
+def snapshot() -> dict[str, Any]:
+    """Return a copy of every setting, for provenance."""
+    return dict(_values)
+
+
+@contextlib.contextmanager
+def set(**overrides: Any) -> Iterator[None]:  # noqa: A001 - mirrors dask.config.set
+    """Override settings inside a ``with`` block.
+
+    Parameters
+    ----------
+    **overrides
+        ``name=value`` pairs for names in this module's table.
+
+    Examples
+    --------
+    >>> import quantem_flow as qf
+    >>> with qf.config.set(chunk_mib=64):
+    ...     pass
+    """
+    unknown = sorted(k for k in overrides if k not in _values)
+    if unknown:
+        raise ParameterError(
+            f"unknown quantem-flow setting(s) {unknown}; known settings: {sorted(_values)}"
+        )
+    old = {k: _values[k] for k in overrides}
+    _values.update(overrides)
+    try:
+        yield
+    finally:
+        _values.update(old)

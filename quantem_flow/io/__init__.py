@@ -1,0 +1,132 @@
+"""Readers and writers, one module per format, behind one registry.
+
+:func:`open_source` picks a reader by ``format=`` or by the file's name and
+content, and passes the remaining keyword options to it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError, ParameterError
+from .base import FrameSource, Source, SourceIdentity, check_exists
+
+__all__ = [
+    "READERS",
+    "FrameSource",
+    "Source",
+    "SourceIdentity",
+    "detect_format",
+    "open_source",
+]
+
+# format name -> "module:Class"; modules import lazily so that opening an
+# .npy file never imports h5py or zarr.
+READERS: dict[str, str] = {
+    "memory": "quantem_flow.io.memory:ArraySource",
+    "npy": "quantem_flow.io.npy:NpySource",
+    "raw": "quantem_flow.io.raw:RawSource",
+    "hdf5": "quantem_flow.io.hdf5:Hdf5Source",
+    "dectris": "quantem_flow.io.dectris:DectrisSource",
+    "zarr": "quantem_flow.io.zarr_store:ZarrSource",
+    "empad": "quantem_flow.io.empad:EmpadSource",
+    "mib": "quantem_flow.io.merlin:MerlinSource",
+}
+
+
+def reader_class(fmt: str) -> Callable[..., Source]:
+    """Return the reader class registered for ``fmt``."""
+    target = READERS.get(fmt)
+    if target is None:
+        raise ParameterError(f"unknown format {fmt!r}; known formats: {sorted(READERS)}")
+    module, _, name = target.partition(":")
+    cls: Callable[..., Source] = getattr(importlib.import_module(module), name)
+    return cls
+
+
+def _is_dectris_master(path: Path) -> bool:
+    if path.name.lower().endswith(("_master.h5", "_master.hdf5")):
+        return True
+    from .hdf5 import open_h5
+
+    with open_h5(path) as f:
+        det = f.get("/entry/instrument/detector/description")
+        if det is not None:
+            text = det[()]
+            text = text.decode(errors="replace") if isinstance(text, bytes) else str(text)
+            return "dectris" in text.lower() or "arina" in text.lower() or "eiger" in text.lower()
+    return False
+
+
+def detect_format(path: str | os.PathLike[str]) -> str:
+    """Guess the reader for a path from its name and, for HDF5, its content.
+
+    Parameters
+    ----------
+    path
+        File or directory.
+
+    Returns
+    -------
+    str
+        A key of :data:`READERS`.
+    """
+    p = check_exists(path)
+    name = p.name.lower()
+    if p.is_dir():
+        if (p / "zarr.json").exists() or (p / ".zarray").exists() or (p / ".zgroup").exists():
+            return "zarr"
+        raise FormatError(f"directory {str(p)!r} is not a Zarr store (no zarr.json)")
+    if name.endswith(".npy"):
+        return "npy"
+    if name.endswith(".mib"):
+        return "mib"
+    if name.endswith(".xml"):
+        return "empad"
+    if name.endswith((".h5", ".hdf5", ".nxs", ".hdf", ".emd")):
+        return "dectris" if _is_dectris_master(p) else "hdf5"
+    if name.endswith(".zarr"):
+        return "zarr"
+    raise FormatError(
+        f"cannot tell the format of {str(p)!r} from its name; pass format= one of "
+        f"{sorted(READERS)} (raw binary needs format='raw', dtype= and frame_shape=)"
+    )
+
+
+def open_source(
+    path_or_array: str | os.PathLike[str] | np.ndarray, *, format: str | None = None, **options: Any
+) -> Source:
+    """Open an input with the right reader.
+
+    Parameters
+    ----------
+    path_or_array
+        A file, directory or in-memory array.
+    format
+        Reader name; guessed from the path when ``None``.
+    **options
+        Passed to the reader (``dataset_path``, ``scan_shape``, ``dtype``...).
+
+    Returns
+    -------
+    Source
+        The opened (metadata-only) source.
+    """
+    if isinstance(path_or_array, np.ndarray):
+        if format not in (None, "memory"):
+            raise ParameterError(f"an in-memory array needs format='memory', got {format!r}")
+        return reader_class("memory")(path_or_array, **options)
+    fmt = format or detect_format(path_or_array)
+    cls = reader_class(fmt)
+    try:
+        return cls(path_or_array, **options)
+    except TypeError as exc:
+        if "unexpected keyword" in str(exc) or "required keyword" in str(exc):
+            raise ParameterError(f"reader {fmt!r}: {exc}") from exc
+        raise

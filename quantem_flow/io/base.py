@@ -1,0 +1,427 @@
+"""The source protocol every reader implements.
+
+A :class:`Source` describes one 4D-STEM input ``I[R_r, R_c, k_r, k_c]`` and
+reads rectangular blocks of scan positions from it.  Sources are small,
+picklable descriptions: they hold paths and parameters, open their files
+lazily inside the process that reads, and drop open handles when pickled,
+so the same object can be shipped to every Dask worker.
+
+Readers whose files store a flat sequence of frames (Dectris, Merlin,
+EMPAD, raw, 3-D HDF5/NumPy/Zarr) derive from :class:`FrameSource` and only
+implement :meth:`FrameSource.read_frames`.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import hashlib
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..calibration import Calibration
+from ..errors import ParameterError, ScanShapeError, ShapeError, SourceNotFoundError
+
+__all__ = [
+    "FrameSource",
+    "ScanShapeChoice",
+    "Source",
+    "SourceIdentity",
+    "check_exists",
+    "header_digest",
+    "resolve_scan_shape",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceIdentity:
+    """Who a source is: enough to tell whether two results share an input.
+
+    Attributes
+    ----------
+    format
+        Reader name (``"hdf5"``, ``"dectris"``, ``"mib"``...).
+    paths
+        Absolute paths of every file that holds data or metadata.
+    file_sizes
+        Size in bytes of each path (directories: total of the files below).
+    header_sha256
+        SHA-256 over the headers, shapes and dtypes the reader relied on.
+    """
+
+    format: str
+    paths: tuple[str, ...]
+    file_sizes: tuple[int, ...]
+    header_sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
+        return {
+            "format": self.format,
+            "paths": list(self.paths),
+            "file_sizes": list(self.file_sizes),
+            "header_sha256": self.header_sha256,
+        }
+
+
+def header_digest(*parts: Any) -> str:
+    """Return the SHA-256 of a sequence of header parts.
+
+    Bytes are hashed as they are; anything else by its ``repr``.
+    """
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part if isinstance(part, (bytes, bytearray)) else repr(part).encode())
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+def path_size(path: str | os.PathLike[str]) -> int:
+    """Return the size of a file, or of all files below a directory, in bytes."""
+    p = Path(path)
+    if p.is_dir():
+        return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+    return p.stat().st_size
+
+
+def check_exists(path: str | os.PathLike[str], *, what: str = "input file") -> Path:
+    """Return ``path`` as an absolute :class:`Path` or raise a clear error."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        parent = p.parent if str(p.parent) else Path(".")
+        hint = ""
+        if parent.is_dir():
+            near = sorted(x.name for x in parent.iterdir() if x.name.startswith(p.name[:3]))[:5]
+            if near:
+                hint = f"; similar names in {parent}: {near}"
+        raise SourceNotFoundError(f"{what} {str(p)!r} does not exist{hint}")
+    return p.resolve()
+
+
+class Source(abc.ABC):
+    """A readable 4D-STEM input.
+
+    Subclasses set :attr:`format` and implement :attr:`shape`, :attr:`dtype`,
+    :attr:`identity` and :meth:`read`.
+    """
+
+    format: ClassVar[str] = "abstract"
+
+    @property
+    @abc.abstractmethod
+    def shape(self) -> tuple[int, int, int, int]:
+        """Logical shape ``(R_r, R_c, k_r, k_c)``."""
+
+    @property
+    @abc.abstractmethod
+    def dtype(self) -> np.dtype[Any]:
+        """Native-byte-order dtype of the values :meth:`read` returns."""
+
+    @property
+    @abc.abstractmethod
+    def identity(self) -> SourceIdentity:
+        """Identity for provenance."""
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """Small JSON-ready metadata the reader found (detector, acquisition...)."""
+        return {}
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """Calibration found in the file or its sidecar, if any."""
+        return None
+
+    @property
+    def notes(self) -> list[str]:
+        """Explicit choices made while opening (recorded in provenance)."""
+        return []
+
+    @property
+    def nbytes(self) -> int:
+        """Logical (decoded) size in bytes."""
+        return int(math.prod(self.shape)) * int(self.dtype.itemsize)
+
+    @abc.abstractmethod
+    def read(self, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
+        """Read the half-open scan block ``rows x cols``.
+
+        Parameters
+        ----------
+        rows, cols
+            Half-open ``(start, stop)`` scan row and column ranges.
+
+        Returns
+        -------
+        numpy.ndarray
+            Array of shape ``(rows, cols, k_r, k_c)`` and dtype :attr:`dtype`.
+
+        Raises
+        ------
+        CorruptChunkError
+            If stored bytes cannot be read or decoded; the message names the
+            file, the dataset and the frames.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release open file handles (they reopen on the next read)."""
+
+    def check_block(self, rows: tuple[int, int], cols: tuple[int, int]) -> None:
+        """Raise if a block lies outside the scan."""
+        R, C = self.shape[:2]
+        r0, r1 = rows
+        c0, c1 = cols
+        if not (0 <= r0 < r1 <= R and 0 <= c0 < c1 <= C):
+            raise ShapeError(
+                f"scan block rows={rows} cols={cols} is empty or outside the scan of shape "
+                f"({R}, {C})"
+            )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for key in list(state):
+            if key.startswith("_handle"):
+                state[key] = None
+        return state
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(shape={self.shape}, dtype={self.dtype})"
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanShapeChoice:
+    """A resolved scan shape and how it was chosen."""
+
+    shape: tuple[int, int]
+    frame_offset: int
+    how: str
+    note: str | None = None
+
+
+def _sidecar_candidates(path: Path) -> list[Path]:
+    stem = path.name
+    for suffix in (".h5", ".hdf5", ".nxs", ".mib", ".raw", ".xml", ".npy", ".bin", ".zarr"):
+        if stem.lower().endswith(suffix):
+            stem = stem[: -len(suffix)]
+            break
+    out = [path.parent / (path.name + ".json"), path.parent / (stem + ".json")]
+    if stem.endswith("_master"):
+        out.append(path.parent / (stem[: -len("_master")] + ".json"))
+    return [p for i, p in enumerate(out) if p not in out[:i]]
+
+
+def read_sidecar(path: Path) -> tuple[Path, dict[str, Any]] | None:
+    """Return the first JSON sidecar next to ``path`` and its content, if any.
+
+    A sidecar is ``<file>.json`` or ``<stem>.json`` (for Dectris
+    ``x_master.h5`` also ``x.json``) holding ``{"scan_shape": [rows, cols]}``
+    and optionally ``"calibration": {...}`` (fields of
+    :class:`~quantem_flow.calibration.Calibration`).
+    """
+    import json
+
+    for cand in _sidecar_candidates(path):
+        if cand.is_file():
+            try:
+                content = json.loads(cand.read_text())
+            except (OSError, ValueError) as exc:
+                raise ParameterError(
+                    f"sidecar {str(cand)!r} is not valid JSON ({exc}); fix or remove it"
+                ) from exc
+            if not isinstance(content, dict):
+                raise ParameterError(
+                    f"sidecar {str(cand)!r} must hold a JSON object, got {type(content).__name__}"
+                )
+            return cand, content
+    return None
+
+
+def resolve_scan_shape(
+    n_frames: int,
+    scan_shape: Sequence[int] | str | None,
+    *,
+    path: Path | None = None,
+    frame_offset: int = 0,
+) -> ScanShapeChoice:
+    """Decide the scan shape of a flat sequence of frames, never silently.
+
+    Parameters
+    ----------
+    n_frames
+        Frames stored in the file(s).
+    scan_shape
+        ``(rows, cols)``; ``"square"`` to assume a square scan (recorded as a
+        note); ``None`` to look for a JSON sidecar next to ``path``.
+    path
+        The data file, used to find a sidecar.
+    frame_offset
+        Frames to skip at the start (for example a detector's flyback
+        frames), chosen by the user and recorded.
+
+    Returns
+    -------
+    ScanShapeChoice
+        The shape, the offset and how it was chosen.
+
+    Raises
+    ------
+    ScanShapeError
+        If no shape is given or found, or if ``frame_offset + rows * cols``
+        differs from ``n_frames``.
+    """
+    if frame_offset < 0 or frame_offset >= max(n_frames, 1):
+        raise ScanShapeError(
+            f"frame_offset must be in [0, {n_frames}) for a file of {n_frames} frames, "
+            f"got {frame_offset}"
+        )
+    usable = n_frames - frame_offset
+    how = "given"
+    note: str | None = None
+    if scan_shape is None and path is not None:
+        found = read_sidecar(path)
+        if found is not None and "scan_shape" in found[1]:
+            scan_shape = found[1]["scan_shape"]
+            how = f"sidecar {found[0]}"
+    if scan_shape is None:
+        root = math.isqrt(usable)
+        square = f"; it would be {root} x {root} if square" if root * root == usable else ""
+        raise ScanShapeError(
+            f"the input holds {usable} frames (after frame_offset={frame_offset}) but no scan "
+            f"shape was given{square}. Pass scan_shape=(rows, cols), write a sidecar "
+            f"'<file>.json' with {{\"scan_shape\": [rows, cols]}}, or pass scan_shape='square' "
+            "to assume a square scan (recorded in provenance)"
+        )
+    if isinstance(scan_shape, str):
+        if scan_shape != "square":
+            raise ScanShapeError(
+                f"scan_shape must be (rows, cols), 'square' or None, got {scan_shape!r}"
+            )
+        root = math.isqrt(usable)
+        if root * root != usable:
+            raise ScanShapeError(
+                f"scan_shape='square' needs a square number of frames, but the input holds "
+                f"{usable} frames; pass scan_shape=(rows, cols) explicitly"
+            )
+        shape = (root, root)
+        how = "guessed square (scan_shape='square')"
+        note = (
+            f"scan shape {shape} was assumed square from {usable} frames because "
+            "scan_shape='square' was passed; it was not read from the file"
+        )
+    else:
+        seq = [int(v) for v in scan_shape]
+        if len(seq) != 2 or min(seq) < 1:
+            raise ScanShapeError(f"scan_shape must be two positive integers, got {scan_shape!r}")
+        shape = (seq[0], seq[1])
+    if shape[0] * shape[1] != usable:
+        raise ScanShapeError(
+            f"scan shape {shape} needs {shape[0] * shape[1]} frames but the input holds "
+            f"{usable} (after frame_offset={frame_offset}); give the scan shape the acquisition "
+            "used, or frame_offset=N to skip leading frames"
+        )
+    return ScanShapeChoice(shape=shape, frame_offset=frame_offset, how=how, note=note)
+
+
+class FrameSource(Source):
+    """A source that stores frames in scan order (row-major over the scan).
+
+    Subclasses call :meth:`_set_frames` once they know the frame count and
+    frame shape, and implement :meth:`read_frames`.
+    """
+
+    _scan: ScanShapeChoice
+    _frame_shape: tuple[int, int]
+    _dtype: np.dtype[Any]
+    _n_frames: int
+
+    def _set_frames(
+        self,
+        *,
+        n_frames: int,
+        frame_shape: tuple[int, int],
+        dtype: np.dtype[Any] | str,
+        scan_shape: Sequence[int] | str | None,
+        path: Path | None,
+        frame_offset: int = 0,
+    ) -> None:
+        self._n_frames = int(n_frames)
+        self._frame_shape = (int(frame_shape[0]), int(frame_shape[1]))
+        self._dtype = np.dtype(dtype).newbyteorder("=")
+        self._scan = resolve_scan_shape(
+            self._n_frames, scan_shape, path=path, frame_offset=frame_offset
+        )
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """Logical shape ``(R_r, R_c, k_r, k_c)``."""
+        return (*self._scan.shape, *self._frame_shape)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """Native-order dtype of the frames."""
+        return self._dtype
+
+    @property
+    def n_frames(self) -> int:
+        """Frames stored in the file(s), including any skipped by ``frame_offset``."""
+        return self._n_frames
+
+    @property
+    def scan_choice(self) -> ScanShapeChoice:
+        """How the scan shape was chosen."""
+        return self._scan
+
+    @property
+    def notes(self) -> list[str]:
+        """Explicit choices made while opening."""
+        return [self._scan.note] if self._scan.note else []
+
+    def scan_metadata(self) -> dict[str, Any]:
+        """Return the scan-shape part of :attr:`metadata`."""
+        return {
+            "n_frames": self._n_frames,
+            "frame_offset": self._scan.frame_offset,
+            "scan_shape_from": self._scan.how,
+        }
+
+    @abc.abstractmethod
+    def read_frames(self, start: int, stop: int) -> np.ndarray:
+        """Read stored frames ``[start, stop)`` (absolute, offset included).
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape ``(stop - start, k_r, k_c)``, native byte order.
+        """
+
+    def read(self, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
+        """Read a scan block by reading whole frame runs."""
+        self.check_block(rows, cols)
+        R, C = self._scan.shape
+        off = self._scan.frame_offset
+        r0, r1 = rows
+        c0, c1 = cols
+        kr, kc = self._frame_shape
+        if (c0, c1) == (0, C):
+            frames = self.read_frames(off + r0 * C, off + r1 * C)
+            return frames.reshape(r1 - r0, C, kr, kc)
+        out = np.empty((r1 - r0, c1 - c0, kr, kc), dtype=self._dtype)
+        for i, r in enumerate(range(r0, r1)):
+            out[i] = self.read_frames(off + r * C + c0, off + r * C + c1)
+        return out
+
+
+def sidecar_calibration(path: Path) -> Calibration | None:
+    """Return the calibration stored in a JSON sidecar next to ``path``, if any."""
+    found = read_sidecar(path)
+    if found is None or "calibration" not in found[1]:
+        return None
+    cal = found[1]["calibration"]
+    if not isinstance(cal, Mapping):
+        raise ParameterError(f"sidecar {str(found[0])!r}: 'calibration' must be an object")
+    return Calibration.from_dict(cal)

@@ -1,0 +1,206 @@
+"""Generic HDF5 datasets (any filter ``hdf5plugin`` registers)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import CorruptChunkError, DatasetPathError, DtypeError, FormatError, ShapeError
+from .base import FrameSource, SourceIdentity, check_exists, header_digest
+
+__all__ = ["Hdf5Source", "list_candidate_datasets", "open_h5"]
+
+
+def open_h5(path: Path) -> Any:
+    """Open an HDF5 file read-only with every compression plugin registered."""
+    import h5py
+    import hdf5plugin  # noqa: F401 - registers bitshuffle, LZ4, zstd... filters
+
+    try:
+        return h5py.File(path, "r")
+    except OSError as exc:
+        raise FormatError(f"{str(path)!r} is not a readable HDF5 file: {exc}") from exc
+
+
+def list_candidate_datasets(h5file: Any) -> list[str]:
+    """Return the paths of every 3-D or 4-D dataset in an open HDF5 file."""
+    import h5py
+
+    found: list[str] = []
+
+    def visit(name: str, obj: Any) -> None:
+        if isinstance(obj, h5py.Dataset) and obj.ndim in (3, 4):
+            found.append("/" + name)
+
+    h5file.visititems(visit)
+    return found
+
+
+def dataset_filters(dset: Any) -> dict[str, Any]:
+    """Return the filter pipeline of an HDF5 dataset as a JSON-ready dict."""
+    plist = dset.id.get_create_plist()
+    filters = []
+    for i in range(plist.get_nfilters()):
+        code, _flags, values, name = plist.get_filter(i)
+        filters.append(
+            {"id": int(code), "name": name.decode(errors="replace"), "values": list(values)}
+        )
+    return {"chunks": list(dset.chunks) if dset.chunks else None, "filters": filters}
+
+
+class Hdf5Source(FrameSource):
+    """One 3-D or 4-D dataset of an HDF5 file.
+
+    Parameters
+    ----------
+    path
+        The HDF5 file.
+    dataset_path
+        Path of the dataset inside the file, e.g. ``"/data"``.
+    scan_shape
+        For 3-D ``(frames, k_r, k_c)`` datasets: ``(rows, cols)``,
+        ``"square"`` or ``None`` (JSON sidecar).
+    frame_offset
+        Leading frames to skip (3-D datasets only).
+    """
+
+    format: ClassVar[str] = "hdf5"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        dataset_path: str,
+        scan_shape: Sequence[int] | str | None = None,
+        frame_offset: int = 0,
+    ):
+        import h5py
+
+        self._path = check_exists(path)
+        self._dataset_path = dataset_path
+        self._handle_file: Any = None
+        self._handle_dset: Any = None
+        with open_h5(self._path) as f:
+            obj = f.get(dataset_path)
+            if not isinstance(obj, h5py.Dataset):
+                cands = list_candidate_datasets(f)
+                what = "does not exist" if obj is None else f"is a {type(obj).__name__}"
+                raise DatasetPathError(
+                    f"dataset_path {dataset_path!r} {what} in {str(self._path)!r}; "
+                    f"3-D/4-D datasets in the file: {cands or 'none'}"
+                )
+            shape = tuple(int(s) for s in obj.shape)
+            dtype = obj.dtype
+            self._layout = dataset_filters(obj)
+            attrs = {k: _attr(v) for k, v in obj.attrs.items()}
+        if dtype.kind not in "uif":
+            raise DtypeError(
+                f"{dataset_path!r} in {str(self._path)!r} has dtype {dtype}; expected integer or "
+                "real values"
+            )
+        self._stored_shape = shape
+        self._attrs = attrs
+        if len(shape) == 4:
+            if scan_shape is not None and tuple(scan_shape) != shape[:2]:
+                raise ShapeError(
+                    f"{dataset_path!r} is 4-D {shape} but scan_shape={scan_shape!r} was given"
+                )
+            self._set_frames(
+                n_frames=shape[0] * shape[1], frame_shape=shape[2:], dtype=dtype,
+                scan_shape=shape[:2], path=None,
+            )
+        elif len(shape) == 3:
+            self._set_frames(
+                n_frames=shape[0], frame_shape=shape[1:], dtype=dtype,
+                scan_shape=scan_shape, path=self._path, frame_offset=frame_offset,
+            )
+        else:
+            raise ShapeError(
+                f"{dataset_path!r} in {str(self._path)!r} has shape {shape}; expected "
+                "(R_r, R_c, k_r, k_c) or (frames, k_r, k_c)"
+            )
+
+    def _dset(self) -> Any:
+        if self._handle_dset is None:
+            self._handle_file = open_h5(self._path)
+            self._handle_dset = self._handle_file[self._dataset_path]
+        return self._handle_dset
+
+    @property
+    def path(self) -> Path:
+        """The file."""
+        return self._path
+
+    @property
+    def identity(self) -> SourceIdentity:
+        """Path, size and a digest of shape, dtype, chunks, filters and attributes."""
+        return SourceIdentity(
+            format=self.format,
+            paths=(str(self._path),),
+            file_sizes=(self._path.stat().st_size,),
+            header_sha256=header_digest(
+                self._dataset_path, self._stored_shape, str(self._dtype), self._layout,
+                sorted(self._attrs.items()),
+            ),
+        )
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """Dataset path, stored shape, chunking, filters and attributes."""
+        return {
+            "dataset_path": self._dataset_path,
+            "stored_shape": list(self._stored_shape),
+            **self._layout,
+            "attributes": self._attrs,
+            **self.scan_metadata(),
+        }
+
+    def _read(self, selection: tuple[slice, ...], what: str) -> np.ndarray:
+        try:
+            return np.asarray(self._dset()[selection], dtype=self._dtype)
+        except OSError as exc:
+            raise CorruptChunkError(
+                f"could not read or decode {what} of {self._dataset_path!r} in "
+                f"{str(self._path)!r}: {exc}. The file may be truncated or a compressed chunk "
+                "corrupt; results computed so far are kept"
+            ) from exc
+
+    def read_frames(self, start: int, stop: int) -> np.ndarray:
+        """Read frames ``[start, stop)``."""
+        if len(self._stored_shape) == 3:
+            return self._read((slice(start, stop),), f"frames [{start}, {stop})")
+        C = self._stored_shape[1]
+        kr, kc = self._frame_shape
+        r0, r1 = start // C, -(-stop // C)
+        block = self._read((slice(r0, r1),), f"scan rows [{r0}, {r1})").reshape(-1, kr, kc)
+        return block[start - r0 * C : stop - r0 * C]
+
+    def read(self, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
+        """Read a scan block; 4-D datasets are sliced directly."""
+        if len(self._stored_shape) == 3:
+            return super().read(rows, cols)
+        self.check_block(rows, cols)
+        return self._read(
+            (slice(*rows), slice(*cols)), f"scan rows [{rows[0]}, {rows[1]}) cols {cols}"
+        )
+
+    def close(self) -> None:
+        """Close the file."""
+        if self._handle_file is not None:
+            self._handle_file.close()
+        self._handle_file = None
+        self._handle_dset = None
+
+
+def _attr(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, np.ndarray):
+        return value.tolist() if value.size <= 64 else f"<array {value.shape} {value.dtype}>"
+    if isinstance(value, np.generic):
+        return value.item()
+    return value if isinstance(value, (str, int, float, bool)) else repr(value)

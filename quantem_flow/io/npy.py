@@ -1,0 +1,116 @@
+"""NumPy ``.npy`` files, memory-mapped."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import DtypeError, FormatError, ShapeError
+from .base import FrameSource, SourceIdentity, check_exists, header_digest
+
+__all__ = ["NpySource"]
+
+
+class NpySource(FrameSource):
+    """A ``.npy`` file holding ``(R_r, R_c, k_r, k_c)`` or ``(frames, k_r, k_c)``.
+
+    Parameters
+    ----------
+    path
+        The ``.npy`` file.
+    scan_shape
+        Needed for 3-D files: ``(rows, cols)``, ``"square"``, or ``None`` to
+        use a JSON sidecar.
+    frame_offset
+        Leading frames to skip (3-D files only).
+    """
+
+    format: ClassVar[str] = "npy"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        scan_shape: Sequence[int] | str | None = None,
+        frame_offset: int = 0,
+    ):
+        self._path = check_exists(path)
+        self._handle_mm: np.ndarray | None = None
+        try:
+            probe = np.load(self._path, mmap_mode="r")
+        except (ValueError, OSError) as exc:
+            raise FormatError(f"{str(self._path)!r} is not a valid .npy file: {exc}") from exc
+        if not isinstance(probe, np.memmap):
+            raise FormatError(f"{str(self._path)!r} does not hold a single array")
+        shape, dtype = probe.shape, probe.dtype
+        fortran = bool(probe.flags.f_contiguous and not probe.flags.c_contiguous)
+        with open(self._path, "rb") as f:
+            self._header = (f.read(int(probe.offset)), shape, fortran, str(dtype))
+        del probe
+        if np.dtype(dtype).kind not in "uif":
+            raise DtypeError(f"{str(self._path)!r} holds dtype {dtype}; expected integer or real")
+        if len(shape) == 4:
+            if scan_shape is not None and tuple(scan_shape) != tuple(shape[:2]):
+                raise ShapeError(
+                    f"{str(self._path)!r} is 4-D {shape} but scan_shape={scan_shape!r} was given"
+                )
+            n = shape[0] * shape[1]
+            self._set_frames(
+                n_frames=n, frame_shape=shape[2:], dtype=dtype,
+                scan_shape=shape[:2], path=None,
+            )
+        elif len(shape) == 3:
+            self._set_frames(
+                n_frames=shape[0], frame_shape=shape[1:], dtype=dtype,
+                scan_shape=scan_shape, path=self._path, frame_offset=frame_offset,
+            )
+        else:
+            raise ShapeError(
+                f"{str(self._path)!r} has shape {shape}; expected (R_r, R_c, k_r, k_c) or "
+                "(frames, k_r, k_c)"
+            )
+        self._file_dtype = np.dtype(dtype)
+        self._stored_shape = tuple(int(s) for s in shape)
+
+    def _mm(self) -> np.ndarray:
+        if self._handle_mm is None:
+            mm = np.load(self._path, mmap_mode="r")
+            self._handle_mm = mm.reshape(-1, *self._frame_shape)
+        return self._handle_mm
+
+    @property
+    def path(self) -> Path:
+        """The file."""
+        return self._path
+
+    @property
+    def identity(self) -> SourceIdentity:
+        """Path, size and a digest of the .npy header."""
+        return SourceIdentity(
+            format=self.format,
+            paths=(str(self._path),),
+            file_sizes=(self._path.stat().st_size,),
+            header_sha256=header_digest(*self._header),
+        )
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """Stored shape and dtype."""
+        return {
+            "stored_shape": list(self._stored_shape),
+            "stored_dtype": str(self._file_dtype),
+            **self.scan_metadata(),
+        }
+
+    def read_frames(self, start: int, stop: int) -> np.ndarray:
+        """Copy frames out of the memory map (byte-swapped to native order)."""
+        block = self._mm()[start:stop]
+        return np.array(block, dtype=self._dtype)
+
+    def close(self) -> None:
+        """Drop the memory map."""
+        self._handle_mm = None

@@ -1,0 +1,150 @@
+"""Raw binary files: frames of a given shape and dtype, optional headers."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import DtypeError, FormatError, ParameterError, ShapeError
+from .base import FrameSource, SourceIdentity, check_exists, header_digest
+
+__all__ = ["RawSource"]
+
+
+class RawSource(FrameSource):
+    """A raw binary file of equally sized frame records.
+
+    Each record is ``frame_header_bytes`` of header, one frame of
+    ``frame_shape`` values of ``dtype`` (byte order included, e.g. ``">u2"``),
+    then ``frame_footer_bytes``.  The file may start with ``offset`` bytes.
+
+    Parameters
+    ----------
+    path
+        The file.
+    dtype
+        Value type as stored (``"<u2"``, ``">u2"``, ``"float32"``...).
+    frame_shape
+        ``(k_r, k_c)`` of one frame.  Alternatively give ``shape`` as the full
+        4-D ``(R_r, R_c, k_r, k_c)``.
+    scan_shape
+        ``(rows, cols)``, ``"square"`` or ``None`` (JSON sidecar).
+    shape
+        Full 4-D shape, instead of ``frame_shape`` and ``scan_shape``.
+    offset
+        Bytes before the first record.
+    frame_header_bytes, frame_footer_bytes
+        Bytes before and after each frame's values.
+    frame_offset
+        Leading frames to skip.
+    """
+
+    format: ClassVar[str] = "raw"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        dtype: str | np.dtype[Any],
+        frame_shape: Sequence[int] | None = None,
+        scan_shape: Sequence[int] | str | None = None,
+        shape: Sequence[int] | None = None,
+        offset: int = 0,
+        frame_header_bytes: int = 0,
+        frame_footer_bytes: int = 0,
+        frame_offset: int = 0,
+    ):
+        self._path = check_exists(path)
+        self._handle_mm: np.ndarray | None = None
+        self._file_dtype = np.dtype(dtype)
+        if self._file_dtype.kind not in "uif":
+            raise DtypeError(f"raw dtype must be integer or real, got {self._file_dtype}")
+        if shape is not None:
+            if frame_shape is not None or scan_shape is not None:
+                raise ParameterError("give either shape=(R_r, R_c, k_r, k_c) or frame_shape/scan_shape")
+            if len(shape) != 4:
+                raise ShapeError(f"shape must be (R_r, R_c, k_r, k_c), got {shape!r}")
+            scan_shape = (int(shape[0]), int(shape[1]))
+            frame_shape = (int(shape[2]), int(shape[3]))
+        if frame_shape is None or len(frame_shape) != 2:
+            raise ShapeError(f"frame_shape must be (k_r, k_c), got {frame_shape!r}")
+        if min(offset, frame_header_bytes, frame_footer_bytes) < 0:
+            raise ParameterError("offset and frame header/footer bytes must be >= 0")
+        self._offset = int(offset)
+        self._head = int(frame_header_bytes)
+        self._foot = int(frame_footer_bytes)
+        fs = (int(frame_shape[0]), int(frame_shape[1]))
+        frame_bytes = fs[0] * fs[1] * self._file_dtype.itemsize
+        self._record = self._head + frame_bytes + self._foot
+        size = self._path.stat().st_size
+        body = size - self._offset
+        if body < self._record or body % self._record:
+            raise FormatError(
+                f"{str(self._path)!r} holds {size} bytes; with offset {self._offset} and records "
+                f"of {self._record} bytes ({self._head} header + {fs} x {self._file_dtype} + "
+                f"{self._foot} footer) that is {body / self._record:.4g} frames, not a whole "
+                "number; check dtype, frame_shape, offset and header sizes"
+            )
+        self._set_frames(
+            n_frames=body // self._record, frame_shape=fs, dtype=self._file_dtype,
+            scan_shape=scan_shape, path=self._path, frame_offset=frame_offset,
+        )
+
+    def _mm(self) -> np.ndarray:
+        if self._handle_mm is None:
+            rec = np.dtype(
+                [
+                    ("head", f"V{self._head}" if self._head else "V0"),
+                    ("frame", self._file_dtype, self._frame_shape),
+                    ("foot", f"V{self._foot}" if self._foot else "V0"),
+                ]
+            )
+            if rec.itemsize != self._record:  # zero-size voids collapse
+                raise FormatError("internal record layout mismatch")
+            mm = np.memmap(self._path, dtype=rec, mode="r", offset=self._offset,
+                           shape=(self._n_frames,))
+            self._handle_mm = mm["frame"]
+        return self._handle_mm
+
+    @property
+    def path(self) -> Path:
+        """The file."""
+        return self._path
+
+    @property
+    def identity(self) -> SourceIdentity:
+        """Path, size and a digest of the layout and the first header bytes."""
+        with open(self._path, "rb") as f:
+            first = f.read(min(self._offset + self._head, 4096))
+        return SourceIdentity(
+            format=self.format,
+            paths=(str(self._path),),
+            file_sizes=(self._path.stat().st_size,),
+            header_sha256=header_digest(
+                first, str(self._file_dtype), self._frame_shape, self._offset, self._head,
+                self._foot, self._n_frames,
+            ),
+        )
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """Layout of the records."""
+        return {
+            "stored_dtype": self._file_dtype.str,
+            "offset": self._offset,
+            "frame_header_bytes": self._head,
+            "frame_footer_bytes": self._foot,
+            **self.scan_metadata(),
+        }
+
+    def read_frames(self, start: int, stop: int) -> np.ndarray:
+        """Copy frames out of the memory map in native byte order."""
+        return np.array(self._mm()[start:stop], dtype=self._dtype)
+
+    def close(self) -> None:
+        """Drop the memory map."""
+        self._handle_mm = None

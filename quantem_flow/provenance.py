@@ -1,0 +1,151 @@
+"""Provenance: where a result came from and every choice made on the way."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import hashlib
+import importlib.metadata
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Provenance", "array_identity", "package_versions"]
+
+_VERSIONED = (
+    "quantem-flow",
+    "numpy",
+    "scipy",
+    "numba",
+    "dask",
+    "distributed",
+    "h5py",
+    "hdf5plugin",
+    "zarr",
+    "numcodecs",
+)
+
+
+def package_versions() -> dict[str, str]:
+    """Return the installed version of every package a result may depend on."""
+    out: dict[str, str] = {}
+    for name in _VERSIONED:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def array_identity(array: np.ndarray) -> dict[str, Any]:
+    """Return a small, stable identity of an array (shape, dtype, SHA-256).
+
+    Used for masks and other array parameters so that provenance names them
+    exactly without storing them.
+    """
+    a = np.ascontiguousarray(array)
+    digest = hashlib.sha256()
+    digest.update(str(a.dtype).encode())
+    digest.update(repr(a.shape).encode())
+    digest.update(a.tobytes())
+    return {"shape": list(a.shape), "dtype": str(a.dtype), "sha256": digest.hexdigest()}
+
+
+def _jsonable(value: Any) -> Any:
+    """Convert numpy scalars, tuples and nested containers to JSON types."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, float) and not np.isfinite(value):
+        return str(value)
+    return value
+
+
+@dataclasses.dataclass
+class Provenance:
+    """Everything needed to say how a result was produced.
+
+    Attributes
+    ----------
+    operator
+        Name of the operator that made the result (``"virtual_image"``...).
+    parameters
+        The operator's resolved parameters, with units, mask identities and
+        any automatically found geometry (for example the probe estimate).
+    source
+        Identity of the input: format, paths, file sizes, a SHA-256 of the
+        headers, shapes and dtypes.
+    dataset
+        Shape, dtype, representation and storage schema of the dataset the
+        operator ran on (after any regions or binning).
+    transforms
+        Every crop, bin or other change applied to the data, in order.
+    flags
+        ``native`` (no transform), ``cropped``, ``binned``.
+    accumulation_dtype
+        The dtype sums were accumulated in.
+    execution
+        Requested and chosen runtime, scheduler, per-chunk records
+        (rows, worker, runtime, bytes read, seconds).
+    derived_from
+        Provenance of the results this one was computed from (for example
+        the centre of mass an iDPC phase integrates).
+    notes
+        Human-readable remarks on explicit choices (guessed square scans,
+        empty frames set to NaN, ...).
+    versions
+        Package versions.
+    timings
+        Wall-clock seconds of the stages of the computation.
+    created
+        ISO 8601 UTC time the result was produced.
+    """
+
+    operator: str
+    parameters: dict[str, Any] = dataclasses.field(default_factory=dict)
+    source: dict[str, Any] = dataclasses.field(default_factory=dict)
+    dataset: dict[str, Any] = dataclasses.field(default_factory=dict)
+    transforms: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    flags: dict[str, bool] = dataclasses.field(default_factory=dict)
+    accumulation_dtype: str | None = None
+    execution: dict[str, Any] = dataclasses.field(default_factory=dict)
+    derived_from: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    versions: dict[str, str] = dataclasses.field(default_factory=package_versions)
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    created: str = dataclasses.field(
+        default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    )
+
+    @property
+    def native(self) -> bool:
+        """Whether the result was computed on the unmodified (native) data."""
+        return bool(self.flags.get("native", not self.transforms))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
+        return {
+            f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)
+        }
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        """Return the provenance as a JSON document."""
+        return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Provenance:
+        """Rebuild provenance from :meth:`to_dict` output."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @classmethod
+    def from_json(cls, text: str) -> Provenance:
+        """Rebuild provenance from :meth:`to_json` output."""
+        return cls.from_dict(json.loads(text))

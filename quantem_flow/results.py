@@ -1,0 +1,202 @@
+"""Typed results: data, axes, units, calibration and provenance together.
+
+Every result holds a NumPy array in ``(row, column)`` order, the axes that
+calibrate it, the unit of its values and its :class:`Provenance`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .calibration import Axis
+from .errors import ParameterError, ShapeError
+from .provenance import Provenance
+
+__all__ = [
+    "RESULT_TYPES",
+    "ComplexObject",
+    "DiffractionImage",
+    "PhaseImage",
+    "Result",
+    "ScanImage",
+    "VectorField",
+    "result_from_parts",
+]
+
+
+@dataclasses.dataclass(eq=False)
+class Result:
+    """Base of every typed result.
+
+    Attributes
+    ----------
+    data
+        The values, in ``(row, column)`` order.
+    units
+        Unit of the values (``"counts"``, ``"mrad"``, ``"rad"``, ...).
+    axes
+        One :class:`Axis` per dimension of ``data`` (vector components have
+        an axis named ``"component"``).
+    provenance
+        How the result was produced.
+    name
+        A short label (``"bf"``, ``"com"``...).
+    """
+
+    data: np.ndarray
+    units: str
+    axes: tuple[Axis, ...]
+    provenance: Provenance
+    name: str = ""
+
+    kind: ClassVar[str] = "result"
+    ndim: ClassVar[int] = 2
+
+    def __post_init__(self) -> None:
+        self.data = np.asarray(self.data)
+        if self.data.ndim != self.ndim:
+            raise ShapeError(
+                f"{type(self).__name__} needs {self.ndim}-D data, got shape {self.data.shape}"
+            )
+        if len(self.axes) != self.data.ndim:
+            raise ShapeError(
+                f"{type(self).__name__} has {self.data.ndim} dimensions but {len(self.axes)} axes"
+            )
+        for axis, size in zip(self.axes, self.data.shape, strict=True):
+            if axis.size != size:
+                raise ShapeError(
+                    f"axis {axis.name!r} has size {axis.size} but data has {size} along it"
+                )
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of ``data``."""
+        return tuple(self.data.shape)
+
+    def metadata(self) -> dict[str, Any]:
+        """Return everything but the data, JSON-ready."""
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "units": self.units,
+            "shape": list(self.data.shape),
+            "dtype": str(self.data.dtype),
+            "axes": [a.to_dict() for a in self.axes],
+            "provenance": self.provenance.to_dict(),
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(name={self.name!r}, shape={self.shape}, "
+            f"dtype={self.data.dtype}, units={self.units!r}, operator="
+            f"{self.provenance.operator!r}, native={self.provenance.native})"
+        )
+
+
+@dataclasses.dataclass(eq=False, repr=False)
+class ScanImage(Result):
+    """A real image over the scan, ``data[R_r, R_c]`` (virtual images...)."""
+
+    kind: ClassVar[str] = "ScanImage"
+
+
+@dataclasses.dataclass(eq=False, repr=False)
+class PhaseImage(Result):
+    """A phase over the scan, ``data[R_r, R_c]``, in ``rad`` or ``arb.``."""
+
+    kind: ClassVar[str] = "PhaseImage"
+
+
+@dataclasses.dataclass(eq=False, repr=False)
+class DiffractionImage(Result):
+    """A pattern over the detector, ``data[k_r, k_c]`` (mean, max, sum)."""
+
+    kind: ClassVar[str] = "DiffractionImage"
+
+
+@dataclasses.dataclass(eq=False, repr=False)
+class VectorField(Result):
+    """A 2-vector per scan position, ``data[component, R_r, R_c]``.
+
+    Component 0 is the row (``k_r``) component and component 1 the column
+    (``k_c``) component.
+    """
+
+    kind: ClassVar[str] = "VectorField"
+    ndim: ClassVar[int] = 3
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.data.shape[0] != 2:
+            raise ShapeError(
+                f"VectorField needs data of shape (2, rows, cols), got {self.data.shape}"
+            )
+
+    @property
+    def row(self) -> np.ndarray:
+        """Row component, ``data[0]``."""
+        return np.asarray(self.data[0])
+
+    @property
+    def col(self) -> np.ndarray:
+        """Column component, ``data[1]``."""
+        return np.asarray(self.data[1])
+
+    @property
+    def magnitude(self) -> np.ndarray:
+        """Euclidean length of each vector."""
+        return np.asarray(np.hypot(self.data[0], self.data[1]))
+
+
+@dataclasses.dataclass(eq=False, repr=False)
+class ComplexObject(Result):
+    """A complex transmission function over the scan, ``data[R_r, R_c]``."""
+
+    kind: ClassVar[str] = "ComplexObject"
+
+    @property
+    def amplitude(self) -> np.ndarray:
+        """Modulus of the object."""
+        return np.asarray(np.abs(self.data))
+
+    @property
+    def phase(self) -> np.ndarray:
+        """Argument of the object, in rad."""
+        return np.asarray(np.angle(self.data))
+
+
+RESULT_TYPES: dict[str, type[Result]] = {
+    cls.kind: cls for cls in (ScanImage, PhaseImage, DiffractionImage, VectorField, ComplexObject)
+}
+
+
+def result_from_parts(data: np.ndarray, metadata: Mapping[str, Any]) -> Result:
+    """Rebuild a typed result from its data and :meth:`Result.metadata`.
+
+    Parameters
+    ----------
+    data
+        The stored values.
+    metadata
+        The dict :meth:`Result.metadata` returned when it was saved.
+
+    Returns
+    -------
+    Result
+        An instance of the stored kind.
+    """
+    kind = metadata.get("kind")
+    cls = RESULT_TYPES.get(str(kind))
+    if cls is None:
+        raise ParameterError(f"unknown result kind {kind!r}; known kinds: {sorted(RESULT_TYPES)}")
+    return cls(
+        data=np.asarray(data),
+        units=str(metadata["units"]),
+        axes=tuple(Axis.from_dict(a) for a in metadata["axes"]),
+        provenance=Provenance.from_dict(metadata["provenance"]),
+        name=str(metadata.get("name", "")),
+    )
