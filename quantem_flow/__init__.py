@@ -1,1 +1,86 @@
-"""quantem-flow."""
+"""quantem-flow: a task-graph engine for 4D-STEM data.
+
+Build lazy pipelines over chunked datasets ``I[R_r, R_c, k_r, k_c]`` and
+compute them in one pass on a local or remote Dask cluster::
+
+    import quantem_flow as qf
+
+    ds = qf.open("scan_master.h5", scan_shape=(256, 256))
+    bf, adf, com = qf.virtual_bf(ds), qf.virtual_adf(ds), qf.center_of_mass(ds)
+    phase = qf.idpc(com)
+    bf, adf, com, phase = qf.compute(bf, adf, com, phase)
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+from . import config, errors
+from .calibration import Axis, Calibration
+from .dataset import Dataset4D, open
+from .graphs import close_embedded_cluster, compute, embedded_client
+from .io.results_store import load_results, results_to_json, save_results
+from .operators import (
+    LazyResult,
+    ProbeEstimate,
+    center_of_mass,
+    dpc,
+    estimate_probe,
+    find_probe,
+    idpc,
+    max_diffraction,
+    mean_diffraction,
+    sum_diffraction,
+    virtual_abf,
+    virtual_adf,
+    virtual_annular,
+    virtual_bf,
+    virtual_image,
+    virtual_mask,
+)
+from .provenance import Provenance
+from .results import ComplexObject, DiffractionImage, PhaseImage, Result, ScanImage, VectorField
+
+try:
+    __version__ = importlib.metadata.version("quantem-flow")
+except importlib.metadata.PackageNotFoundError:  # pragma: no cover - source tree
+    __version__ = "0.0.0"
+
+__all__ = [
+    "Axis",
+    "Calibration",
+    "ComplexObject",
+    "Dataset4D",
+    "DiffractionImage",
+    "LazyResult",
+    "PhaseImage",
+    "ProbeEstimate",
+    "Provenance",
+    "Result",
+    "ScanImage",
+    "VectorField",
+    "__version__",
+    "center_of_mass",
+    "close_embedded_cluster",
+    "compute",
+    "config",
+    "dpc",
+    "embedded_client",
+    "errors",
+    "estimate_probe",
+    "find_probe",
+    "idpc",
+    "load_results",
+    "max_diffraction",
+    "mean_diffraction",
+    "open",
+    "results_to_json",
+    "save_results",
+    "sum_diffraction",
+    "virtual_abf",
+    "virtual_adf",
+    "virtual_annular",
+    "virtual_bf",
+    "virtual_image",
+    "virtual_mask",
+]

@@ -1,0 +1,476 @@
+"""Dataset4D: a lazy, chunked, calibrated 4D-STEM dataset, and :func:`open`.
+
+Opening reads metadata only.  Regions and binning are lazy views: they are
+recorded as transforms and applied to each chunk as it is loaded on a
+worker.  Chunks are blocks of whole scan rows, sized by ``chunk_mib``
+(logical, decoded MiB read per chunk).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import config
+from .calibration import Calibration
+from .errors import DtypeError, ParameterError, ShapeError
+from .io import Source, open_source
+from .io.base import sidecar_calibration
+from .representations import DENSE_SCHEMA
+
+__all__ = ["Dataset4D", "DetectorOp", "bin_frames", "binned_dtype", "open"]
+
+Region = tuple[int, int, int, int]
+
+
+def binned_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """Return the widened dtype binned sums are stored in.
+
+    Unsigned and signed integers widen to 32 bits (64 bits from 32-bit
+    input); floats widen to float64.  Widening is lossless and recorded.
+    """
+    dtype = np.dtype(dtype)
+    if dtype.kind == "u":
+        return np.dtype(np.uint32 if dtype.itemsize < 4 else np.uint64)
+    if dtype.kind == "i":
+        return np.dtype(np.int32 if dtype.itemsize < 4 else np.int64)
+    return np.dtype(np.float64)
+
+
+def bin_frames(block: np.ndarray, factor: tuple[int, int]) -> np.ndarray:
+    """Sum ``factor`` detector pixels into one, keeping partial edge bins.
+
+    Parameters
+    ----------
+    block
+        ``(..., k_r, k_c)`` frames.
+    factor
+        ``(f_r, f_c)`` pixels per bin along detector rows and columns.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(..., ceil(k_r / f_r), ceil(k_c / f_c))`` in :func:`binned_dtype`;
+        the last bin along an axis sums the remaining ``k % f`` pixels.
+    """
+    fr, fc = factor
+    acc = binned_dtype(block.dtype)
+    out = block.astype(acc, copy=False) if fr == 1 and fc == 1 else block
+    if fr > 1:
+        out = np.add.reduceat(out, np.arange(0, block.shape[-2], fr), axis=-2, dtype=acc)
+    if fc > 1:
+        out = np.add.reduceat(out, np.arange(0, block.shape[-1], fc), axis=-1, dtype=acc)
+    return np.ascontiguousarray(out, dtype=acc)
+
+
+@dataclasses.dataclass(frozen=True)
+class DetectorOp:
+    """One lazy detector transform: ``("crop", (r0, r1, c0, c1))`` or ``("bin", (fr, fc))``."""
+
+    kind: str
+    params: tuple[int, ...]
+
+    def apply(self, block: np.ndarray) -> np.ndarray:
+        """Apply to ``(..., k_r, k_c)`` frames."""
+        if self.kind == "crop":
+            r0, r1, c0, c1 = self.params
+            return block[..., r0:r1, c0:c1]
+        return bin_frames(block, (self.params[0], self.params[1]))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the transform for provenance."""
+        if self.kind == "crop":
+            return {"transform": "detector_region", "region": list(self.params)}
+        return {
+            "transform": "bin_detector",
+            "factor": list(self.params),
+            "partial_edge_bins": "kept (ceiling division)",
+        }
+
+
+def _check_region(region: Sequence[int], shape: tuple[int, int], what: str) -> Region:
+    try:
+        r0, r1, c0, c1 = (int(v) for v in region)
+    except (TypeError, ValueError) as exc:
+        raise ParameterError(
+            f"{what} must be (row_start, row_stop, col_start, col_stop), got {region!r}"
+        ) from exc
+    if not (0 <= r0 < r1 <= shape[0] and 0 <= c0 < c1 <= shape[1]):
+        raise ShapeError(
+            f"{what} {(r0, r1, c0, c1)} is empty or outside the {shape[0]} x {shape[1]} extent; "
+            "regions are half-open (row_start, row_stop, col_start, col_stop)"
+        )
+    return (r0, r1, c0, c1)
+
+
+class Dataset4D:
+    """A lazy 4D-STEM dataset ``I[R_r, R_c, k_r, k_c]``.
+
+    Build one with :func:`open`.  Every method returns a new dataset; nothing
+    is read until a computation runs.
+
+    Parameters
+    ----------
+    source
+        The opened input.
+    calibration
+        Axis calibration of the source.
+    chunk_rows
+        Scan rows per chunk; ``None`` sizes chunks to ``chunk_mib``.
+    chunk_mib
+        Target logical MiB per chunk (default ``config.get("chunk_mib")``).
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        calibration: Calibration | None = None,
+        chunk_rows: int | None = None,
+        chunk_mib: float | None = None,
+        notes: Sequence[str] = (),
+        _scan_block: Region | None = None,
+        _detector_ops: tuple[DetectorOp, ...] = (),
+    ):
+        self._source = source
+        R, C, kr, kc = source.shape
+        self._scan_block: Region = _scan_block or (0, R, 0, C)
+        self._detector_ops = _detector_ops
+        self._calibration = calibration or Calibration()
+        self._notes = list(notes)
+        self._chunk_mib = float(chunk_mib if chunk_mib is not None else config.get("chunk_mib"))
+        if not self._chunk_mib > 0:
+            raise ParameterError(f"chunk_mib must be > 0, got {chunk_mib!r}")
+        if chunk_rows is not None and int(chunk_rows) < 1:
+            raise ParameterError(f"chunk_rows must be >= 1, got {chunk_rows!r}")
+        self._chunk_rows_requested = None if chunk_rows is None else int(chunk_rows)
+        # detector shape and dtype after transforms
+        shape: tuple[int, int] = (kr, kc)
+        dtype = source.dtype
+        for op in self._detector_ops:
+            if op.kind == "crop":
+                shape = (op.params[1] - op.params[0], op.params[3] - op.params[2])
+            else:
+                shape = (-(-shape[0] // op.params[0]), -(-shape[1] // op.params[1]))
+                dtype = binned_dtype(dtype)
+        self._detector_shape = shape
+        self._dtype = np.dtype(dtype)
+
+    # -- description -------------------------------------------------------------
+    @property
+    def source(self) -> Source:
+        """The input this dataset reads."""
+        return self._source
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """``(R_r, R_c, k_r, k_c)`` after regions and binning."""
+        r0, r1, c0, c1 = self._scan_block
+        return (r1 - r0, c1 - c0, *self._detector_shape)
+
+    @property
+    def scan_shape(self) -> tuple[int, int]:
+        """``(R_r, R_c)``."""
+        return self.shape[0], self.shape[1]
+
+    @property
+    def detector_shape(self) -> tuple[int, int]:
+        """``(k_r, k_c)``."""
+        return self._detector_shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """Dtype of loaded chunks (widened after binning)."""
+        return self._dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Logical bytes of the dataset as loaded."""
+        return int(math.prod(self.shape)) * self._dtype.itemsize
+
+    @property
+    def read_nbytes(self) -> int:
+        """Logical (decoded) source bytes a full pass reads."""
+        r0, r1, c0, c1 = self._scan_block
+        kr, kc = self._source.shape[2:]
+        return (r1 - r0) * (c1 - c0) * kr * kc * self._source.dtype.itemsize
+
+    @property
+    def calibration(self) -> Calibration:
+        """Calibration of the axes as loaded."""
+        return self._calibration
+
+    @property
+    def representation(self) -> str:
+        """Payload representation of the chunks (``"dense"``)."""
+        return "dense"
+
+    @property
+    def storage_schema(self) -> str:
+        """Versioned layout of the chunk payloads."""
+        return DENSE_SCHEMA
+
+    @property
+    def scan_block(self) -> Region:
+        """Source scan region ``(r0, r1, c0, c1)`` this dataset covers."""
+        return self._scan_block
+
+    @property
+    def detector_ops(self) -> tuple[DetectorOp, ...]:
+        """Lazy detector transforms, in order."""
+        return self._detector_ops
+
+    @property
+    def notes(self) -> list[str]:
+        """Explicit choices made while opening (recorded in provenance)."""
+        return [*self._source.notes, *self._notes]
+
+    @property
+    def transforms(self) -> list[dict[str, Any]]:
+        """Every region and binning applied, in order, for provenance."""
+        out: list[dict[str, Any]] = []
+        R, C = self._source.shape[:2]
+        if self._scan_block != (0, R, 0, C):
+            out.append({"transform": "scan_region", "region": list(self._scan_block)})
+        out.extend(op.to_dict() for op in self._detector_ops)
+        return out
+
+    @property
+    def flags(self) -> dict[str, bool]:
+        """``native``, ``cropped`` and ``binned`` flags."""
+        kinds = {t["transform"] for t in self.transforms}
+        cropped = bool(kinds & {"scan_region", "detector_region"})
+        binned = "bin_detector" in kinds
+        return {"native": not (cropped or binned), "cropped": cropped, "binned": binned}
+
+    @property
+    def chunk_rows(self) -> int:
+        """Scan rows per chunk."""
+        rows = self.shape[0]
+        if self._chunk_rows_requested is not None:
+            return min(self._chunk_rows_requested, rows)
+        kr, kc = self._source.shape[2:]
+        row_bytes = self.shape[1] * kr * kc * self._source.dtype.itemsize
+        return max(1, min(rows, int(self._chunk_mib * 2**20 // max(row_bytes, 1))))
+
+    @property
+    def chunks(self) -> list[tuple[int, int]]:
+        """Half-open scan-row ranges of the chunks, in dataset rows."""
+        step = self.chunk_rows
+        rows = self.shape[0]
+        return [(r, min(r + step, rows)) for r in range(0, rows, step)]
+
+    def describe(self) -> dict[str, Any]:
+        """Return a JSON-ready description (for provenance and ``info``)."""
+        return {
+            "shape": list(self.shape),
+            "dtype": str(self._dtype),
+            "source_dtype": str(self._source.dtype),
+            "representation": self.representation,
+            "storage_schema": self.storage_schema,
+            "chunk_rows": self.chunk_rows,
+            "n_chunks": len(self.chunks),
+            "nbytes": self.nbytes,
+            "calibration": self._calibration.to_dict(),
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"Dataset4D(shape={self.shape}, dtype={self._dtype}, format={self._source.format!r}, "
+            f"chunks={len(self.chunks)} x {self.chunk_rows} rows, representation="
+            f"{self.representation!r}, native={self.flags['native']})"
+        )
+
+    # -- derived datasets ---------------------------------------------------------
+    def _derive(self, **changes: Any) -> Dataset4D:
+        kwargs: dict[str, Any] = {
+            "calibration": self._calibration,
+            "chunk_rows": self._chunk_rows_requested,
+            "chunk_mib": self._chunk_mib,
+            "notes": self._notes,
+            "_scan_block": self._scan_block,
+            "_detector_ops": self._detector_ops,
+        }
+        kwargs.update(changes)
+        return type(self)(self._source, **kwargs)
+
+    def with_calibration(self, calibration: Calibration | None = None, **fields: Any) -> Dataset4D:
+        """Return the dataset with a new calibration (of the axes as loaded).
+
+        Parameters
+        ----------
+        calibration
+            A full calibration, or ``None`` to change only ``fields``.
+        **fields
+            Fields of :class:`Calibration` to replace.
+        """
+        cal = calibration or self._calibration
+        if fields:
+            cal = cal.replace(**fields)
+        return self._derive(calibration=cal)
+
+    def rechunk(self, *, rows: int | None = None, mib: float | None = None) -> Dataset4D:
+        """Return the dataset with another chunking (``rows`` per chunk or ``mib`` per chunk)."""
+        if rows is not None and mib is not None:
+            raise ParameterError("give rows or mib, not both")
+        return self._derive(chunk_rows=rows, chunk_mib=mib if mib is not None else self._chunk_mib)
+
+    def crop_scan(self, region: Sequence[int]) -> Dataset4D:
+        """Keep the half-open scan region ``(row_start, row_stop, col_start, col_stop)``."""
+        r0, r1, c0, c1 = _check_region(region, self.scan_shape, "scan region")
+        b = self._scan_block
+        return self._derive(_scan_block=(b[0] + r0, b[0] + r1, b[2] + c0, b[2] + c1))
+
+    def crop_detector(self, region: Sequence[int]) -> Dataset4D:
+        """Keep the half-open detector region ``(row_start, row_stop, col_start, col_stop)``."""
+        r = _check_region(region, self.detector_shape, "detector region")
+        cal = self._calibration.detector_cropped(r[0], r[2])
+        return self._derive(
+            _detector_ops=(*self._detector_ops, DetectorOp("crop", r)), calibration=cal
+        )
+
+    def bin_detector(self, factor: int | Sequence[int]) -> Dataset4D:
+        """Sum ``factor`` x ``factor`` detector pixels (count-preserving, widened).
+
+        Partial edge bins are kept: a detector of 130 pixels binned by 4 has
+        33 bins, the last summing 2 pixels.  Integer data widen to 32 bits
+        (64 from 32-bit input), floats to float64.
+        """
+        f = (int(factor), int(factor)) if isinstance(factor, (int, np.integer)) else tuple(
+            int(v) for v in factor
+        )
+        if len(f) != 2 or min(f) < 1:
+            raise ParameterError(f"bin factor must be a positive integer or (row, col), got {factor!r}")
+        if f == (1, 1):
+            return self
+        if self._dtype.kind not in "uif":
+            raise DtypeError(f"cannot bin dtype {self._dtype}")
+        cal = self._calibration.detector_binned((f[0], f[1]))
+        return self._derive(
+            _detector_ops=(*self._detector_ops, DetectorOp("bin", (f[0], f[1]))), calibration=cal
+        )
+
+    # -- reading ---------------------------------------------------------------------
+    def load_block(self, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> np.ndarray:
+        """Read and transform a block of scan positions (eager).
+
+        Parameters
+        ----------
+        rows, cols
+            Half-open ranges in this dataset's scan coordinates; ``cols``
+            defaults to all columns.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``(rows, cols, k_r, k_c)`` C-contiguous in :attr:`dtype`.
+        """
+        R, C = self.scan_shape
+        c0, c1 = cols if cols is not None else (0, C)
+        r0, r1 = rows
+        if not (0 <= r0 < r1 <= R and 0 <= c0 < c1 <= C):
+            raise ShapeError(f"block rows={rows} cols={cols} outside the scan of shape {(R, C)}")
+        b = self._scan_block
+        block = self._source.read((b[0] + r0, b[0] + r1), (b[2] + c0, b[2] + c1))
+        for op in self._detector_ops:
+            block = op.apply(block)
+        return np.ascontiguousarray(block, dtype=self._dtype)
+
+    def frame(self, row: int, col: int) -> np.ndarray:
+        """Read one diffraction pattern (eager)."""
+        return self.load_block((row, row + 1), (col, col + 1))[0, 0]
+
+    def to_dask(self) -> Any:
+        """Return a plain ``dask.array.Array`` over the chunks, for interoperability."""
+        import dask.array as da
+        from dask.highlevelgraph import HighLevelGraph
+        from dask.task_spec import Task
+        from dask.tokenize import tokenize
+
+        name = "qf-dataset-" + tokenize(
+            self._source.identity, self._scan_block, self._detector_ops, self.chunk_rows
+        )
+        dsk = {}
+        for i, (r0, r1) in enumerate(self.chunks):
+            key = (name, i, 0, 0, 0)
+            dsk[key] = Task(key, _load_block, self, r0, r1)
+        graph = HighLevelGraph.from_collections(name, dsk, dependencies=())
+        chunks = (
+            tuple(r1 - r0 for r0, r1 in self.chunks),
+            (self.shape[1],),
+            (self.shape[2],),
+            (self.shape[3],),
+        )
+        return da.Array(graph, name, chunks, dtype=self._dtype)
+
+
+def _load_block(ds: Dataset4D, r0: int, r1: int) -> np.ndarray:
+    return ds.load_block((r0, r1))
+
+
+def open(  # noqa: A001 - the package's public entry point mirrors builtins.open
+    path_or_array: str | os.PathLike[str] | np.ndarray,
+    *,
+    format: str | None = None,
+    calibration: Calibration | dict[str, Any] | None = None,
+    chunk_rows: int | None = None,
+    chunk_mib: float | None = None,
+    **reader_options: Any,
+) -> Dataset4D:
+    """Open a 4D-STEM input lazily (metadata only).
+
+    Parameters
+    ----------
+    path_or_array
+        A file (HDF5, Dectris master, ``.npy``, raw, EMPAD ``.xml``, Merlin
+        ``.mib``), a Zarr v3 store, or an in-memory array.
+    format
+        Reader name (see :data:`quantem_flow.io.READERS`); guessed from the
+        path when ``None``.
+    calibration
+        Calibration of the axes; when ``None`` a JSON sidecar's
+        ``"calibration"`` or the reader's own is used, else everything is
+        uncalibrated (``px``).  Which one was used is recorded.
+    chunk_rows, chunk_mib
+        Chunking along scan rows (default ~``config.get("chunk_mib")`` MiB).
+    **reader_options
+        Passed to the reader: ``dataset_path=``, ``scan_shape=``,
+        ``frame_offset=``, ``dtype=``, ``frame_shape=``...
+
+    Returns
+    -------
+    Dataset4D
+        The lazy dataset.
+    """
+    source = open_source(path_or_array, format=format, **reader_options)
+    notes: list[str] = []
+    cal: Calibration | None
+    if isinstance(calibration, dict):
+        cal = Calibration.from_dict(calibration)
+        how = "given"
+    elif isinstance(calibration, Calibration):
+        cal = calibration
+        how = "given"
+    elif calibration is None:
+        path = getattr(source, "path", None)
+        cal = sidecar_calibration(path) if path is not None else None
+        how = "sidecar"
+        if cal is None and source.calibration is not None:
+            cal = source.calibration
+            how = f"read from the {source.format} file"
+        if cal is None:
+            cal = Calibration()
+            how = "none (all axes uncalibrated px)"
+    else:
+        raise ParameterError(
+            f"calibration must be a Calibration, a dict or None, got {type(calibration).__name__}"
+        )
+    notes.append(f"calibration: {how}")
+    return Dataset4D(
+        source, calibration=cal, chunk_rows=chunk_rows, chunk_mib=chunk_mib, notes=notes
+    )

@@ -1,0 +1,100 @@
+"""Per-key annotations of the engine's graph layers, validated on the client.
+
+Dask drops ``dask.annotate`` contexts during graph optimisation, so the
+engine attaches annotations to its own ``MaterializedLayer``s.  Values are
+checked here, before submission: a bad value raises
+:class:`~quantem_flow.errors.AnnotationError` and never reaches the
+scheduler (where, for example, ``resources=None`` crashes it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import AnnotationError
+from ..representations import REPRESENTATIONS
+from ..runtimes import MANIFEST
+
+__all__ = ["ANNOTATION_KEYS", "validate_annotations"]
+
+#: Annotation names the engine sets, and what each means.
+ANNOTATION_KEYS: dict[str, str] = {
+    "qf_runtime": "runtime the task's kernel needs (cpu, cuda, mps) or 'any'",
+    "qf_representation": "representation of the payload the task reads",
+    "qf_role": "load, kernel, pass (load+kernel), combine or probe",
+    "qf_resident": "key of the resident chunk the task reads, or ''",
+    "resources": "Dask worker resources, {name: positive amount}",
+    "retries": "Dask retries, a non-negative integer",
+    "priority": "Dask priority, an integer",
+}
+
+_ROLES = ("load", "kernel", "pass", "combine", "probe")
+
+
+def validate_annotations(annotations: Mapping[str, Any]) -> dict[str, Any]:
+    """Check annotation values and return them as a plain dict.
+
+    Parameters
+    ----------
+    annotations
+        ``{name: value}`` for one layer or key.
+
+    Returns
+    -------
+    dict
+        The same annotations.
+
+    Raises
+    ------
+    AnnotationError
+        On an unknown name or a value of the wrong type or range.
+    """
+    out: dict[str, Any] = {}
+    for name, value in annotations.items():
+        if name not in ANNOTATION_KEYS:
+            raise AnnotationError(
+                f"unknown annotation {name!r}={value!r}; known: {sorted(ANNOTATION_KEYS)}"
+            )
+        if name == "qf_runtime":
+            if value != "any" and value not in MANIFEST:
+                raise AnnotationError(
+                    f"qf_runtime={value!r} is not a registered runtime {sorted(MANIFEST)} or 'any'"
+                )
+        elif name == "qf_representation":
+            if value not in REPRESENTATIONS:
+                raise AnnotationError(
+                    f"qf_representation={value!r}; expected one of {list(REPRESENTATIONS)}"
+                )
+        elif name == "qf_role":
+            if value not in _ROLES:
+                raise AnnotationError(f"qf_role={value!r}; expected one of {list(_ROLES)}")
+        elif name == "qf_resident":
+            if not isinstance(value, str):
+                raise AnnotationError(f"qf_resident must be a key string, got {value!r}")
+        elif name == "resources":
+            if not isinstance(value, Mapping):
+                raise AnnotationError(
+                    f"resources must be a mapping {{name: amount}} (use {{}} for none), got "
+                    f"{value!r}"
+                )
+            for rname, amount in value.items():
+                if (
+                    not isinstance(rname, str)
+                    or isinstance(amount, bool)
+                    or not isinstance(amount, (int, float))
+                    or not math.isfinite(amount)
+                    or amount <= 0
+                ):
+                    raise AnnotationError(
+                        f"resources entry {rname!r}: {amount!r} must be a name with a positive "
+                        "finite amount"
+                    )
+        elif name == "retries":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise AnnotationError(f"retries must be an integer >= 0, got {value!r}")
+        elif name == "priority" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise AnnotationError(f"priority must be an integer, got {value!r}")
+        out[name] = value
+    return out

@@ -1,0 +1,300 @@
+"""``compute()``: plan, lower, submit, gather and finish lazy results.
+
+All chunk operators over one dataset (same source, regions, binning and
+chunking) merge into ONE pass: their weight maps are de-duplicated and
+stacked, their pattern reductions united, and every chunk is read and
+decoded once.  Derived operators (DPC, iDPC) then run on the client on the
+small gathered results.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import config
+from ..dataset import Dataset4D
+from ..errors import ParameterError
+from ..operators.base import (
+    ChunkOperator,
+    ChunkPlan,
+    DerivedOperator,
+    LazyResult,
+    PassOutputs,
+    PlanContext,
+    register_executor,
+)
+from ..operators.probe import ProbeEstimate, estimate_probe, sample_positions, sampled_mean
+from ..results import Result
+from ..runtimes import BackendChoice, resolve_backend
+from .lowering import LoweredPass, lower_pass
+from .tasks import ChunkPartial
+
+__all__ = ["compute"]
+
+
+def _collect(targets: Sequence[LazyResult]) -> list[LazyResult]:
+    """Return every lazy result needed, dependencies first, each once."""
+    order: list[LazyResult] = []
+    seen: set[int] = set()
+
+    def visit(node: LazyResult) -> None:
+        if id(node) in seen:
+            return
+        for dep in node.dependencies:
+            visit(dep)
+        seen.add(id(node))
+        order.append(node)
+
+    for t in targets:
+        visit(t)
+    return order
+
+
+def dataset_pass_key(ds: Dataset4D) -> tuple[Any, ...]:
+    """Key under which operators share one pass: same reads, same chunks."""
+    return (
+        repr(sorted(ds.source.identity.to_dict().items())),
+        ds.scan_block,
+        ds.detector_ops,
+        tuple(ds.chunks),
+    )
+
+
+class _Runner:
+    """Runs graphs on a distributed client or synchronously in this process."""
+
+    def __init__(self, client: Any):
+        self.synchronous = client == "synchronous"
+        if self.synchronous:
+            self.client = None
+            self.description = "synchronous (in this process, no workers)"
+        else:
+            if client is None:
+                from .cluster import embedded_client
+
+                client = embedded_client()
+                self.description = "embedded local cluster"
+            else:
+                self.description = "given distributed.Client"
+            self.client = client
+            self.description += f" at {client.scheduler.address}"
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        if self.client is None:
+            return fn(*args)
+        return self.client.submit(fn, *args, pure=False).result()
+
+    def run(
+        self, passes: list[LoweredPass], *, progress: bool
+    ) -> list[ChunkPartial]:
+        if self.client is None:
+            from dask.local import get_sync
+
+            outputs = []
+            for p in passes:
+                dsk = dict(p.graph)
+                outputs.append(get_sync(dsk, p.output_key))
+            return outputs
+        from distributed import as_completed
+
+        from dask.highlevelgraph import HighLevelGraph
+
+        graph = HighLevelGraph.merge(*(p.graph for p in passes))
+        chunk_keys = [k for p in passes for k in p.chunk_keys]
+        out_keys = [p.output_key for p in passes]
+        futures = self.client.get(graph, [*out_keys, *chunk_keys], sync=False)
+        out_futures, chunk_futures = futures[: len(out_keys)], futures[len(out_keys):]
+        try:
+            if progress and chunk_futures:
+                from tqdm import tqdm
+
+                with tqdm(total=len(chunk_futures), unit="chunk", file=sys.stderr) as bar:
+                    for _f in as_completed(chunk_futures):
+                        bar.update(1)
+            results: list[ChunkPartial] = self.client.gather(out_futures)
+        finally:
+            for f in futures:
+                f.release()
+        return results
+
+
+def _probe_provider(runner: _Runner, ds: Dataset4D) -> Any:
+    def provide() -> ProbeEstimate:
+        pos = sample_positions(ds.scan_shape, int(config.get("probe_sample_frames")))
+        pattern = runner.call(sampled_mean, ds, pos)
+        return estimate_probe(
+            pattern, pattern_from=f"mean of {len(pos)} frames sampled evenly over the scan"
+        )
+
+    return provide
+
+
+def _outputs(
+    ds: Dataset4D,
+    lowered: LoweredPass,
+    partial: ChunkPartial,
+    backend: BackendChoice,
+    runner: _Runner,
+    timings: dict[str, float],
+) -> PassOutputs:
+    R, C = ds.scan_shape
+    n_w = len(lowered.weight_keys)
+    per_frame = np.full((R, C, n_w), np.nan)
+    covered = np.zeros(R, dtype=bool)
+    for (r0, r1), block in partial.blocks:
+        per_frame[r0:r1] = block
+        covered[r0:r1] = True
+    if not covered.all():
+        missing = np.flatnonzero(~covered)
+        raise ParameterError(f"internal error: scan rows {missing[:10].tolist()} were not computed")
+    records = sorted(partial.records, key=lambda r: r["chunk"])
+    bytes_read = int(sum(r["bytes_read"] for r in records))
+    execution = {
+        "backend": backend.to_dict(),
+        "scheduler": runner.description,
+        "n_chunks": len(records),
+        "chunk_rows": ds.chunk_rows,
+        "bytes_read": bytes_read,
+        "dataset_read_bytes": ds.read_nbytes,
+        "read_once": bytes_read == ds.read_nbytes,
+        "weights_in_pass": n_w,
+        "workers": sorted({r["worker"] for r in records}),
+        "runtimes": sorted({r["runtime"] for r in records}),
+        "read_s_total": float(sum(r["read_s"] for r in records)),
+        "kernel_s_total": float(sum(r["kernel_s"] for r in records)),
+        "chunks": records,
+    }
+    return PassOutputs(
+        per_frame={k: per_frame[:, :, i] for i, k in enumerate(lowered.weight_keys)},
+        pattern_sum=partial.pattern_sum,
+        pattern_max=partial.pattern_max,
+        n_frames=R * C,
+        execution=execution,
+        timings=dict(timings),
+    )
+
+
+def _flatten(items: Iterable[Any]) -> list[LazyResult]:
+    out: list[LazyResult] = []
+    for item in items:
+        if isinstance(item, LazyResult):
+            out.append(item)
+        elif isinstance(item, dict):
+            out.extend(_flatten(item.values()))
+        elif isinstance(item, (list, tuple)):
+            out.extend(_flatten(item))
+        else:
+            raise ParameterError(
+                f"compute() takes lazy results (from quantem_flow operators), got "
+                f"{type(item).__name__}"
+            )
+    return out
+
+
+def compute(
+    *results: Any,
+    client: Any = None,
+    backend: str = "auto",
+    progress: bool | None = None,
+) -> tuple[Result, ...]:
+    """Compute lazy results, every operator over one dataset in ONE pass.
+
+    Parameters
+    ----------
+    *results
+        Lazy results (or lists/dicts of them).
+    client
+        A ``distributed.Client`` (any cluster); ``None`` for the embedded
+        local cluster on 127.0.0.1 (started once per process); or
+        ``"synchronous"`` to run in this process without workers (debugging).
+    backend
+        ``"auto"`` (best available runtime, recorded) or a runtime name.
+    progress
+        Show a progress bar; ``None`` shows one on a terminal when
+        ``config.get("progress")`` is true.
+
+    Returns
+    -------
+    tuple of Result
+        The typed results, in the order given (flattened).
+    """
+    t_start = time.perf_counter()
+    targets = _flatten(results)
+    if not targets:
+        raise ParameterError("compute() needs at least one lazy result")
+    order = _collect(targets)
+    choice = resolve_backend(backend)
+    runner = _Runner(client)
+    if progress is None:
+        progress = bool(config.get("progress")) and sys.stderr.isatty()
+
+    # plan: group chunk operators by the pass they share
+    groups: dict[tuple[Any, ...], list[LazyResult]] = {}
+    for node in order:
+        if isinstance(node.operator, ChunkOperator):
+            assert node.dataset is not None
+            groups.setdefault(dataset_pass_key(node.dataset), []).append(node)
+    t_plan = time.perf_counter()
+    plans: dict[int, ChunkPlan] = {}
+    lowered: list[tuple[Dataset4D, LoweredPass, list[LazyResult]]] = []
+    for nodes in groups.values():
+        contexts: dict[int, PlanContext] = {}
+        first = nodes[0].dataset
+        assert first is not None
+        shared_probe = PlanContext(first, _probe_provider(runner, first))
+        weights: dict[str, np.ndarray] = {}
+        want_sum = want_max = False
+        for node in nodes:
+            assert node.dataset is not None and isinstance(node.operator, ChunkOperator)
+            ctx = contexts.get(id(node.dataset))
+            if ctx is None:
+                ctx = PlanContext(node.dataset, shared_probe.probe)
+                contexts[id(node.dataset)] = ctx
+            plan = node.operator.plan(ctx)
+            plans[id(node)] = plan
+            weights.update(plan.weights)
+            want_sum |= plan.want_sum
+            want_max |= plan.want_max
+        lowered.append(
+            (first, lower_pass(first, weights, want_sum=want_sum, want_max=want_max,
+                               runtime=choice.chosen), nodes)
+        )
+    t_lower = time.perf_counter()
+    partials = runner.run([lp for _, lp, _ in lowered], progress=progress) if lowered else []
+    t_pass = time.perf_counter()
+
+    done: dict[int, Result] = {}
+    for (ds, lp, nodes), partial in zip(lowered, partials, strict=True):
+        timings = {
+            "plan_s": t_lower - t_plan,
+            "pass_s": t_pass - t_lower,
+            "pass_bytes_per_s": ds.read_nbytes / max(t_pass - t_lower, 1e-12),
+        }
+        outputs = _outputs(ds, lp, partial, choice, runner, timings)
+        for node in nodes:
+            result = plans[id(node)].finalize(outputs)
+            result.name = node.name
+            done[id(node)] = result
+    for node in order:
+        if isinstance(node.operator, DerivedOperator):
+            inputs = [done[id(d)] for d in node.dependencies]
+            result = node.operator.finalize(inputs)
+            result.name = node.name
+            result.provenance.timings["finalize_s"] = time.perf_counter() - t_pass
+            done[id(node)] = result
+    total = time.perf_counter() - t_start
+    for r in done.values():
+        r.provenance.timings["compute_total_s"] = total
+    return tuple(done[id(t)] for t in targets)
+
+
+def _compute_one(result: LazyResult, **options: Any) -> Result:
+    return compute(result, **options)[0]
+
+
+register_executor(_compute_one)

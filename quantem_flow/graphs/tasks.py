@@ -1,0 +1,113 @@
+"""The functions graph tasks run on workers.
+
+They receive plain values (a pass specification, a chunk index, partials)
+and return small values; the large chunk payload never leaves the task that
+loaded it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+from typing import Any
+
+import numpy as np
+
+from ..dataset import Dataset4D
+from ..runtimes import get_runtime
+
+__all__ = ["ChunkPartial", "PassSpec", "combine_partials", "run_chunk_pass"]
+
+
+@dataclasses.dataclass
+class PassSpec:
+    """Everything a chunk task of one pass needs (shipped once per worker).
+
+    Attributes
+    ----------
+    dataset
+        The dataset (source description, view, chunking).
+    weights
+        ``(n_weights, k_r * k_c)`` float64 weight rows.
+    want_sum, want_max
+        Pattern reductions to accumulate.
+    runtime
+        Runtime name the kernels run on.
+    """
+
+    dataset: Dataset4D
+    weights: np.ndarray
+    want_sum: bool
+    want_max: bool
+    runtime: str
+
+
+@dataclasses.dataclass
+class ChunkPartial:
+    """The small result of one chunk (or of several, once combined)."""
+
+    blocks: list[tuple[tuple[int, int], np.ndarray]]
+    pattern_sum: np.ndarray | None
+    pattern_max: np.ndarray | None
+    records: list[dict[str, Any]]
+
+
+def _where() -> dict[str, Any]:
+    try:
+        from distributed import get_worker
+
+        w = get_worker()
+        return {"worker": str(w.address), "worker_name": str(w.name)}
+    except (ImportError, ValueError):
+        return {"worker": "in-process (synchronous)", "worker_name": ""}
+
+
+def run_chunk_pass(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial:
+    """Load one chunk, run the fused pass on it, return the small partial."""
+    t0 = time.perf_counter()
+    block = spec.dataset.load_block((r0, r1))
+    t1 = time.perf_counter()
+    runtime = get_runtime(spec.runtime)
+    frames = block.reshape(block.shape[0] * block.shape[1], -1)
+    out = runtime.frame_pass(
+        frames, spec.weights, want_sum=spec.want_sum, want_max=spec.want_max
+    )
+    t2 = time.perf_counter()
+    ds = spec.dataset
+    per_row = ds.shape[1] * int(np.prod(ds.source.shape[2:])) * ds.source.dtype.itemsize
+    record = {
+        "chunk": index,
+        "rows": [r0, r1],
+        "runtime": runtime.name,
+        **_where(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "bytes_read": (r1 - r0) * per_row,
+        "read_s": t1 - t0,
+        "kernel_s": t2 - t1,
+    }
+    per_frame = out.per_frame.reshape(block.shape[0], block.shape[1], -1)
+    return ChunkPartial(
+        blocks=[((r0, r1), per_frame)],
+        pattern_sum=out.pattern_sum,
+        pattern_max=out.pattern_max,
+        records=[record],
+    )
+
+
+def combine_partials(*parts: ChunkPartial) -> ChunkPartial:
+    """Merge partials: concatenate blocks, add sums, take maxima."""
+    blocks: list[tuple[tuple[int, int], np.ndarray]] = []
+    records: list[dict[str, Any]] = []
+    total: np.ndarray | None = None
+    peak: np.ndarray | None = None
+    for p in parts:
+        blocks.extend(p.blocks)
+        records.extend(p.records)
+        if p.pattern_sum is not None:
+            total = p.pattern_sum.copy() if total is None else total + p.pattern_sum
+        if p.pattern_max is not None:
+            peak = p.pattern_max.copy() if peak is None else np.maximum(peak, p.pattern_max)
+    return ChunkPartial(blocks=blocks, pattern_sum=total, pattern_max=peak, records=records)

@@ -1,0 +1,374 @@
+"""Dectris Arina / Eiger NeXus files: a ``*_master.h5`` plus linked data files.
+
+The master holds detector metadata under ``/entry/instrument/detector`` and
+one link per data file under ``/entry/data`` (``data_000001``,
+``data_000002``...).  Each data file holds ``/entry/data/data`` of shape
+``(frames, k_r, k_c)``, usually one frame per chunk, compressed with the
+bitshuffle + LZ4 filter (HDF5 filter id 32008, registered by ``hdf5plugin``).
+The frames of all data files, in link-name order, form the scan in
+row-major order.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..calibration import Calibration
+from ..errors import (
+    CorruptChunkError,
+    DatasetPathError,
+    DtypeError,
+    FormatError,
+    ShapeError,
+    SourceNotFoundError,
+)
+from .base import (
+    FrameSource,
+    SourceIdentity,
+    check_exists,
+    header_digest,
+    sidecar_calibration,
+)
+from .hdf5 import dataset_filters, open_h5
+
+__all__ = ["DETECTOR_FIELDS", "DectrisSource"]
+
+#: Scalar fields read from ``/entry/instrument/detector`` when present.
+DETECTOR_FIELDS: tuple[str, ...] = (
+    "description",
+    "detector_number",
+    "x_pixels_in_detector",
+    "y_pixels_in_detector",
+    "bit_depth_image",
+    "bit_depth_readout",
+    "count_time",
+    "frame_time",
+    "x_pixel_size",
+    "y_pixel_size",
+    "detector_distance",
+    "sensor_material",
+    "sensor_thickness",
+    "countrate_correction_applied",
+    "flatfield_correction_applied",
+    "pixel_mask_applied",
+    "virtual_pixel_correction_applied",
+)
+
+#: Scalar fields read from ``/entry/instrument/detector/detectorSpecific``.
+DETECTOR_SPECIFIC_FIELDS: tuple[str, ...] = (
+    "nimages",
+    "ntrigger",
+    "software_version",
+    "eiger_fw_version",
+    "data_collection_date",
+)
+
+_DETECTOR = "/entry/instrument/detector"
+_DATA_GROUP = "/entry/data"
+_LINK_NAME = re.compile(r"^data_(\d+)$")
+
+
+class DectrisSource(FrameSource):
+    """A Dectris Arina / Eiger acquisition opened through its master file.
+
+    Parameters
+    ----------
+    path
+        The master file (``*_master.h5``).
+    scan_shape
+        ``(rows, cols)``; ``"square"`` to assume a square scan (recorded as
+        a note); ``None`` to read a JSON sidecar (``x_master.h5.json``,
+        ``x_master.json`` or ``x.json``).
+    frame_offset
+        Leading frames to skip.
+
+    Notes
+    -----
+    The detector's pixel mask (``detectorSpecific/pixel_mask``) is reported
+    in :attr:`metadata` (shape and number of flagged pixels) but never
+    applied: the values read are the stored counts.
+
+    Data files are opened directly (not through the master's external
+    links), one handle per file, on first read in each process.
+
+    """
+
+    format: ClassVar[str] = "dectris"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        scan_shape: Sequence[int] | str | None = None,
+        frame_offset: int = 0,
+    ):
+        import h5py
+
+        self._path = check_exists(path, what="Dectris master file")
+        self._handle_files: dict[int, tuple[Any, Any]] | None = None
+        with open_h5(self._path) as f:
+            group = f.get(_DATA_GROUP)
+            if not isinstance(group, h5py.Group):
+                raise FormatError(
+                    f"{str(self._path)!r} has no {_DATA_GROUP!r} group, so it is not a Dectris "
+                    "master file; open a plain HDF5 file with format='hdf5' and dataset_path="
+                )
+            links = _data_links(group)
+            if not links:
+                raise FormatError(
+                    f"{str(self._path)!r} has no data_NNNNNN entries in {_DATA_GROUP!r} "
+                    f"(found {sorted(group.keys())}); expected a Dectris master file with links "
+                    "to its data files, or open the file with format='hdf5' and dataset_path="
+                )
+            self._parts = [self._resolve_link(group, name) for name in links]
+            self._link_names = links
+            self._detector = _detector_metadata(f)
+        layouts: list[dict[str, Any]] = []
+        counts: list[int] = []
+        frame_shape: tuple[int, int] | None = None
+        dtype: np.dtype[Any] | None = None
+        for file_path, dset_path in self._parts:
+            shape, dt, layout = _probe_dataset(file_path, dset_path, self._path)
+            if frame_shape is None or dtype is None:
+                frame_shape, dtype = (shape[1], shape[2]), dt
+            elif (shape[1], shape[2]) != frame_shape or dt != dtype:
+                raise FormatError(
+                    f"data file {str(file_path)!r} holds frames {shape[1:]} of {dt} but the first "
+                    f"data file of {str(self._path)!r} holds {frame_shape} of {dtype}; all data "
+                    "files of one acquisition must agree"
+                )
+            counts.append(shape[0])
+            layouts.append({"shape": list(shape), "dtype": str(dt), **layout})
+        assert frame_shape is not None and dtype is not None
+        if dtype.kind not in "uif":
+            raise DtypeError(
+                f"{str(self._parts[0][0])!r} holds dtype {dtype}; expected integer or real frames"
+            )
+        self._counts = counts
+        self._starts = [0]
+        for c in counts[:-1]:
+            self._starts.append(self._starts[-1] + c)
+        self._layouts = layouts
+        self._set_frames(
+            n_frames=sum(counts),
+            frame_shape=frame_shape,
+            dtype=dtype,
+            scan_shape=scan_shape,
+            path=self._path,
+            frame_offset=frame_offset,
+        )
+
+    def _resolve_link(self, group: Any, name: str) -> tuple[Path, str]:
+        """Return the (file, dataset path) a ``data_NNNNNN`` entry points at."""
+        import h5py
+
+        link = group.get(name, getlink=True)
+        if isinstance(link, h5py.ExternalLink):
+            target = Path(link.filename)
+            if not target.is_absolute():
+                target = self._path.parent / target
+            if not target.exists():
+                raise _missing_data_file(target, name, self._path)
+            return target.resolve(), str(link.path)
+        if isinstance(link, h5py.HardLink):
+            return self._path, f"{_DATA_GROUP}/{name}"
+        if isinstance(link, h5py.SoftLink):
+            return self._path, str(link.path)
+        raise FormatError(
+            f"{_DATA_GROUP}/{name} in {str(self._path)!r} is a {type(link).__name__}; expected an "
+            "external link to a data file"
+        )
+
+    # -- lazily opened handles ---------------------------------------------------
+    def _dset(self, index: int) -> Any:
+        if self._handle_files is None:
+            self._handle_files = {}
+        entry = self._handle_files.get(index)
+        if entry is None:
+            file_path, dset_path = self._parts[index]
+            if not file_path.exists():
+                raise _missing_data_file(file_path, self._link_names[index], self._path)
+            f = open_h5(file_path)
+            entry = (f, f[dset_path])
+            self._handle_files[index] = entry
+        return entry[1]
+
+    # -- properties --------------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        """The master file."""
+        return self._path
+
+    @property
+    def data_files(self) -> list[Path]:
+        """The data files, in link-name order."""
+        return [p for p, _ in self._parts]
+
+    @property
+    def identity(self) -> SourceIdentity:
+        """Master and data file paths, sizes and a digest of layouts and detector metadata."""
+        paths = [self._path]
+        for p in self.data_files:
+            if p not in paths:
+                paths.append(p)
+        return SourceIdentity(
+            format=self.format,
+            paths=tuple(str(p) for p in paths),
+            file_sizes=tuple(p.stat().st_size for p in paths),
+            header_sha256=header_digest(
+                self._link_names,
+                [(str(p.name), d) for p, d in self._parts],
+                self._layouts,
+                sorted(self._detector.items()),
+            ),
+        )
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """Detector metadata, data-file layout and scan-shape choice."""
+        expected = None
+        nimages = self._detector.get("nimages")
+        ntrigger = self._detector.get("ntrigger")
+        if isinstance(nimages, int):
+            expected = nimages * (ntrigger if isinstance(ntrigger, int) and ntrigger > 0 else 1)
+        return {
+            "detector": dict(self._detector),
+            "data_files": [
+                {"path": str(p), "dataset_path": d, **layout}
+                for (p, d), layout in zip(self._parts, self._layouts, strict=True)
+            ],
+            "frames_announced": expected,
+            "pixel_mask_applied_by_reader": False,
+            **self.scan_metadata(),
+        }
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """Calibration from a JSON sidecar next to the master, if any."""
+        return sidecar_calibration(self._path)
+
+    # -- reading -------------------------------------------------------------------
+    def read_frames(self, start: int, stop: int) -> np.ndarray:
+        """Read frames ``[start, stop)``, crossing data-file boundaries as needed."""
+        if not 0 <= start <= stop <= self._n_frames:
+            raise ShapeError(
+                f"frames [{start}, {stop}) lie outside the {self._n_frames} frames of "
+                f"{str(self._path)!r}"
+            )
+        kr, kc = self._frame_shape
+        out = np.empty((stop - start, kr, kc), dtype=self._dtype)
+        pos = start
+        while pos < stop:
+            i = bisect.bisect_right(self._starts, pos) - 1
+            first = self._starts[i]
+            # bisect_right skips empty data files: they share their start with the next
+            end = min(stop, first + self._counts[i])
+            file_path, dset_path = self._parts[i]
+            try:
+                out[pos - start : end - start] = self._dset(i)[pos - first : end - first]
+            except OSError as exc:
+                raise CorruptChunkError(
+                    f"could not read or decode frames [{pos}, {end}) of the acquisition "
+                    f"(frames [{pos - first}, {end - first}) of {dset_path!r} in data file "
+                    f"{str(file_path)!r}, master {str(self._path)!r}): {exc}. The data file may "
+                    "be truncated or a compressed chunk corrupt"
+                ) from exc
+            pos = end
+        return out
+
+    def close(self) -> None:
+        """Close every open data file."""
+        if self._handle_files:
+            for f, _ in self._handle_files.values():
+                f.close()
+        self._handle_files = None
+
+
+def _data_links(group: Any) -> list[str]:
+    """Return the ``data_NNNNNN`` entry names of ``/entry/data`` in numeric order."""
+    found = []
+    for name in group:
+        m = _LINK_NAME.match(name)
+        if m:
+            found.append((int(m.group(1)), name))
+    return [name for _, name in sorted(found)]
+
+
+def _missing_data_file(target: Path, link: str, master: Path) -> SourceNotFoundError:
+    return SourceNotFoundError(
+        f"data file {str(target)!r} (linked as {_DATA_GROUP}/{link}) of master {str(master)!r} "
+        "does not exist; copy every *_data_NNNNNN.h5 file next to the master"
+    )
+
+
+def _probe_dataset(
+    file_path: Path, dset_path: str, master: Path
+) -> tuple[tuple[int, int, int], np.dtype[Any], dict[str, Any]]:
+    """Return shape, dtype and filter layout of one data file's frame dataset."""
+    import h5py
+
+    with open_h5(file_path) as f:
+        dset = f.get(dset_path)
+        if not isinstance(dset, h5py.Dataset):
+            raise DatasetPathError(
+                f"data file {str(file_path)!r} of master {str(master)!r} has no dataset "
+                f"{dset_path!r}; expected the frames there"
+            )
+        if dset.ndim != 3:
+            raise ShapeError(
+                f"{dset_path!r} in {str(file_path)!r} has shape {dset.shape}; expected "
+                "(frames, k_r, k_c)"
+            )
+        s = tuple(int(v) for v in dset.shape)
+        return (s[0], s[1], s[2]), np.dtype(dset.dtype), dataset_filters(dset)
+
+
+def _detector_metadata(f: Any) -> dict[str, Any]:
+    """Read the detector fields that are present; absent ones are left out."""
+    import h5py
+
+    out: dict[str, Any] = {}
+    det = f.get(_DETECTOR)
+    if not isinstance(det, h5py.Group):
+        return out
+    for name in DETECTOR_FIELDS:
+        obj = det.get(name)
+        if isinstance(obj, h5py.Dataset) and obj.size == 1:
+            out[name] = _scalar(obj[()])
+            units = obj.attrs.get("units")
+            if units is not None:
+                out[f"{name}_units"] = _scalar(units)
+    spec = det.get("detectorSpecific")
+    if isinstance(spec, h5py.Group):
+        for name in DETECTOR_SPECIFIC_FIELDS:
+            obj = spec.get(name)
+            if isinstance(obj, h5py.Dataset) and obj.size == 1:
+                out[name] = _scalar(obj[()])
+        mask = spec.get("pixel_mask")
+        if isinstance(mask, h5py.Dataset):
+            values = np.asarray(mask[()])
+            out["pixel_mask_shape"] = [int(v) for v in values.shape]
+            out["pixel_mask_flagged"] = int(np.count_nonzero(values))
+    return out
+
+
+def _scalar(value: Any) -> Any:
+    """Turn an HDF5 scalar into a JSON-ready Python value."""
+    if isinstance(value, np.ndarray):
+        value = value.reshape(-1)[0] if value.size == 1 else value.tolist()
+    if isinstance(value, (bytes, np.bytes_)):
+        return bytes(value).decode(errors="replace").strip("\x00 ")
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, str):
+        return value.strip("\x00 ")
+    return value

@@ -1,0 +1,643 @@
+"""Save typed results to HDF5 or Zarr, load them back, export them as JSON.
+
+Layout
+------
+One file (HDF5) or directory (Zarr v3) holds any number of results.  The
+root carries the attributes
+
+* ``quantem_flow_results_version`` -- the layout version, ``1``;
+* ``quantem_flow_version`` -- the version of quantem-flow that wrote it;
+* ``quantem_flow_result_names`` -- JSON list of the result groups, in the
+  order they were saved.
+
+Every result is one group, named by its key, holding the array ``data`` and
+the attributes ``quantem_flow_kind`` (``"ScanImage"``, ``"VectorField"``...),
+``units``, ``name``, ``axes`` (JSON list of :meth:`Axis.to_dict`) and
+``provenance`` (JSON of :meth:`Provenance.to_dict`).  Any HDF5 or Zarr tool
+can read the arrays; :func:`load_results` rebuilds the typed results.
+
+Safety
+------
+A results file is never half written and an existing one is never lost:
+the new file (or directory) is written under a temporary name next to the
+target and moved into place only once complete.  Writing over an existing
+path needs ``overwrite=True``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import math
+import os
+import shutil
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import DtypeError, FormatError, ParameterError, QuantemFlowError
+from ..results import RESULT_TYPES, Result, result_from_parts
+from .base import check_exists
+
+__all__ = ["RESULTS_LAYOUT_VERSION", "load_results", "results_to_json", "save_results"]
+
+RESULTS_LAYOUT_VERSION = 1
+"""Version of the on-disk layout written by :func:`save_results`."""
+
+_VERSION_ATTR = "quantem_flow_results_version"
+_PACKAGE_ATTR = "quantem_flow_version"
+_NAMES_ATTR = "quantem_flow_result_names"
+_KIND_ATTR = "quantem_flow_kind"
+_GROUP_ATTRS = (_KIND_ATTR, "units", "name", "axes", "provenance")
+_FORMATS = ("hdf5", "zarr")
+_SUFFIXES = {".h5": "hdf5", ".hdf5": "hdf5", ".zarr": "zarr"}
+
+
+# -- helpers -------------------------------------------------------------------------------
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version("quantem-flow")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _json_fallback(value: Any) -> Any:
+    """Make the odd non-JSON value in provenance storable rather than fail the save."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, complex):
+        return {"real": value.real, "imag": value.imag}
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    return str(value)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=_json_fallback)
+
+
+def _check_name(name: str, where: str) -> None:
+    if not isinstance(name, str):
+        raise ParameterError(
+            f"result names must be strings, got {name!r} ({type(name).__name__}) {where}"
+        )
+    if not name:
+        raise ParameterError(
+            f"a result has an empty name {where}; give every result a name "
+            "(pass a mapping {'bf': result, ...} or set result.name)"
+        )
+    if "/" in name or "\x00" in name or name in (".", "..") or name.startswith("__"):
+        raise ParameterError(
+            f"result name {name!r} {where} cannot be a group name in HDF5/Zarr; "
+            "use letters, digits, '_', '-' or '.' without '/' and not starting with '__'"
+        )
+
+
+def _normalize(results: Mapping[str, Result] | Sequence[Result]) -> dict[str, Result]:
+    """Return ``{group name: result}`` after checking types and names."""
+    items: list[tuple[str, Any]]
+    if isinstance(results, Mapping):
+        items = list(results.items())
+        where = "(mapping key)"
+    elif isinstance(results, Sequence) and not isinstance(results, (str, bytes)):
+        items = [(getattr(r, "name", ""), r) for r in results]
+        where = "(result.name)"
+    elif isinstance(results, Result):
+        raise ParameterError(
+            f"expected a mapping or a sequence of results, got a single {type(results).__name__}; "
+            "wrap it: [result] or {'name': result}"
+        )
+    else:
+        raise ParameterError(
+            f"expected a mapping {{name: Result}} or a sequence of Result, "
+            f"got {type(results).__name__}"
+        )
+    out: dict[str, Result] = {}
+    for name, result in items:
+        if not isinstance(result, Result):
+            raise ParameterError(
+                f"{name!r}: expected a quantem_flow Result (ScanImage, VectorField, ...), "
+                f"got {type(result).__name__}"
+            )
+        if type(result).kind not in RESULT_TYPES:
+            raise ParameterError(
+                f"{name!r}: {type(result).__name__} has kind {type(result).kind!r}, which "
+                f"load_results could not rebuild; known kinds: {sorted(RESULT_TYPES)}"
+            )
+        _check_name(name, where)
+        if name in out:
+            raise ParameterError(
+                f"two results are named {name!r} {where}; names must be unique -- pass a "
+                "mapping with distinct keys or rename one result"
+            )
+        out[name] = result
+    return out
+
+
+def _storable(result: Result, name: str) -> np.ndarray:
+    """Return the data of ``result`` as a native-byte-order array both formats can hold."""
+    data = np.asarray(result.data)
+    if data.dtype.kind not in "biufc":
+        raise DtypeError(
+            f"result {name!r} has data of dtype {data.dtype}; results files hold bool, "
+            "integer, float or complex data -- convert the data before saving"
+        )
+    if not data.dtype.isnative:
+        data = data.astype(data.dtype.newbyteorder("="))
+    return data
+
+
+def _group_attrs(result: Result) -> dict[str, str]:
+    return {
+        _KIND_ATTR: type(result).kind,
+        "units": str(result.units),
+        "name": str(result.name),
+        "axes": _dumps([a.to_dict() for a in result.axes]),
+        "provenance": _dumps(result.provenance.to_dict()),
+    }
+
+
+def _root_attrs(names: list[str]) -> dict[str, Any]:
+    return {
+        _VERSION_ATTR: RESULTS_LAYOUT_VERSION,
+        _PACKAGE_ATTR: _package_version(),
+        _NAMES_ATTR: _dumps(names),
+    }
+
+
+def _resolve_format(path: Path, format: str | None) -> str:
+    if format is not None:
+        fmt = str(format).lower()
+        if fmt == "h5":
+            fmt = "hdf5"
+        if fmt not in _FORMATS:
+            raise ParameterError(f"format must be one of {list(_FORMATS)}, got {format!r}")
+        return fmt
+    fmt_guess = _SUFFIXES.get(path.suffix.lower())
+    if fmt_guess is None:
+        raise ParameterError(
+            f"cannot tell the results format from the name {path.name!r}; end it with "
+            f".h5/.hdf5 (HDF5) or .zarr (Zarr v3), or pass format='hdf5' or format='zarr'"
+        )
+    return fmt_guess
+
+
+def _temporary_sibling(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+
+
+# -- writers -------------------------------------------------------------------------------
+def _write_hdf5(target: Path, results: Mapping[str, Result]) -> None:
+    import h5py
+
+    names = list(results)
+    with h5py.File(target, "x", track_order=True) as f:
+        for key, value in _root_attrs(names).items():
+            f.attrs[key] = value
+        for name, result in results.items():
+            _write_hdf5_group(f, name, result)
+
+
+def _write_hdf5_group(f: Any, name: str, result: Result) -> None:
+    data = _storable(result, name)
+    group = f.create_group(name)
+    group.create_dataset("data", data=data)
+    for key, value in _group_attrs(result).items():
+        group.attrs[key] = value
+
+
+def _write_zarr(target: Path, results: Mapping[str, Result]) -> None:
+    import zarr
+
+    root = zarr.open_group(str(target), mode="w-", zarr_format=3)
+    root.attrs.update(_root_attrs(list(results)))
+    for name, result in results.items():
+        _write_zarr_group(root, name, result)
+
+
+def _write_zarr_group(root: Any, name: str, result: Result) -> None:
+    data = _storable(result, name)
+    group = root.create_group(name)
+    group.create_array("data", data=data)
+    group.attrs.update(_group_attrs(result))
+
+
+def _fsync(path: Path) -> None:
+    with contextlib.suppress(OSError), open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def _is_results_zarr(path: Path) -> bool:
+    meta = path / "zarr.json"
+    try:
+        doc = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and _VERSION_ATTR in (doc.get("attributes") or {})
+
+
+def _check_target(path: Path, fmt: str, overwrite: bool) -> None:
+    if not (path.exists() or path.is_symlink()):
+        return
+    if not overwrite:
+        raise FileExistsError(
+            f"{str(path)!r} already exists; results are never overwritten silently -- choose "
+            "another path, or pass overwrite=True to replace it"
+        )
+    if fmt == "hdf5" and path.is_dir():
+        raise ParameterError(
+            f"{str(path)!r} is a directory; an HDF5 results file cannot replace it -- "
+            "choose another path"
+        )
+    if fmt == "zarr":
+        if not path.is_dir():
+            raise ParameterError(
+                f"{str(path)!r} is a file; a Zarr results store (a directory) will not "
+                "replace it -- remove it first or choose another path"
+            )
+        if any(path.iterdir()) and not _is_results_zarr(path):
+            raise ParameterError(
+                f"{str(path)!r} is a directory that is not a quantem-flow results store; "
+                "overwrite=True only replaces results stores -- remove it yourself or "
+                "choose another path"
+            )
+
+
+def _commit_file(tmp: Path, path: Path, overwrite: bool) -> None:
+    """Move the finished file ``tmp`` to ``path`` atomically."""
+    if overwrite:
+        os.replace(tmp, path)
+        return
+    try:
+        # A hard link fails if ``path`` appeared meanwhile: never clobbers.
+        os.link(tmp, path)
+    except FileExistsError:
+        raise FileExistsError(
+            f"{str(path)!r} was created by someone else while the results were being "
+            "written; nothing was overwritten -- choose another path or pass overwrite=True"
+        ) from None
+    except OSError:  # file system without hard links
+        if path.exists():
+            raise FileExistsError(
+                f"{str(path)!r} already exists; pass overwrite=True to replace it"
+            ) from None
+        os.replace(tmp, path)
+    else:
+        tmp.unlink()
+
+
+def _commit_dir(tmp: Path, path: Path) -> None:
+    """Move the finished directory ``tmp`` to ``path``, keeping the old one until done."""
+    backup: Path | None = None
+    if path.exists():
+        backup = _temporary_sibling(path)
+        os.rename(path, backup)
+    try:
+        os.rename(tmp, path)
+    except BaseException:
+        if backup is not None:
+            os.rename(backup, path)
+        raise
+    if backup is not None:
+        shutil.rmtree(backup, ignore_errors=True)
+
+
+def save_results(
+    results: Mapping[str, Result] | Sequence[Result],
+    path: str | os.PathLike[str],
+    *,
+    format: str | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Save typed results to one HDF5 file or Zarr v3 store.
+
+    Parameters
+    ----------
+    results
+        ``{name: result}``, or a sequence of results named by their
+        ``name``.  Names must be unique, non-empty, without ``/`` and not
+        starting with ``__``.
+    path
+        Target file (``.h5``/``.hdf5``) or directory (``.zarr``).  Missing
+        parent directories are created.
+    format
+        ``"hdf5"`` or ``"zarr"``; guessed from the suffix of ``path`` when
+        ``None``.
+    overwrite
+        Replace an existing file or results store.  The old one stays
+        intact until the new one is completely written.
+
+    Returns
+    -------
+    pathlib.Path
+        The absolute path written.
+
+    Raises
+    ------
+    FileExistsError
+        If ``path`` exists and ``overwrite`` is false.
+    ParameterError
+        For bad names, unknown formats, or a target that cannot be
+        replaced (a directory that is not a results store, ...).
+    DtypeError
+        If a result's data is not bool, integer, float or complex.
+
+    Notes
+    -----
+    Data are stored in native byte order.  Provenance values that JSON
+    cannot hold (paths, complex numbers, ...) are stored as strings or
+    ``{"real", "imag"}`` pairs.
+
+    """
+    items = _normalize(results)
+    target = Path(path).expanduser().absolute()
+    fmt = _resolve_format(target, format)
+    for name, result in items.items():
+        _storable(result, name)  # fail before touching the disk
+    _check_target(target, fmt, overwrite)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary_sibling(target)
+    try:
+        if fmt == "hdf5":
+            _write_hdf5(tmp, items)
+            _fsync(tmp)
+            _commit_file(tmp, target, overwrite)
+        else:
+            _write_zarr(tmp, items)
+            if target.exists() and not overwrite:
+                raise FileExistsError(
+                    f"{str(target)!r} was created by someone else while the results were "
+                    "being written; nothing was overwritten -- choose another path or pass "
+                    "overwrite=True"
+                )
+            _commit_dir(tmp, target)
+    finally:
+        if tmp.exists() or tmp.is_symlink():
+            _remove(tmp)
+    return target
+
+
+# -- readers -------------------------------------------------------------------------------
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, np.ndarray) and value.shape == ():
+        return _text(value.item())
+    return str(value)
+
+
+def _describe(keys: list[str], attrs: Mapping[str, Any]) -> str:
+    shown = keys[:8] + (["..."] if len(keys) > 8 else [])
+    return f"top-level members {shown} and root attributes {sorted(attrs)[:8]}"
+
+
+def _check_root(path: Path, kind: str, keys: list[str], attrs: Mapping[str, Any]) -> list[str]:
+    """Check the root attributes and return the result group names in saved order."""
+    if _VERSION_ATTR not in attrs:
+        raise FormatError(
+            f"{str(path)!r} is a {kind} file but not a quantem-flow results file: expected a "
+            f"root attribute {_VERSION_ATTR!r}, found {_describe(keys, attrs)}; open raw "
+            "data with quantem_flow.open() instead"
+        )
+    try:
+        version = int(attrs[_VERSION_ATTR])
+    except (TypeError, ValueError):
+        raise FormatError(
+            f"{str(path)!r}: root attribute {_VERSION_ATTR!r} should be an integer, got "
+            f"{attrs[_VERSION_ATTR]!r}"
+        ) from None
+    if version > RESULTS_LAYOUT_VERSION:
+        raise FormatError(
+            f"{str(path)!r} uses results layout {version}, newer than the layout "
+            f"{RESULTS_LAYOUT_VERSION} this quantem-flow reads; upgrade quantem-flow "
+            f"(it was written by quantem-flow {_text(attrs.get(_PACKAGE_ATTR, '?'))})"
+        )
+    names: list[str] = sorted(keys)
+    if _NAMES_ATTR in attrs:
+        try:
+            listed = json.loads(_text(attrs[_NAMES_ATTR]))
+        except ValueError:
+            listed = None
+        if isinstance(listed, list) and sorted(map(str, listed)) == names:
+            names = [str(n) for n in listed]
+        else:
+            raise FormatError(
+                f"{str(path)!r}: root attribute {_NAMES_ATTR!r} lists {listed!r} but the "
+                f"file holds {names}; the file was modified by another tool"
+            )
+    return names
+
+
+def _build(path: Path, name: str, data: Any, attrs: Mapping[str, Any]) -> Result:
+    missing = [a for a in _GROUP_ATTRS if a not in attrs]
+    if missing:
+        raise FormatError(
+            f"{str(path)!r}: result group {name!r} lacks the attribute(s) {missing}; "
+            f"found {sorted(attrs)}"
+        )
+    try:
+        metadata = {
+            "kind": _text(attrs[_KIND_ATTR]),
+            "name": _text(attrs["name"]),
+            "units": _text(attrs["units"]),
+            "axes": json.loads(_text(attrs["axes"])),
+            "provenance": json.loads(_text(attrs["provenance"])),
+        }
+        return result_from_parts(np.asarray(data), metadata)
+    except (QuantemFlowError, ValueError, KeyError, TypeError) as exc:
+        raise FormatError(
+            f"{str(path)!r}: result group {name!r} could not be rebuilt: {exc}"
+        ) from exc
+
+
+def _load_hdf5(path: Path) -> dict[str, Result]:
+    import h5py
+
+    from .hdf5 import open_h5
+
+    with open_h5(path) as f:
+        keys = list(f.keys())
+        attrs = dict(f.attrs)
+        names = _check_root(path, "HDF5", keys, attrs)
+        out: dict[str, Result] = {}
+        for name in names:
+            group = f[name]
+            if not isinstance(group, h5py.Group) or not isinstance(group.get("data"), h5py.Dataset):
+                raise FormatError(
+                    f"{str(path)!r}: {name!r} should be a group holding a dataset 'data'"
+                )
+            out[name] = _build(path, name, group["data"][()], dict(group.attrs))
+        return out
+
+
+def _load_zarr(path: Path) -> dict[str, Result]:
+    import zarr
+
+    try:
+        root = zarr.open_group(str(path), mode="r")
+    except Exception as exc:
+        raise FormatError(
+            f"{str(path)!r} is a directory but not a readable Zarr group "
+            f"({type(exc).__name__}: {exc}); expected a .zarr results store"
+        ) from exc
+    keys = [str(k) for k in root]
+    attrs = dict(root.attrs)
+    names = _check_root(path, "Zarr", keys, attrs)
+    out: dict[str, Result] = {}
+    for name in names:
+        group = root[name]
+        data = group.get("data") if isinstance(group, zarr.Group) else None
+        if not isinstance(data, zarr.Array):
+            raise FormatError(f"{str(path)!r}: {name!r} should be a group holding an array 'data'")
+        out[name] = _build(path, name, data[...], dict(group.attrs))
+    return out
+
+
+def load_results(path: str | os.PathLike[str]) -> dict[str, Result]:
+    """Load every result saved by :func:`save_results`.
+
+    Parameters
+    ----------
+    path
+        An HDF5 results file or a Zarr results directory.  The format is
+        told from the content, not the name.
+
+    Returns
+    -------
+    dict of str to Result
+        ``{name: result}`` in the order they were saved; each result has its
+        original class, data (dtype included), units, axes and provenance.
+
+    Raises
+    ------
+    SourceNotFoundError
+        If ``path`` does not exist.
+    FormatError
+        If ``path`` is not a quantem-flow results file, or a newer layout.
+
+    """
+    p = check_exists(path, what="results file")
+    if p.is_dir():
+        if not (p / "zarr.json").exists():
+            found = sorted(x.name for x in p.iterdir())[:8]
+            raise FormatError(
+                f"{str(p)!r} is a directory without zarr.json (found {found}); expected a "
+                "Zarr v3 results store written by save_results"
+            )
+        return _load_zarr(p)
+    import h5py
+
+    if not h5py.is_hdf5(p):
+        with open(p, "rb") as fh:
+            head = fh.read(8)
+        raise FormatError(
+            f"{str(p)!r} is not an HDF5 file (starts with {head!r}, size "
+            f"{p.stat().st_size} bytes); expected an HDF5 or Zarr results file written by "
+            "save_results"
+        )
+    return _load_hdf5(p)
+
+
+# -- JSON export ---------------------------------------------------------------------------
+def _strict(value: Any) -> Any:
+    """Replace non-finite floats by ``"nan"``/``"inf"``/``"-inf"`` so the JSON is strict."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    if value is None or isinstance(value, (str, int)):
+        return value
+    return _strict(_json_fallback(value))
+
+
+def _data_json(data: np.ndarray) -> Any:
+    if data.dtype.kind == "c":
+        return {"real": _data_json(data.real), "imag": _data_json(data.imag)}
+    values = data.tolist()
+    if data.dtype.kind == "f" and not bool(np.isfinite(data).all()):
+        values = _strict(values)
+    return values
+
+
+def _iter_entries(items: Mapping[str, Result], include_data: bool) -> Iterator[tuple[str, Any]]:
+    for name, result in items.items():
+        entry = result.metadata()
+        if include_data:
+            entry["data"] = _data_json(np.asarray(result.data))
+        yield name, entry
+
+
+def results_to_json(
+    results: Mapping[str, Result] | Sequence[Result],
+    path: str | os.PathLike[str] | None = None,
+    *,
+    include_data: bool = False,
+) -> str:
+    """Export the metadata and provenance of results as one JSON document.
+
+    Parameters
+    ----------
+    results
+        ``{name: result}``, or a sequence of results named by their ``name``.
+    path
+        When given, the document is also written there (UTF-8, replacing
+        any existing JSON file atomically).
+    include_data
+        Add each result's values as nested lists under ``"data"``; complex
+        data become ``{"real": [...], "imag": [...]}``.
+
+    Returns
+    -------
+    str
+        The JSON document: ``{"quantem_flow_results_version", "quantem_flow_version",
+        "results": {name: {"kind", "name", "units", "shape", "dtype", "axes",
+        "provenance"[, "data"]}}}``.  The JSON is strict: non-finite numbers
+        are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"``.
+
+    """
+    items = _normalize(results)
+    doc = {
+        _VERSION_ATTR: RESULTS_LAYOUT_VERSION,
+        _PACKAGE_ATTR: _package_version(),
+        "results": dict(_iter_entries(items, include_data)),
+    }
+    text = json.dumps(_strict(doc), indent=2, ensure_ascii=False, allow_nan=False)
+    if path is not None:
+        target = Path(path).expanduser().absolute()
+        if target.is_dir():
+            raise ParameterError(
+                f"{str(target)!r} is a directory; give a file name such as results.json"
+            )
+        if target.is_file():
+            import h5py
+
+            if h5py.is_hdf5(target):
+                raise ParameterError(
+                    f"{str(target)!r} is an HDF5 file; the JSON export will not replace it -- "
+                    "give a .json path"
+                )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _temporary_sibling(target)
+        try:
+            tmp.write_text(text + "\n", encoding="utf-8")
+            os.replace(tmp, target)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+    return text

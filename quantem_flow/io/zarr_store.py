@@ -1,0 +1,287 @@
+"""Zarr stores (a directory): one 3-D or 4-D array, at the root or in a group."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..calibration import Calibration
+from ..errors import CorruptChunkError, DatasetPathError, DtypeError, FormatError, ShapeError
+from .base import (
+    FrameSource,
+    SourceIdentity,
+    check_exists,
+    header_digest,
+    path_size,
+    sidecar_calibration,
+)
+
+__all__ = ["ZarrSource", "list_candidate_arrays"]
+
+_METADATA_FILES = ("zarr.json", ".zarray", ".zattrs", ".zgroup")
+
+
+def list_candidate_arrays(path: Path) -> list[str]:
+    """Return the paths of every 3-D or 4-D array in a Zarr store (``""``: the root)."""
+    import zarr
+
+    try:
+        root = zarr.open(store=str(path), mode="r")
+    except Exception:  # not a readable store: nothing to suggest
+        return []
+    if isinstance(root, zarr.Array):
+        return [""] if root.ndim in (3, 4) else []
+    found: list[str] = []
+    try:
+        for name, obj in root.members(max_depth=None):
+            if isinstance(obj, zarr.Array) and obj.ndim in (3, 4):
+                found.append(name)
+    except Exception:  # a broken member: list what was found so far
+        pass
+    return sorted(found)
+
+
+class ZarrSource(FrameSource):
+    """One 3-D or 4-D array of a Zarr (v3, or v2) store.
+
+    Parameters
+    ----------
+    path
+        The store directory.
+    array_path
+        Path of the array inside the store's root group (``"scan/frames"``);
+        ``None`` when the root itself is the array.
+    scan_shape
+        For 3-D ``(frames, k_r, k_c)`` arrays: ``(rows, cols)``,
+        ``"square"`` or ``None`` (JSON sidecar ``<store>.json``).
+    frame_offset
+        Leading frames to skip (3-D arrays only).
+
+    Notes
+    -----
+    Chunks missing from the store read as the array's fill value, as Zarr
+    defines; a store that was not completely written is not detected.
+
+    """
+
+    format: ClassVar[str] = "zarr"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        array_path: str | None = None,
+        scan_shape: Sequence[int] | str | None = None,
+        frame_offset: int = 0,
+    ):
+        self._path = check_exists(path, what="Zarr store")
+        if not self._path.is_dir():
+            raise FormatError(
+                f"{str(self._path)!r} is a file; a Zarr store is a directory holding zarr.json "
+                "(zip or remote stores are not supported)"
+            )
+        cleaned = (array_path or "").strip("/")
+        self._array_path: str | None = cleaned or None
+        self._handle_array: Any = None
+        arr = self._open()
+        shape = tuple(int(s) for s in arr.shape)
+        dtype = np.dtype(arr.dtype)
+        self._stored_shape = shape
+        self._stored_dtype = dtype.str
+        self._zarr_format = int(arr.metadata.zarr_format)
+        self._chunks = [int(c) for c in arr.chunks]
+        shards = getattr(arr, "shards", None)
+        self._shards = [int(c) for c in shards] if shards else None
+        meta = _jsonable(arr.metadata.to_dict())
+        self._attrs = _jsonable(dict(arr.attrs))
+        if self._zarr_format >= 3:
+            self._codecs = meta.get("codecs", [])
+        else:
+            self._codecs = [
+                {"filters": meta.get("filters")},
+                {"compressor": meta.get("compressor")},
+            ]
+        self._fill_value = meta.get("fill_value")
+        self._handle_array = arr
+        where = f"{self._array_path!r} in " if self._array_path else ""
+        if dtype.kind not in "uif":
+            raise DtypeError(
+                f"array {where}{str(self._path)!r} has dtype {dtype}; expected integer or real"
+            )
+        if len(shape) == 4:
+            if scan_shape is not None and tuple(scan_shape) != shape[:2]:
+                raise ShapeError(
+                    f"array {where}{str(self._path)!r} is 4-D {shape} but "
+                    f"scan_shape={scan_shape!r} was given"
+                )
+            self._set_frames(
+                n_frames=shape[0] * shape[1],
+                frame_shape=(shape[2], shape[3]),
+                dtype=dtype,
+                scan_shape=shape[:2],
+                path=None,
+            )
+        elif len(shape) == 3:
+            self._set_frames(
+                n_frames=shape[0],
+                frame_shape=(shape[1], shape[2]),
+                dtype=dtype,
+                scan_shape=scan_shape,
+                path=self._path,
+                frame_offset=frame_offset,
+            )
+        else:
+            raise ShapeError(
+                f"array {where}{str(self._path)!r} has shape {shape}; expected "
+                "(R_r, R_c, k_r, k_c) or (frames, k_r, k_c)"
+            )
+
+    def _open(self) -> Any:
+        """Open the array read-only, or raise a clear error listing candidates."""
+        import zarr
+
+        try:
+            if self._array_path is None:
+                return zarr.open_array(store=str(self._path), mode="r")
+            return zarr.open_array(store=str(self._path), path=self._array_path, mode="r")
+        except Exception as exc:  # zarr raises several types for a missing/wrong node
+            cands = list_candidate_arrays(self._path)
+            shown = [c if c else "<root>" for c in cands]
+            if self._array_path is None:
+                if cands and "" not in cands:
+                    raise DatasetPathError(
+                        f"the root of Zarr store {str(self._path)!r} is a group, not an array; "
+                        f"pass array_path= one of the 3-D/4-D arrays {shown}"
+                    ) from exc
+                raise FormatError(
+                    f"{str(self._path)!r} is not a readable Zarr store ({exc}); expected a "
+                    "directory with zarr.json (v3) or .zarray (v2)"
+                ) from exc
+            raise DatasetPathError(
+                f"array_path {self._array_path!r} is not an array in Zarr store "
+                f"{str(self._path)!r} ({type(exc).__name__}: {exc}); 3-D/4-D arrays in the "
+                f"store: {shown or 'none'}"
+                + ("; the root is the array, so pass array_path=None" if "" in cands else "")
+            ) from exc
+
+    def _array(self) -> Any:
+        if self._handle_array is None:
+            self._handle_array = self._open()
+        return self._handle_array
+
+    # -- properties --------------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        """The store directory."""
+        return self._path
+
+    @property
+    def array_path(self) -> str | None:
+        """Path of the array inside the store (``None``: the root)."""
+        return self._array_path
+
+    def _metadata_bytes(self) -> list[tuple[str, bytes]]:
+        """Return the raw metadata documents of the root and of the array node."""
+        out: list[tuple[str, bytes]] = []
+        nodes = [self._path]
+        if self._array_path:
+            node = self._path
+            for part in self._array_path.split("/"):
+                node = node / part
+                nodes.append(node)
+        for node in nodes:
+            for name in _METADATA_FILES:
+                p = node / name
+                if p.is_file():
+                    out.append((str(p.relative_to(self._path)), p.read_bytes()))
+        return out
+
+    @property
+    def identity(self) -> SourceIdentity:
+        """Store path, total size and a digest of its metadata documents (zarr.json)."""
+        return SourceIdentity(
+            format=self.format,
+            paths=(str(self._path),),
+            file_sizes=(path_size(self._path),),
+            header_sha256=header_digest(self._array_path, *self._metadata_bytes()),
+        )
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """Array path, stored shape and dtype, chunks, codecs and attributes."""
+        return {
+            "array_path": self._array_path,
+            "zarr_format": self._zarr_format,
+            "stored_shape": list(self._stored_shape),
+            "stored_dtype": self._stored_dtype,
+            "chunks": self._chunks,
+            "shards": self._shards,
+            "codecs": self._codecs,
+            "fill_value": self._fill_value,
+            "attributes": self._attrs,
+            **self.scan_metadata(),
+        }
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """Calibration from a JSON sidecar next to the store, if any."""
+        return sidecar_calibration(self._path)
+
+    # -- reading -------------------------------------------------------------------
+    def _read(self, selection: tuple[slice, ...], what: str) -> np.ndarray:
+        arr = self._array()
+        try:
+            block = arr[selection]
+        except Exception as exc:  # codecs raise RuntimeError, ValueError, OSError...
+            where = f"array {self._array_path!r} of " if self._array_path else ""
+            raise CorruptChunkError(
+                f"could not read or decode {what} of {where}Zarr store {str(self._path)!r}: "
+                f"{type(exc).__name__}: {exc}. A chunk file may be truncated or corrupt"
+            ) from exc
+        return np.asarray(block, dtype=self._dtype)
+
+    def read_frames(self, start: int, stop: int) -> np.ndarray:
+        """Read frames ``[start, stop)``."""
+        if len(self._stored_shape) == 3:
+            return self._read((slice(start, stop),), f"frames [{start}, {stop})")
+        C = self._stored_shape[1]
+        kr, kc = self._frame_shape
+        r0, r1 = start // C, -(-stop // C)
+        block = self._read((slice(r0, r1),), f"scan rows [{r0}, {r1})").reshape(-1, kr, kc)
+        return block[start - r0 * C : stop - r0 * C]
+
+    def read(self, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
+        """Read a scan block; 4-D arrays are sliced directly."""
+        if len(self._stored_shape) == 3:
+            return super().read(rows, cols)
+        self.check_block(rows, cols)
+        return self._read(
+            (slice(*rows), slice(*cols)), f"scan rows [{rows[0]}, {rows[1]}) cols {cols}"
+        )
+
+    def close(self) -> None:
+        """Drop the array handle."""
+        self._handle_array = None
+
+
+def _jsonable(value: Any) -> Any:
+    """Return ``value`` with tuples, NumPy scalars and bytes made JSON-ready."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    if isinstance(value, np.generic):
+        return _jsonable(value.item())
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, float) and not np.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)

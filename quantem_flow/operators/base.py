@@ -1,0 +1,254 @@
+"""Operators, lazy results and the one-pass contract.
+
+An operator is a small declarative object.  A :class:`ChunkOperator` runs
+over a dataset's chunks: at compute time it resolves its geometry (for
+example the probe found from the mean pattern) and returns a
+:class:`ChunkPlan` naming the detector weight maps and pattern reductions it
+needs; the engine merges the plans of every operator over one dataset into
+ONE pass, where each chunk is read and decoded once and one fused kernel
+produces every weight's per-frame value and the patterns.  A
+:class:`DerivedOperator` computes a result from other results (DPC, iDPC).
+
+Operators know nothing of Dask or devices: the graph layer
+(:mod:`quantem_flow.graphs`) registers the executor that
+:meth:`LazyResult.compute` calls.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import hashlib
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..dataset import Dataset4D
+from ..errors import ParameterError, QuantemFlowError
+from ..provenance import Provenance
+from ..results import Result
+
+__all__ = [
+    "ChunkOperator",
+    "ChunkPlan",
+    "DerivedOperator",
+    "LazyResult",
+    "Operator",
+    "PassOutputs",
+    "PlanContext",
+    "dataset_provenance",
+    "register_executor",
+    "weight_key",
+]
+
+
+def weight_key(weights: np.ndarray) -> str:
+    """Return a content key for a detector weight map (identical maps share a row)."""
+    a = np.ascontiguousarray(weights, dtype=np.float64)
+    h = hashlib.sha256(repr(a.shape).encode())
+    h.update(a.tobytes())
+    return h.hexdigest()[:24]
+
+
+@dataclasses.dataclass
+class ChunkPlan:
+    """What one chunk operator needs from the pass, and how it finishes.
+
+    Attributes
+    ----------
+    weights
+        ``{key: (k_r, k_c) float64 map}``; the pass returns, per scan
+        position, the sum of the frame times each map.
+    want_sum, want_max
+        Also accumulate the sum / maximum diffraction pattern.
+    parameters
+        Resolved parameters (units, geometry, mask identities, probe
+        estimate) for provenance.
+    finalize
+        Turns the pass outputs into the typed result.
+    """
+
+    weights: dict[str, np.ndarray]
+    want_sum: bool
+    want_max: bool
+    parameters: dict[str, Any]
+    finalize: Callable[[PassOutputs], Result]
+
+
+@dataclasses.dataclass
+class PassOutputs:
+    """Everything one pass over a dataset produced.
+
+    Attributes
+    ----------
+    per_frame
+        ``{weight key: (R_r, R_c) float64}``.
+    pattern_sum
+        ``(k_r, k_c)`` sum over all frames, or ``None``.
+    pattern_max
+        ``(k_r, k_c)`` maximum over all frames, or ``None``.
+    n_frames
+        Frames the pass covered.
+    execution
+        Backend choice, scheduler, per-chunk records, bytes read.
+    timings
+        Wall-clock seconds of the stages.
+    """
+
+    per_frame: dict[str, np.ndarray]
+    pattern_sum: np.ndarray | None
+    pattern_max: np.ndarray | None
+    n_frames: int
+    execution: dict[str, Any]
+    timings: dict[str, float]
+
+
+class PlanContext:
+    """What an operator may ask for while planning at compute time.
+
+    Parameters
+    ----------
+    dataset
+        The dataset the pass runs over.
+    probe_provider
+        Callable returning a probe estimate for the dataset; the executor
+        computes it at most once per dataset and computation.
+    """
+
+    def __init__(self, dataset: Dataset4D, probe_provider: Callable[[], Any]):
+        self.dataset = dataset
+        self._probe_provider = probe_provider
+        self._probe: Any = None
+
+    def probe(self) -> Any:
+        """Return the :class:`~quantem_flow.operators.probe.ProbeEstimate` of the dataset."""
+        if self._probe is None:
+            self._probe = self._probe_provider()
+        return self._probe
+
+
+class Operator(abc.ABC):
+    """Base of every operator."""
+
+    name: ClassVar[str] = "operator"
+
+    @abc.abstractmethod
+    def parameters(self) -> dict[str, Any]:
+        """Return the parameters as given (JSON-ready) for provenance."""
+
+
+class ChunkOperator(Operator):
+    """An operator that runs over the chunks of one dataset."""
+
+    @abc.abstractmethod
+    def plan(self, ctx: PlanContext) -> ChunkPlan:
+        """Resolve geometry and return what the pass must compute."""
+
+
+class DerivedOperator(Operator):
+    """An operator computed from other results, after their passes."""
+
+    @abc.abstractmethod
+    def finalize(self, inputs: Sequence[Result]) -> Result:
+        """Compute the result from the results of :attr:`LazyResult.dependencies`."""
+
+
+Executor = Callable[..., Any]
+_EXECUTOR: list[Executor] = []
+
+
+def register_executor(executor: Executor) -> None:
+    """Register the function :meth:`LazyResult.compute` delegates to.
+
+    The graph layer registers :func:`quantem_flow.graphs.execute.compute` on
+    import, so that operators never import the layer above them.
+    """
+    _EXECUTOR[:] = [executor]
+
+
+class LazyResult:
+    """A result that has not been computed yet.
+
+    Parameters
+    ----------
+    operator
+        What to compute.
+    dataset
+        The dataset a :class:`ChunkOperator` runs over (``None`` for derived
+        operators).
+    dependencies
+        Lazy results a :class:`DerivedOperator` needs.
+    name
+        A short label (``"bf"``...), used in saved files.
+    """
+
+    def __init__(
+        self,
+        operator: Operator,
+        *,
+        dataset: Dataset4D | None = None,
+        dependencies: Sequence[LazyResult] = (),
+        name: str = "",
+    ):
+        if isinstance(operator, ChunkOperator) and dataset is None:
+            raise ParameterError(f"{operator.name} runs over a dataset; none was given")
+        if isinstance(operator, DerivedOperator) and not dependencies:
+            raise ParameterError(f"{operator.name} needs input results; none were given")
+        self.operator = operator
+        self.dataset = dataset
+        self.dependencies = tuple(dependencies)
+        self.name = name or operator.name
+
+    def compute(self, **options: Any) -> Result:
+        """Compute this result; options as for :func:`quantem_flow.compute`."""
+        if not _EXECUTOR:
+            raise QuantemFlowError(
+                "no executor is registered; import quantem_flow (not only its submodules)"
+            )
+        result: Result = _EXECUTOR[0](self, **options)
+        return result
+
+    def __repr__(self) -> str:
+        where = f"over {self.dataset!r}" if self.dataset is not None else (
+            f"from {[d.name for d in self.dependencies]}"
+        )
+        return f"LazyResult({self.operator.name!r}, name={self.name!r}, {where})"
+
+
+def dataset_provenance(ds: Dataset4D) -> dict[str, Any]:
+    """Return the dataset-dependent fields of :class:`Provenance` as keyword arguments."""
+    return {
+        "source": {
+            **ds.source.identity.to_dict(),
+            "shape": list(ds.source.shape),
+            "dtype": str(ds.source.dtype),
+            "metadata": ds.source.metadata,
+        },
+        "dataset": ds.describe(),
+        "transforms": ds.transforms,
+        "flags": ds.flags,
+        "notes": ds.notes,
+    }
+
+
+def make_provenance(
+    ds: Dataset4D,
+    *,
+    operator: str,
+    parameters: dict[str, Any],
+    outputs: PassOutputs,
+    accumulation_dtype: str | None,
+    notes: Sequence[str] = (),
+) -> Provenance:
+    """Build the provenance of a chunk operator's result."""
+    parts = dataset_provenance(ds)
+    parts["notes"] = [*parts["notes"], *notes]
+    return Provenance(
+        operator=operator,
+        parameters=parameters,
+        accumulation_dtype=accumulation_dtype,
+        execution=outputs.execution,
+        timings=dict(outputs.timings),
+        **parts,
+    )

@@ -1,0 +1,123 @@
+"""Mean, maximum and sum diffraction patterns."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..dataset import Dataset4D
+from ..errors import ParameterError
+from ..results import DiffractionImage
+from .base import ChunkOperator, ChunkPlan, LazyResult, PassOutputs, PlanContext, make_provenance
+from .virtual import value_units
+
+__all__ = ["DiffractionPattern", "max_diffraction", "mean_diffraction", "sum_diffraction"]
+
+
+class DiffractionPattern(ChunkOperator):
+    """A reduction over all scan positions: ``"mean"``, ``"max"`` or ``"sum"``."""
+
+    name: ClassVar[str] = "diffraction_pattern"
+
+    def __init__(self, *, reduction: str):
+        if reduction not in ("mean", "max", "sum"):
+            raise ParameterError(f"reduction must be mean, max or sum, got {reduction!r}")
+        self.reduction = reduction
+
+    def parameters(self) -> dict[str, Any]:
+        """Parameters as given."""
+        return {"reduction": self.reduction}
+
+    def plan(self, ctx: PlanContext) -> ChunkPlan:
+        """Ask the pass for the sum or max pattern."""
+        ds = ctx.dataset
+        red = self.reduction
+        integer = ds.dtype.kind in "ui"
+
+        def finalize(out: PassOutputs) -> DiffractionImage:
+            if red == "max":
+                assert out.pattern_max is not None
+                data = out.pattern_max.reshape(ds.detector_shape)
+                acc = str(ds.dtype)
+            else:
+                assert out.pattern_sum is not None
+                data = out.pattern_sum.reshape(ds.detector_shape)
+                acc = str(out.pattern_sum.dtype)
+                if red == "mean":
+                    data = data.astype(np.float64) / out.n_frames
+            return DiffractionImage(
+                data=data,
+                units=value_units(ds) + (" per frame" if red == "mean" else ""),
+                axes=ds.calibration.detector_axes(ds.detector_shape),
+                provenance=make_provenance(
+                    ds, operator=f"{red}_diffraction", parameters=self.parameters(),
+                    outputs=out, accumulation_dtype=acc if red != "max" or not integer else None,
+                ),
+            )
+
+        return ChunkPlan(
+            weights={}, want_sum=red != "max", want_max=red == "max",
+            parameters=self.parameters(), finalize=finalize,
+        )
+
+
+def _pattern(ds: Dataset4D, reduction: str, name: str | None) -> LazyResult:
+    if not isinstance(ds, Dataset4D):
+        raise ParameterError(f"expected a Dataset4D, got {type(ds).__name__}")
+    return LazyResult(DiffractionPattern(reduction=reduction), dataset=ds,
+                      name=name or f"{reduction}_pattern")
+
+
+def mean_diffraction(ds: Dataset4D, *, name: str | None = None) -> LazyResult:
+    """Mean diffraction pattern over every scan position (float64, counts per frame).
+
+    Parameters
+    ----------
+    ds
+        The dataset.
+    name
+        Label of the result (default ``"mean_pattern"``).
+
+    Returns
+    -------
+    LazyResult
+        A lazy :class:`~quantem_flow.results.DiffractionImage`.
+    """
+    return _pattern(ds, "mean", name)
+
+
+def max_diffraction(ds: Dataset4D, *, name: str | None = None) -> LazyResult:
+    """Maximum diffraction pattern over every scan position (the data's dtype).
+
+    Parameters
+    ----------
+    ds
+        The dataset.
+    name
+        Label of the result (default ``"max_pattern"``).
+
+    Returns
+    -------
+    LazyResult
+        A lazy :class:`~quantem_flow.results.DiffractionImage`.
+    """
+    return _pattern(ds, "max", name)
+
+
+def sum_diffraction(ds: Dataset4D, *, name: str | None = None) -> LazyResult:
+    """Sum diffraction pattern (int64 for integer data, exact; float64 otherwise).
+
+    Parameters
+    ----------
+    ds
+        The dataset.
+    name
+        Label of the result (default ``"sum_pattern"``).
+
+    Returns
+    -------
+    LazyResult
+        A lazy :class:`~quantem_flow.results.DiffractionImage`.
+    """
+    return _pattern(ds, "sum", name)

@@ -1,0 +1,176 @@
+"""Finding the bright-field probe disk in a diffraction pattern."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from ..dataset import Dataset4D
+from ..errors import ParameterError
+from ..results import DiffractionImage
+
+__all__ = ["ProbeEstimate", "estimate_probe", "find_probe", "sample_positions", "sampled_mean"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeEstimate:
+    """The bright-field disk: centre and radius in detector pixels.
+
+    Attributes
+    ----------
+    center
+        ``(row, col)`` intensity-weighted centroid of the disk, in pixels.
+    radius
+        ``sqrt(area / pi)`` of the disk, in pixels.
+    threshold
+        Fraction between background and peak used to segment the disk.
+    method
+        How the disk was segmented.
+    pattern_from
+        Which frames the pattern was the mean of.
+    area_px
+        Pixels in the disk.
+    """
+
+    center: tuple[float, float]
+    radius: float
+    threshold: float
+    method: str
+    pattern_from: str
+    area_px: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
+        d = dataclasses.asdict(self)
+        d["center"] = list(self.center)
+        return d
+
+
+def estimate_probe(
+    pattern: np.ndarray, *, threshold: float = 0.5, pattern_from: str = "given pattern"
+) -> ProbeEstimate:
+    """Segment the bright-field disk of a (mean) diffraction pattern.
+
+    The pattern is smoothed with a 3 x 3 box (so a hot pixel cannot be the
+    peak), pixels above ``background + threshold * (peak - background)`` are
+    labelled, and the connected region holding the smoothed peak is the
+    disk.  Background is the median of the pattern.
+
+    Parameters
+    ----------
+    pattern
+        ``(k_r, k_c)`` mean or sum pattern.
+    threshold
+        Fraction in (0, 1).
+    pattern_from
+        Description of the pattern, recorded.
+
+    Returns
+    -------
+    ProbeEstimate
+        Centre and radius in pixels.
+    """
+    from scipy import ndimage
+
+    if not 0 < threshold < 1:
+        raise ParameterError(f"threshold must be in (0, 1), got {threshold}")
+    m = np.asarray(pattern, dtype=np.float64)
+    if m.ndim != 2:
+        raise ParameterError(f"a diffraction pattern must be 2-D, got shape {m.shape}")
+    if not np.all(np.isfinite(m)):
+        m = np.where(np.isfinite(m), m, 0.0)
+    smooth = ndimage.uniform_filter(m, size=3, mode="nearest")
+    bg = float(np.median(m))
+    peak = float(smooth.max())
+    if not peak > bg:
+        raise ParameterError(
+            "no bright-field disk found: the pattern is flat (peak <= median). Pass center=(row, "
+            "col) and radii explicitly, or check the data"
+        )
+    above = m > bg + threshold * (peak - bg)
+    labels, _ = ndimage.label(above)
+    seed = np.unravel_index(int(np.argmax(smooth)), m.shape)
+    lab = labels[seed]
+    if lab == 0:
+        # the smoothed peak fell between bright pixels; take the largest region
+        counts = np.bincount(labels.ravel())
+        counts[0] = 0
+        lab = int(np.argmax(counts))
+    disk = labels == lab
+    area = int(disk.sum())
+    if area < 3:
+        raise ParameterError(
+            f"the bright-field disk found has only {area} pixel(s); the pattern has no clear "
+            "probe. Pass center=(row, col) and radii explicitly"
+        )
+    w = (m - bg) * disk
+    rr, cc = np.indices(m.shape, dtype=np.float64)
+    total = float(w.sum())
+    center = (float((w * rr).sum() / total), float((w * cc).sum() / total))
+    return ProbeEstimate(
+        center=center,
+        radius=math.sqrt(area / math.pi),
+        threshold=threshold,
+        method="median background, 3x3-smoothed peak, threshold, connected region at the peak",
+        pattern_from=pattern_from,
+        area_px=area,
+    )
+
+
+def sample_positions(scan_shape: tuple[int, int], n: int) -> list[tuple[int, int]]:
+    """Return up to ``n`` scan positions spread evenly (row-major) over the scan."""
+    total = scan_shape[0] * scan_shape[1]
+    idx = np.unique(np.linspace(0, total - 1, num=min(n, total)).round().astype(np.int64))
+    return [(int(i) // scan_shape[1], int(i) % scan_shape[1]) for i in idx]
+
+
+def sampled_mean(ds: Dataset4D, positions: list[tuple[int, int]]) -> np.ndarray:
+    """Return the float64 mean of the frames at ``positions`` (runs where it is called)."""
+    acc = np.zeros(ds.detector_shape, dtype=np.float64)
+    for r, c in positions:
+        acc += ds.frame(r, c)
+    return acc / max(len(positions), 1)
+
+
+def find_probe(
+    data: Dataset4D | DiffractionImage | np.ndarray,
+    *,
+    threshold: float = 0.5,
+    sample_frames: int | None = None,
+) -> ProbeEstimate:
+    """Find the probe disk now (eager).
+
+    Parameters
+    ----------
+    data
+        A mean/sum pattern (array or :class:`DiffractionImage`), or a dataset,
+        whose frames are sampled (``sample_frames`` of them, evenly over the
+        scan; default ``config.get("probe_sample_frames")``) and averaged.
+    threshold
+        Segmentation threshold, see :func:`estimate_probe`.
+    sample_frames
+        Frames to read from a dataset.
+
+    Returns
+    -------
+    ProbeEstimate
+        Centre and radius in pixels of ``data``'s detector.
+    """
+    from .. import config
+
+    if isinstance(data, Dataset4D):
+        n = int(sample_frames or config.get("probe_sample_frames"))
+        pos = sample_positions(data.scan_shape, n)
+        return estimate_probe(
+            sampled_mean(data, pos),
+            threshold=threshold,
+            pattern_from=f"mean of {len(pos)} frames sampled evenly over the scan",
+        )
+    if isinstance(data, DiffractionImage):
+        return estimate_probe(
+            data.data, threshold=threshold, pattern_from=f"{data.provenance.operator} result"
+        )
+    return estimate_probe(np.asarray(data), threshold=threshold)
