@@ -141,6 +141,9 @@ class Operator(abc.ABC):
 class ChunkOperator(Operator):
     """An operator that runs over the chunks of one dataset."""
 
+    def validate(self, ds: Dataset4D) -> None:  # noqa: B027 - optional hook
+        """Raise at build time if the operator cannot run on ``ds`` (reads nothing)."""
+
     @abc.abstractmethod
     def plan(self, ctx: PlanContext) -> ChunkPlan:
         """Resolve geometry and return what the pass must compute."""
@@ -195,6 +198,8 @@ class LazyResult:
             raise ParameterError(f"{operator.name} runs over a dataset; none was given")
         if isinstance(operator, DerivedOperator) and not dependencies:
             raise ParameterError(f"{operator.name} needs input results; none were given")
+        if isinstance(operator, ChunkOperator) and dataset is not None:
+            operator.validate(dataset)
         self.operator = operator
         self.dataset = dataset
         self.dependencies = tuple(dependencies)

@@ -72,6 +72,13 @@ class CenterOfMass(ChunkOperator):
             "units": self.units,
         }
 
+    def validate(self, ds: Dataset4D) -> None:
+        """Check the requested units against the calibration."""
+        cal = ds.calibration
+        pixel_scale(cal.detector_units if self.units == "auto" else self.units, cal)
+        if self.mask_radius is not None:
+            pixel_scale(self.mask_units, cal)
+
     def plan(self, ctx: PlanContext) -> ChunkPlan:
         """Three weight maps: the mask, and the mask times row and column offsets."""
         ds = ctx.dataset

@@ -111,6 +111,13 @@ class VirtualImage(ChunkOperator):
             p.update(inner=self.inner, outer=self.outer, center=_as_json(self.center))
         return p
 
+    def validate(self, ds: Dataset4D) -> None:
+        """Check units against the calibration and the mask against the detector."""
+        if self.detector == "mask":
+            resolve_mask(self.mask, ds.detector_shape)
+        else:
+            pixel_scale(self.units, ds.calibration)
+
     def _weights(self, ctx: PlanContext) -> tuple[np.ndarray, dict[str, Any]]:
         ds = ctx.dataset
         if self.detector == "mask":
