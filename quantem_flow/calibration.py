@@ -245,14 +245,13 @@ class Calibration:
             o = tuple(float(v) for v in self.detector_origin)
             if len(o) != 2 or not all(math.isfinite(v) for v in o):
                 raise ParameterError(
-                    f"detector_origin must be finite (row, col) pixels, got {self.detector_origin!r}"
+                    "detector_origin must be finite (row, col) pixels, got "
+                    f"{self.detector_origin!r}"
                 )
             object.__setattr__(self, "detector_origin", (o[0], o[1]))
         if self.accelerating_voltage_kV is not None:
             electron_wavelength_angstrom(float(self.accelerating_voltage_kV))
-            object.__setattr__(
-                self, "accelerating_voltage_kV", float(self.accelerating_voltage_kV)
-            )
+            object.__setattr__(self, "accelerating_voltage_kV", float(self.accelerating_voltage_kV))
 
     # -- queries -----------------------------------------------------------------
     @property

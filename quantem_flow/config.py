@@ -81,7 +81,7 @@ def snapshot() -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def set(**overrides: Any) -> Iterator[None]:  # noqa: A001 - mirrors dask.config.set
+def set(**overrides: Any) -> Iterator[None]:
     """Override settings inside a ``with`` block.
 
     Parameters

@@ -341,11 +341,15 @@ class Dataset4D:
         33 bins, the last summing 2 pixels.  Integer data widen to 32 bits
         (64 from 32-bit input), floats to float64.
         """
-        f = (int(factor), int(factor)) if isinstance(factor, (int, np.integer)) else tuple(
-            int(v) for v in factor
+        f = (
+            (int(factor), int(factor))
+            if isinstance(factor, (int, np.integer))
+            else tuple(int(v) for v in factor)
         )
         if len(f) != 2 or min(f) < 1:
-            raise ParameterError(f"bin factor must be a positive integer or (row, col), got {factor!r}")
+            raise ParameterError(
+                f"bin factor must be a positive integer or (row, col), got {factor!r}"
+            )
         if f == (1, 1):
             return self
         if self._dtype.kind not in "uif":
@@ -383,7 +387,7 @@ class Dataset4D:
 
     def frame(self, row: int, col: int) -> np.ndarray:
         """Read one diffraction pattern (eager)."""
-        return self.load_block((row, row + 1), (col, col + 1))[0, 0]
+        return np.asarray(self.load_block((row, row + 1), (col, col + 1))[0, 0])
 
     def to_dask(self) -> Any:
         """Return a plain ``dask.array.Array`` over the chunks, for interoperability."""
@@ -395,7 +399,7 @@ class Dataset4D:
         name = "qf-dataset-" + tokenize(
             self._source.identity, self._scan_block, self._detector_ops, self.chunk_rows
         )
-        dsk = {}
+        dsk: dict[Any, Any] = {}
         for i, (r0, r1) in enumerate(self.chunks):
             key = (name, i, 0, 0, 0)
             dsk[key] = Task(key, _load_block, self, r0, r1)
@@ -413,7 +417,7 @@ def _load_block(ds: Dataset4D, r0: int, r1: int) -> np.ndarray:
     return ds.load_block((r0, r1))
 
 
-def open(  # noqa: A001 - the package's public entry point mirrors builtins.open
+def open(
     path_or_array: str | os.PathLike[str] | np.ndarray,
     *,
     format: str | None = None,

@@ -137,9 +137,7 @@ class Provenance:
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
-        return {
-            f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)
-        }
+        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     def to_json(self, *, indent: int | None = 2) -> str:
         """Return the provenance as a JSON document."""

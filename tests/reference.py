@@ -54,7 +54,11 @@ def ref_bin(data: np.ndarray, factor: tuple[int, int]) -> np.ndarray:
     fr, fc = factor
     kr, kc = data.shape[-2:]
     nr, nc = -(-kr // fr), -(-kc // fc)
-    wide = np.uint64 if data.dtype.kind == "u" else (np.int64 if data.dtype.kind == "i" else np.float64)
+    wide = (
+        np.uint64
+        if data.dtype.kind == "u"
+        else (np.int64 if data.dtype.kind == "i" else np.float64)
+    )
     out = np.zeros((*data.shape[:-2], nr, nc), dtype=wide)
     for i in range(nr):
         for j in range(nc):

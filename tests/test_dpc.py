@@ -84,7 +84,10 @@ def test_idpc_resolves_the_180_degree_ambiguity_and_records_it(rng: np.random.Ge
     assert corr > 0.999
     p = out.provenance.parameters["rotation"]
     found = p["rotation_deg_found"]
-    assert min(abs(found - math.degrees(theta)) % 360, 360 - abs(found - math.degrees(theta)) % 360) < 0.5
+    assert (
+        min(abs(found - math.degrees(theta)) % 360, 360 - abs(found - math.degrees(theta)) % 360)
+        < 0.5
+    )
     assert "skewness" in p["ambiguity_180"]
     assert out.units == "arb."
 
@@ -102,8 +105,11 @@ def test_idpc_on_demo_like_data_and_units(rng: np.random.Generator) -> None:
             d = np.hypot(rr - cr, cc - ccol)
             data[i, j] = np.clip(7 - d, 0, 1) * 1000.0
     cal = qf.Calibration(
-        scan_sampling=(0.4, 0.4), scan_units="Å", detector_sampling=(0.5, 0.5),
-        detector_units="mrad", accelerating_voltage_kV=300,
+        scan_sampling=(0.4, 0.4),
+        scan_units="Å",
+        detector_sampling=(0.5, 0.5),
+        detector_units="mrad",
+        accelerating_voltage_kV=300,
     )
     ds = qf.open(data, calibration=cal)
     com = qf.center_of_mass(ds, center=(15.2, 17.8))

@@ -20,7 +20,9 @@ def data(rng: np.random.Generator) -> np.ndarray:
     return probe_data(rng)
 
 
-@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.int16, np.float32, np.float64])
+@pytest.mark.parametrize(
+    "dtype", [np.uint8, np.uint16, np.uint32, np.int16, np.float32, np.float64]
+)
 def test_virtual_annular_matches_reference_for_every_dtype(
     rng: np.random.Generator, dtype: type
 ) -> None:
@@ -192,7 +194,9 @@ def test_binning_keeps_partial_edge_bins_and_widens(rng: np.random.Generator) ->
 
 def test_regions_compose_and_are_recorded(rng: np.random.Generator) -> None:
     data = probe_data(rng, scan=(9, 11), det=(20, 26))
-    ds = qf.open(data).crop_scan((1, 8, 2, 10)).crop_detector((2, 18, 3, 25)).crop_scan((1, 5, 0, 6))
+    ds = (
+        qf.open(data).crop_scan((1, 8, 2, 10)).crop_detector((2, 18, 3, 25)).crop_scan((1, 5, 0, 6))
+    )
     assert ds.shape == (4, 6, 16, 22)
     np.testing.assert_array_equal(ds.load_block((0, 4)), data[2:6, 2:8, 2:18, 3:25])
     (img,) = qf.compute(qf.virtual_mask(ds, np.ones((16, 22), bool)), **SYNC)

@@ -89,9 +89,7 @@ class _Runner:
             return fn(*args)
         return self.client.submit(fn, *args, pure=False).result()
 
-    def run(
-        self, passes: list[LoweredPass], *, progress: bool
-    ) -> list[ChunkPartial]:
+    def run(self, passes: list[LoweredPass], *, progress: bool) -> list[ChunkPartial]:
         if self.client is None:
             from dask.local import get_sync
 
@@ -100,15 +98,14 @@ class _Runner:
                 dsk = dict(p.graph)
                 outputs.append(get_sync(dsk, p.output_key))
             return outputs
-        from distributed import as_completed
-
         from dask.highlevelgraph import HighLevelGraph
+        from distributed import as_completed
 
         graph = HighLevelGraph.merge(*(p.graph for p in passes))
         chunk_keys = [k for p in passes for k in p.chunk_keys]
         out_keys = [p.output_key for p in passes]
         futures = self.client.get(graph, [*out_keys, *chunk_keys], sync=False)
-        out_futures, chunk_futures = futures[: len(out_keys)], futures[len(out_keys):]
+        out_futures, chunk_futures = futures[: len(out_keys)], futures[len(out_keys) :]
         try:
             if progress and chunk_futures:
                 from tqdm import tqdm
@@ -261,8 +258,13 @@ def compute(
             want_sum |= plan.want_sum
             want_max |= plan.want_max
         lowered.append(
-            (first, lower_pass(first, weights, want_sum=want_sum, want_max=want_max,
-                               runtime=choice.chosen), nodes)
+            (
+                first,
+                lower_pass(
+                    first, weights, want_sum=want_sum, want_max=want_max, runtime=choice.chosen
+                ),
+                nodes,
+            )
         )
     t_lower = time.perf_counter()
     partials = runner.run([lp for _, lp, _ in lowered], progress=progress) if lowered else []

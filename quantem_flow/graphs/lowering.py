@@ -132,10 +132,10 @@ def lower_pass(
     while len(level) > 1 or depth == 0:
         nxt: list[Key] = []
         for j in range(0, len(level), fan_in):
-            key = (comb_name, depth, j // fan_in)
+            ckey: Key = (comb_name, depth, j // fan_in)
             group = level[j : j + fan_in]
-            combine_tasks[key] = Task(key, combine_partials, *(TaskRef(g) for g in group))
-            nxt.append(key)
+            combine_tasks[ckey] = Task(ckey, combine_partials, *(TaskRef(g) for g in group))
+            nxt.append(ckey)
         level = nxt
         depth += 1
     layers[comb_name] = MaterializedLayer(

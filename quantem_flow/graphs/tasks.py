@@ -71,9 +71,7 @@ def run_chunk_pass(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial
     t1 = time.perf_counter()
     runtime = get_runtime(spec.runtime)
     frames = block.reshape(block.shape[0] * block.shape[1], -1)
-    out = runtime.frame_pass(
-        frames, spec.weights, want_sum=spec.want_sum, want_max=spec.want_max
-    )
+    out = runtime.frame_pass(frames, spec.weights, want_sum=spec.want_sum, want_max=spec.want_max)
     t2 = time.perf_counter()
     ds = spec.dataset
     per_row = ds.shape[1] * int(np.prod(ds.source.shape[2:])) * ds.source.dtype.itemsize

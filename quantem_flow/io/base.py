@@ -402,7 +402,7 @@ class FrameSource(Source):
     def read(self, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
         """Read a scan block by reading whole frame runs."""
         self.check_block(rows, cols)
-        R, C = self._scan.shape
+        C = self._scan.shape[1]
         off = self._scan.frame_offset
         r0, r1 = rows
         c0, c1 = cols

@@ -9,7 +9,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import CorruptChunkError, DatasetPathError, DtypeError, FormatError, ShapeError
+from ..errors import (
+    CorruptChunkError,
+    DatasetPathError,
+    DtypeError,
+    FormatError,
+    ScanShapeError,
+    ShapeError,
+)
 from .base import FrameSource, SourceIdentity, check_exists, header_digest
 
 __all__ = ["Hdf5Source", "list_candidate_datasets", "open_h5"]
@@ -105,18 +112,27 @@ class Hdf5Source(FrameSource):
         self._stored_shape = shape
         self._attrs = attrs
         if len(shape) == 4:
-            if scan_shape is not None and tuple(scan_shape) != shape[:2]:
-                raise ShapeError(
+            if scan_shape is not None and (
+                isinstance(scan_shape, str) or tuple(scan_shape) != shape[:2]
+            ):
+                raise ScanShapeError(
                     f"{dataset_path!r} is 4-D {shape} but scan_shape={scan_shape!r} was given"
                 )
             self._set_frames(
-                n_frames=shape[0] * shape[1], frame_shape=shape[2:], dtype=dtype,
-                scan_shape=shape[:2], path=None,
+                n_frames=shape[0] * shape[1],
+                frame_shape=shape[2:],
+                dtype=dtype,
+                scan_shape=shape[:2],
+                path=None,
             )
         elif len(shape) == 3:
             self._set_frames(
-                n_frames=shape[0], frame_shape=shape[1:], dtype=dtype,
-                scan_shape=scan_shape, path=self._path, frame_offset=frame_offset,
+                n_frames=shape[0],
+                frame_shape=shape[1:],
+                dtype=dtype,
+                scan_shape=scan_shape,
+                path=self._path,
+                frame_offset=frame_offset,
             )
         else:
             raise ShapeError(
@@ -143,7 +159,10 @@ class Hdf5Source(FrameSource):
             paths=(str(self._path),),
             file_sizes=(self._path.stat().st_size,),
             header_sha256=header_digest(
-                self._dataset_path, self._stored_shape, str(self._dtype), self._layout,
+                self._dataset_path,
+                self._stored_shape,
+                str(self._dtype),
+                self._layout,
                 sorted(self._attrs.items()),
             ),
         )

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import DtypeError, FormatError, ShapeError
+from ..errors import DtypeError, FormatError, ScanShapeError, ShapeError
 from .base import FrameSource, SourceIdentity, check_exists, header_digest
 
 __all__ = ["NpySource"]
@@ -54,19 +54,28 @@ class NpySource(FrameSource):
         if np.dtype(dtype).kind not in "uif":
             raise DtypeError(f"{str(self._path)!r} holds dtype {dtype}; expected integer or real")
         if len(shape) == 4:
-            if scan_shape is not None and tuple(scan_shape) != tuple(shape[:2]):
-                raise ShapeError(
+            if scan_shape is not None and (
+                isinstance(scan_shape, str) or tuple(scan_shape) != tuple(shape[:2])
+            ):
+                raise ScanShapeError(
                     f"{str(self._path)!r} is 4-D {shape} but scan_shape={scan_shape!r} was given"
                 )
             n = shape[0] * shape[1]
             self._set_frames(
-                n_frames=n, frame_shape=shape[2:], dtype=dtype,
-                scan_shape=shape[:2], path=None,
+                n_frames=n,
+                frame_shape=shape[2:],
+                dtype=dtype,
+                scan_shape=shape[:2],
+                path=None,
             )
         elif len(shape) == 3:
             self._set_frames(
-                n_frames=shape[0], frame_shape=shape[1:], dtype=dtype,
-                scan_shape=scan_shape, path=self._path, frame_offset=frame_offset,
+                n_frames=shape[0],
+                frame_shape=shape[1:],
+                dtype=dtype,
+                scan_shape=scan_shape,
+                path=self._path,
+                frame_offset=frame_offset,
             )
         else:
             raise ShapeError(
@@ -77,9 +86,9 @@ class NpySource(FrameSource):
         self._stored_shape = tuple(int(s) for s in shape)
 
     def _mm(self) -> np.ndarray:
+        # never reshape: a Fortran-ordered file would be copied whole into memory
         if self._handle_mm is None:
-            mm = np.load(self._path, mmap_mode="r")
-            self._handle_mm = mm.reshape(-1, *self._frame_shape)
+            self._handle_mm = np.load(self._path, mmap_mode="r")
         return self._handle_mm
 
     @property
@@ -108,8 +117,20 @@ class NpySource(FrameSource):
 
     def read_frames(self, start: int, stop: int) -> np.ndarray:
         """Copy frames out of the memory map (byte-swapped to native order)."""
-        block = self._mm()[start:stop]
-        return np.array(block, dtype=self._dtype)
+        mm = self._mm()
+        if mm.ndim == 3:
+            return np.array(mm[start:stop], dtype=self._dtype, order="C")
+        C = self._stored_shape[1]
+        r0, r1 = start // C, -(-stop // C)
+        block = np.array(mm[r0:r1], dtype=self._dtype, order="C").reshape(-1, *self._frame_shape)
+        return block[start - r0 * C : stop - r0 * C]
+
+    def read(self, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
+        """Read a scan block; 4-D files are sliced directly."""
+        if len(self._stored_shape) == 3:
+            return super().read(rows, cols)
+        self.check_block(rows, cols)
+        return np.array(self._mm()[slice(*rows), slice(*cols)], dtype=self._dtype, order="C")
 
     def close(self) -> None:
         """Drop the memory map."""

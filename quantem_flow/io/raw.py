@@ -65,7 +65,9 @@ class RawSource(FrameSource):
             raise DtypeError(f"raw dtype must be integer or real, got {self._file_dtype}")
         if shape is not None:
             if frame_shape is not None or scan_shape is not None:
-                raise ParameterError("give either shape=(R_r, R_c, k_r, k_c) or frame_shape/scan_shape")
+                raise ParameterError(
+                    "give either shape=(R_r, R_c, k_r, k_c) or frame_shape/scan_shape"
+                )
             if len(shape) != 4:
                 raise ShapeError(f"shape must be (R_r, R_c, k_r, k_c), got {shape!r}")
             scan_shape = (int(shape[0]), int(shape[1]))
@@ -90,8 +92,12 @@ class RawSource(FrameSource):
                 "number; check dtype, frame_shape, offset and header sizes"
             )
         self._set_frames(
-            n_frames=body // self._record, frame_shape=fs, dtype=self._file_dtype,
-            scan_shape=scan_shape, path=self._path, frame_offset=frame_offset,
+            n_frames=body // self._record,
+            frame_shape=fs,
+            dtype=self._file_dtype,
+            scan_shape=scan_shape,
+            path=self._path,
+            frame_offset=frame_offset,
         )
 
     def _mm(self) -> np.ndarray:
@@ -105,8 +111,9 @@ class RawSource(FrameSource):
             )
             if rec.itemsize != self._record:  # zero-size voids collapse
                 raise FormatError("internal record layout mismatch")
-            mm = np.memmap(self._path, dtype=rec, mode="r", offset=self._offset,
-                           shape=(self._n_frames,))
+            mm = np.memmap(
+                self._path, dtype=rec, mode="r", offset=self._offset, shape=(self._n_frames,)
+            )
             self._handle_mm = mm["frame"]
         return self._handle_mm
 
@@ -125,8 +132,13 @@ class RawSource(FrameSource):
             paths=(str(self._path),),
             file_sizes=(self._path.stat().st_size,),
             header_sha256=header_digest(
-                first, str(self._file_dtype), self._frame_shape, self._offset, self._head,
-                self._foot, self._n_frames,
+                first,
+                str(self._file_dtype),
+                self._frame_shape,
+                self._offset,
+                self._head,
+                self._foot,
+                self._n_frames,
             ),
         )
 

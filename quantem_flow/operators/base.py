@@ -141,7 +141,7 @@ class Operator(abc.ABC):
 class ChunkOperator(Operator):
     """An operator that runs over the chunks of one dataset."""
 
-    def validate(self, ds: Dataset4D) -> None:  # noqa: B027 - optional hook
+    def validate(self, ds: Dataset4D) -> None:
         """Raise at build time if the operator cannot run on ``ds`` (reads nothing)."""
 
     @abc.abstractmethod
@@ -215,8 +215,10 @@ class LazyResult:
         return result
 
     def __repr__(self) -> str:
-        where = f"over {self.dataset!r}" if self.dataset is not None else (
-            f"from {[d.name for d in self.dependencies]}"
+        where = (
+            f"over {self.dataset!r}"
+            if self.dataset is not None
+            else (f"from {[d.name for d in self.dependencies]}")
         )
         return f"LazyResult({self.operator.name!r}, name={self.name!r}, {where})"
 

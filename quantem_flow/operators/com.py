@@ -12,8 +12,15 @@ from ..dataset import Dataset4D
 from ..errors import ParameterError
 from ..provenance import array_identity
 from ..results import VectorField
-from .base import ChunkOperator, ChunkPlan, LazyResult, PassOutputs, PlanContext, make_provenance
-from .base import weight_key
+from .base import (
+    ChunkOperator,
+    ChunkPlan,
+    LazyResult,
+    PassOutputs,
+    PlanContext,
+    make_provenance,
+    weight_key,
+)
 from .geometry import annulus, pixel_scale, resolve_center
 from .probe import ProbeEstimate
 
@@ -68,7 +75,9 @@ class CenterOfMass(ChunkOperator):
         """Parameters as given."""
         center = self.center if isinstance(self.center, str) else [float(v) for v in self.center]
         return {
-            "center": center, "mask_radius": self.mask_radius, "mask_units": self.mask_units,
+            "center": center,
+            "mask_radius": self.mask_radius,
+            "mask_units": self.mask_units,
             "units": self.units,
         }
 
@@ -101,9 +110,13 @@ class CenterOfMass(ChunkOperator):
         w_sum, w_r, w_c = mask, mask * rr, mask * cc
         keys = [weight_key(w) for w in (w_sum, w_r, w_c)]
         params = {
-            **self.parameters(), **record, "center_px": list(center), "units": units,
+            **self.parameters(),
+            **record,
+            "center_px": list(center),
+            "units": units,
             "pixel_scale": list(scale),
-            "mask": "whole detector" if self.mask_radius is None
+            "mask": "whole detector"
+            if self.mask_radius is None
             else array_identity(mask.astype(bool)),
             "definition": "sum(I * (k - center)) / sum(I) over the mask, times the pixel size",
         }
@@ -113,8 +126,10 @@ class CenterOfMass(ChunkOperator):
             empty = total == 0
             with np.errstate(invalid="ignore", divide="ignore"):
                 com = np.stack(
-                    [out.per_frame[keys[1]] / total * scale[0],
-                     out.per_frame[keys[2]] / total * scale[1]]
+                    [
+                        out.per_frame[keys[1]] / total * scale[0],
+                        out.per_frame[keys[2]] / total * scale[1],
+                    ]
                 )
             com[:, empty] = math.nan
             notes = []
@@ -131,15 +146,21 @@ class CenterOfMass(ChunkOperator):
                 units=units,
                 axes=(Axis("component", 2, 1.0, "row,col", 0.0), *scan_axes),
                 provenance=make_provenance(
-                    ds, operator="center_of_mass",
+                    ds,
+                    operator="center_of_mass",
                     parameters={**params, "n_empty_frames": int(empty.sum())},
-                    outputs=out, accumulation_dtype="float64", notes=notes,
+                    outputs=out,
+                    accumulation_dtype="float64",
+                    notes=notes,
                 ),
             )
 
         return ChunkPlan(
-            weights=dict(zip(keys, (w_sum, w_r, w_c), strict=True)), want_sum=False,
-            want_max=False, parameters=params, finalize=finalize,
+            weights=dict(zip(keys, (w_sum, w_r, w_c), strict=True)),
+            want_sum=False,
+            want_max=False,
+            parameters=params,
+            finalize=finalize,
         )
 
 
@@ -182,6 +203,7 @@ def center_of_mass(
     """
     if not isinstance(ds, Dataset4D):
         raise ParameterError(f"expected a Dataset4D, got {type(ds).__name__}")
-    op = CenterOfMass(center=center, mask_radius=mask_radius, mask_units=mask_units,
-                      units=units, probe=probe)
+    op = CenterOfMass(
+        center=center, mask_radius=mask_radius, mask_units=mask_units, units=units, probe=probe
+    )
     return LazyResult(op, dataset=ds, name=name or "com")

@@ -196,7 +196,8 @@ class DPC(DerivedOperator):
     def parameters(self) -> dict[str, Any]:
         """Parameters as given."""
         return {
-            "rotation_deg": self.rotation_deg, "transpose": self.transpose,
+            "rotation_deg": self.rotation_deg,
+            "transpose": self.transpose,
             "subtract": self.subtract,
         }
 
@@ -226,7 +227,7 @@ class DPC(DerivedOperator):
                 phase = fourier_integrate(rotated, spacing)
                 candidates.append((_skewness(phase), theta + extra, rotated))
             candidates.sort(key=lambda t: -t[0])
-            skew, theta, rotated = candidates[0]
+            _, theta, rotated = candidates[0]
             params.update(
                 rotation_deg_found=math.degrees(theta) % 360.0,
                 transpose_found=transpose,
@@ -252,7 +253,9 @@ class DPC(DerivedOperator):
         com = _one_field(inputs, self.name)
         rotated, params, notes = self.rotate(com)
         return VectorField(
-            data=rotated, units=com.units, axes=com.axes,
+            data=rotated,
+            units=com.units,
+            axes=com.axes,
             provenance=_derived_provenance("dpc", params, com, notes),
         )
 
@@ -298,20 +301,22 @@ class IDPC(DerivedOperator):
             spacing = tuple(s * length_scale(scan_units, "Å") for s in spacing)  # type: ignore[assignment]
         phase = fourier_integrate(gradient, spacing, highpass=self.highpass)
         params.update(
-            phase_units=units, gradient_conversion=how,
-            boundary="periodic (no padding)", spacing=list(spacing),
+            phase_units=units,
+            gradient_conversion=how,
+            boundary="periodic (no padding)",
+            spacing=list(spacing),
         )
         if units != "rad":
             notes.append(f"phase is in arbitrary units: {how}")
         return PhaseImage(
-            data=phase, units=units, axes=field_in.axes[1:],
+            data=phase,
+            units=units,
+            axes=field_in.axes[1:],
             provenance=_derived_provenance("idpc", params, field_in, notes),
         )
 
 
-def _phase_gradient(
-    field: np.ndarray, src: Result, scan_units: str
-) -> tuple[np.ndarray, str, str]:
+def _phase_gradient(field: np.ndarray, src: Result, scan_units: str) -> tuple[np.ndarray, str, str]:
     """Convert a CoM field to a phase gradient in rad/Å when calibrated."""
     units = src.units
     if scan_units == "px":
@@ -445,8 +450,9 @@ def idpc(
     """
     src = _as_field(field, "idpc")
     rot = DPC(rotation_deg=rotation_deg, transpose=transpose, subtract=subtract)
-    return LazyResult(IDPC(rotation=rot, highpass=highpass), dependencies=[src],
-                      name=name or "idpc")
+    return LazyResult(
+        IDPC(rotation=rot, highpass=highpass), dependencies=[src], name=name or "idpc"
+    )
 
 
 _ = (Axis, CalibrationError)  # re-exported names used in docs

@@ -51,22 +51,29 @@ class DiffractionPattern(ChunkOperator):
                 units=value_units(ds) + (" per frame" if red == "mean" else ""),
                 axes=ds.calibration.detector_axes(ds.detector_shape),
                 provenance=make_provenance(
-                    ds, operator=f"{red}_diffraction", parameters=self.parameters(),
-                    outputs=out, accumulation_dtype=acc if red != "max" or not integer else None,
+                    ds,
+                    operator=f"{red}_diffraction",
+                    parameters=self.parameters(),
+                    outputs=out,
+                    accumulation_dtype=acc if red != "max" or not integer else None,
                 ),
             )
 
         return ChunkPlan(
-            weights={}, want_sum=red != "max", want_max=red == "max",
-            parameters=self.parameters(), finalize=finalize,
+            weights={},
+            want_sum=red != "max",
+            want_max=red == "max",
+            parameters=self.parameters(),
+            finalize=finalize,
         )
 
 
 def _pattern(ds: Dataset4D, reduction: str, name: str | None) -> LazyResult:
     if not isinstance(ds, Dataset4D):
         raise ParameterError(f"expected a Dataset4D, got {type(ds).__name__}")
-    return LazyResult(DiffractionPattern(reduction=reduction), dataset=ds,
-                      name=name or f"{reduction}_pattern")
+    return LazyResult(
+        DiffractionPattern(reduction=reduction), dataset=ds, name=name or f"{reduction}_pattern"
+    )
 
 
 def mean_diffraction(ds: Dataset4D, *, name: str | None = None) -> LazyResult:

@@ -12,8 +12,15 @@ from ..dataset import Dataset4D
 from ..errors import ParameterError
 from ..provenance import array_identity
 from ..results import ScanImage
-from .base import ChunkOperator, ChunkPlan, LazyResult, PassOutputs, PlanContext, make_provenance
-from .base import weight_key
+from .base import (
+    ChunkOperator,
+    ChunkPlan,
+    LazyResult,
+    PassOutputs,
+    PlanContext,
+    make_provenance,
+    weight_key,
+)
 from .geometry import annulus, pixel_scale, resolve_center, resolve_mask, resolve_probe
 from .probe import ProbeEstimate
 
@@ -144,8 +151,12 @@ class VirtualImage(ChunkOperator):
                 "radii, units and centre"
             )
         record.update(
-            inner=inner, outer=outer, radii_units=units, center_px=list(center),
-            rule="inner <= distance < outer", mask=array_identity(w.astype(bool)),
+            inner=inner,
+            outer=outer,
+            radii_units=units,
+            center_px=list(center),
+            rule="inner <= distance < outer",
+            mask=array_identity(w.astype(bool)),
         )
         return w, record
 
@@ -166,16 +177,23 @@ class VirtualImage(ChunkOperator):
                 units=value_units(ds),
                 axes=ds.calibration.scan_axes(ds.scan_shape),
                 provenance=make_provenance(
-                    ds, operator=f"virtual_{self.detector}" if self.detector != "mask"
+                    ds,
+                    operator=f"virtual_{self.detector}"
+                    if self.detector != "mask"
                     else "virtual_mask",
-                    parameters=params, outputs=out,
-                    accumulation_dtype="float64 (integer-valued, exact below 2**53)" if exact
+                    parameters=params,
+                    outputs=out,
+                    accumulation_dtype="float64 (integer-valued, exact below 2**53)"
+                    if exact
                     else "float64",
                 ),
             )
 
         return ChunkPlan(
-            weights={key: w}, want_sum=False, want_max=False, parameters=params,
+            weights={key: w},
+            want_sum=False,
+            want_max=False,
+            parameters=params,
             finalize=finalize,
         )
 
@@ -188,7 +206,9 @@ def _as_json(value: Any) -> Any:
 
 def _lazy(ds: Dataset4D, op: VirtualImage, name: str | None, default: str) -> LazyResult:
     if not isinstance(ds, Dataset4D):
-        raise ParameterError(f"expected a Dataset4D (from quantem_flow.open), got {type(ds).__name__}")
+        raise ParameterError(
+            f"expected a Dataset4D (from quantem_flow.open), got {type(ds).__name__}"
+        )
     return LazyResult(op, dataset=ds, name=name or default)
 
 
@@ -224,8 +244,9 @@ def virtual_bf(
     LazyResult
         A lazy :class:`~quantem_flow.results.ScanImage`.
     """
-    op = VirtualImage(detector="bf", inner=0.0, outer=radius, units=units, center=center,
-                      probe=probe)
+    op = VirtualImage(
+        detector="bf", inner=0.0, outer=radius, units=units, center=center, probe=probe
+    )
     return _lazy(ds, op, name, "bf")
 
 
@@ -244,8 +265,9 @@ def virtual_abf(
     Parameters are as for :func:`virtual_annular`; ``"auto"`` radii come
     from the probe radius.
     """
-    op = VirtualImage(detector="abf", inner=inner, outer=outer, units=units, center=center,
-                      probe=probe)
+    op = VirtualImage(
+        detector="abf", inner=inner, outer=outer, units=units, center=center, probe=probe
+    )
     return _lazy(ds, op, name, "abf")
 
 
@@ -264,8 +286,9 @@ def virtual_adf(
     Parameters are as for :func:`virtual_annular`; ``"auto"`` radii come
     from the probe radius (outer ``"auto"`` takes every pixel beyond inner).
     """
-    op = VirtualImage(detector="adf", inner=inner, outer=outer, units=units, center=center,
-                      probe=probe)
+    op = VirtualImage(
+        detector="adf", inner=inner, outer=outer, units=units, center=center, probe=probe
+    )
     return _lazy(ds, op, name, "adf")
 
 
@@ -302,8 +325,9 @@ def virtual_annular(
     LazyResult
         A lazy :class:`~quantem_flow.results.ScanImage`.
     """
-    op = VirtualImage(detector="annular", inner=inner, outer=outer, units=units, center=center,
-                      probe=probe)
+    op = VirtualImage(
+        detector="annular", inner=inner, outer=outer, units=units, center=center, probe=probe
+    )
     return _lazy(ds, op, name, "annular")
 
 
@@ -352,6 +376,13 @@ def virtual_image(
     """
     if mask is not None:
         resolve_mask(mask, ds.detector_shape)
-    op = VirtualImage(detector=detector, inner=inner, outer=outer, units=units, center=center,
-                      mask=mask, probe=probe)
+    op = VirtualImage(
+        detector=detector,
+        inner=inner,
+        outer=outer,
+        units=units,
+        center=center,
+        mask=mask,
+        probe=probe,
+    )
     return _lazy(ds, op, name, detector)

@@ -136,9 +136,13 @@ def resolve_backend(
         )
     runtime = get_runtime(backend)
     if not runtime.supports(operation, representation):
+        able = [
+            n
+            for n, e in MANIFEST.items()
+            if (operation, representation) in map(tuple, e["kernels"])
+        ]
         raise UnsupportedOperationError(
             f"runtime {backend!r} has no kernel for {operation!r} on the {representation!r} "
-            f"representation; runtimes that do: "
-            f"{[n for n, e in MANIFEST.items() if (operation, representation) in map(tuple, e['kernels'])]}"
+            f"representation; runtimes that do: {able}"
         )
     return BackendChoice(backend, backend, "requested explicitly")

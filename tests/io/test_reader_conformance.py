@@ -65,12 +65,21 @@ def _npy_3d(tmp: Path, rng: np.random.Generator) -> Case:
 def _raw(tmp: Path, rng: np.random.Generator) -> Case:
     a = _random(rng, (*SCAN, *DETECTOR), ">u2")
     p = writers.write_raw(
-        tmp / "data.bin", a.reshape(-1, *DETECTOR), dtype=">u2", offset=16, header_bytes=8,
+        tmp / "data.bin",
+        a.reshape(-1, *DETECTOR),
+        dtype=">u2",
+        offset=16,
+        header_bytes=8,
         footer_bytes=4,
     )
     opts = {
-        "format": "raw", "dtype": ">u2", "frame_shape": DETECTOR, "scan_shape": SCAN,
-        "offset": 16, "frame_header_bytes": 8, "frame_footer_bytes": 4,
+        "format": "raw",
+        "dtype": ">u2",
+        "frame_shape": DETECTOR,
+        "scan_shape": SCAN,
+        "offset": 16,
+        "frame_header_bytes": 8,
+        "frame_footer_bytes": 4,
     }
     return Case(p, opts, a, "raw")
 
@@ -104,16 +113,20 @@ def _dectris_multi(tmp: Path, rng: np.random.Generator) -> Case:
 
 def _dectris_8bit(tmp: Path, rng: np.random.Generator) -> Case:
     a = _random(rng, (*SCAN, *DETECTOR), "uint8")
-    p = writers.write_dectris(tmp, "eight", a.reshape(-1, *DETECTOR), frames_per_file=10,
-                              bit_depth=8)
+    p = writers.write_dectris(
+        tmp, "eight", a.reshape(-1, *DETECTOR), frames_per_file=10, bit_depth=8
+    )
     return Case(p, {"scan_shape": SCAN}, a, "dectris")
 
 
 def _zarr_3d(tmp: Path, rng: np.random.Generator) -> Case:
     a = _random(rng, (*SCAN, *DETECTOR), "uint16")
     p = writers.write_zarr(
-        tmp / "frames.zarr", a.reshape(-1, *DETECTOR), array_path="scan/frames",
-        chunks=(4, *DETECTOR), compressor="zstd",
+        tmp / "frames.zarr",
+        a.reshape(-1, *DETECTOR),
+        array_path="scan/frames",
+        chunks=(4, *DETECTOR),
+        compressor="zstd",
     )
     return Case(p, {"array_path": "scan/frames", "scan_shape": SCAN}, a, "zarr")
 

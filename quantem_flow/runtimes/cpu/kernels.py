@@ -103,15 +103,16 @@ def _fused(frames, weights, out, acc_sum, acc_max, do_sum, do_max):  # type: ign
             for p in range(k):
                 v = row[p]
                 # NaN propagates like numpy.max: once NaN, no comparison replaces it.
-                if v > acc_max[p] or v != v:
-                    if acc_max[p] == acc_max[p]:
-                        acc_max[p] = v
+                if (v > acc_max[p] or v != v) and acc_max[p] == acc_max[p]:
+                    acc_max[p] = v
 
 
 def sum_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
     """Return the accumulator dtype of a sum over frames of ``dtype``."""
     if dtype.kind in "ui":
-        return np.dtype(np.int64) if dtype.kind == "i" or dtype.itemsize < 8 else np.dtype(np.uint64)
+        return (
+            np.dtype(np.int64) if dtype.kind == "i" or dtype.itemsize < 8 else np.dtype(np.uint64)
+        )
     return np.dtype(np.float64)
 
 

@@ -1,0 +1,181 @@
+"""Laziness, execution on a local cluster, annotations, dispatch and bad inputs."""
+
+from __future__ import annotations
+
+import h5py
+import hdf5plugin
+import numpy as np
+import pytest
+
+import quantem_flow as qf
+from quantem_flow.errors import (
+    AnnotationError,
+    CorruptChunkError,
+    DatasetPathError,
+    RuntimeUnavailableError,
+    ScanShapeError,
+    ShapeError,
+    SourceNotFoundError,
+)
+from quantem_flow.graphs import lower_pass, validate_annotations
+from quantem_flow.io.base import Source
+from tests.conftest import probe_data
+from tests.reference import ref_annulus, ref_com, ref_virtual
+
+
+def test_opening_and_building_compute_nothing(
+    rng: np.random.Generator, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = probe_data(rng)
+    np.save(tmp_path / "d.npy", data)
+    calls: list[object] = []
+
+    def boom(self: Source, *args: object, **kwargs: object) -> np.ndarray:
+        calls.append(args)
+        raise AssertionError("read during build")
+
+    from quantem_flow.io.npy import NpySource
+
+    monkeypatch.setattr(NpySource, "read", boom)
+    monkeypatch.setattr(NpySource, "read_frames", boom)
+    ds = qf.open(tmp_path / "d.npy").crop_scan((1, 6, 0, 9)).bin_detector(2)
+    lazy = [
+        qf.virtual_bf(ds),
+        qf.virtual_adf(ds),
+        qf.center_of_mass(ds),
+        qf.idpc(ds),
+        qf.mean_diffraction(ds),
+        qf.dpc(qf.center_of_mass(ds)),
+    ]
+    _ = ds.to_dask()
+    assert all(isinstance(x, qf.LazyResult) for x in lazy)
+    assert calls == []
+
+
+def test_to_dask_matches_the_data(rng: np.random.Generator) -> None:
+    data = probe_data(rng)
+    arr = qf.open(data, chunk_rows=3).to_dask()
+    assert arr.chunks[0] == (3, 3, 1)
+    np.testing.assert_array_equal(arr.compute(scheduler="sync"), data)
+
+
+@pytest.mark.cluster
+def test_one_pass_on_a_local_cluster(rng: np.random.Generator, tmp_path, cluster_client) -> None:
+    data = probe_data(rng, scan=(10, 7))
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f.create_dataset(
+            "data",
+            data=data.reshape(70, *data.shape[2:]),
+            chunks=(1, *data.shape[2:]),
+            **hdf5plugin.Bitshuffle(cname="lz4"),
+        )
+    ds = qf.open(tmp_path / "d.h5", dataset_path="/data", scan_shape=(10, 7), chunk_rows=2)
+    center = (8.6, 14.2)
+    bf, adf, com = qf.compute(
+        qf.virtual_bf(ds, radius=4.5, center=center),
+        qf.virtual_adf(ds, inner=7, center=center),
+        qf.center_of_mass(ds, center=center),
+        client=cluster_client,
+    )
+    np.testing.assert_array_equal(bf.data, ref_virtual(data, ref_annulus((20, 26), center, 0, 4.5)))
+    np.testing.assert_array_equal(
+        adf.data, ref_virtual(data, ref_annulus((20, 26), center, 7, np.inf))
+    )
+    np.testing.assert_allclose(com.data, ref_com(data, center), rtol=1e-5)
+    ex = bf.provenance.execution
+    assert ex["read_once"] and ex["bytes_read"] == data.nbytes
+    assert "given distributed.Client" in ex["scheduler"]
+    workers = {r["worker"] for r in ex["chunks"]}
+    assert workers <= set(cluster_client.scheduler_info()["workers"])
+    assert all(r["worker"].startswith("tcp://127.0.0.1:") for r in ex["chunks"])
+    assert bf.provenance.source["format"] == "hdf5"
+    assert bf.provenance.source["file_sizes"][0] > 0
+    assert len(bf.provenance.source["header_sha256"]) == 64
+
+
+@pytest.mark.cluster
+def test_corrupt_chunk_raises_clear_error_on_the_cluster(
+    rng: np.random.Generator, tmp_path, cluster_client
+) -> None:
+    data = probe_data(rng, scan=(4, 5))
+    path = tmp_path / "bad.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset(
+            "data",
+            data=data.reshape(20, *data.shape[2:]),
+            chunks=(1, *data.shape[2:]),
+            **hdf5plugin.Bitshuffle(cname="lz4"),
+        )
+    with h5py.File(path, "r") as f:
+        info = f["data"].id.get_chunk_info(13)
+    with open(path, "r+b") as fh:
+        fh.seek(info.byte_offset + 12)
+        fh.write(b"\xff" * 40)
+    ds = qf.open(path, dataset_path="/data", scan_shape=(4, 5), chunk_rows=1)
+    with pytest.raises(CorruptChunkError, match=r"bad\.h5"):
+        qf.compute(qf.virtual_bf(ds, radius=3, center=(8, 14)), client=cluster_client)
+    # rows without the corrupt frame still compute
+    (ok,) = qf.compute(
+        qf.virtual_bf(ds.crop_scan((0, 2, 0, 5)), radius=3, center=(8, 14)), client=cluster_client
+    )
+    assert ok.shape == (2, 5)
+
+
+def test_bad_inputs_raise_project_errors(rng: np.random.Generator, tmp_path) -> None:
+    with pytest.raises(SourceNotFoundError, match=r"nope\.h5"):
+        qf.open(tmp_path / "nope.h5", dataset_path="/data")
+    data = probe_data(rng, scan=(3, 4))
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f["frames"] = data.reshape(12, *data.shape[2:])
+    with pytest.raises(DatasetPathError, match="/frames"):
+        qf.open(tmp_path / "d.h5", dataset_path="/data")
+    with pytest.raises(ScanShapeError, match="12"):
+        qf.open(tmp_path / "d.h5", dataset_path="/frames", scan_shape=(5, 5))
+    with pytest.raises(ShapeError):
+        qf.open(np.zeros((3, 4, 5)))
+    with pytest.raises(ScanShapeError, match="square"):
+        qf.open(tmp_path / "d.h5", dataset_path="/frames")
+
+
+def test_square_guess_is_recorded(rng: np.random.Generator) -> None:
+    data = probe_data(rng, scan=(4, 4))
+    ds = qf.open(data.reshape(16, *data.shape[2:]), scan_shape="square")
+    (bf,) = qf.compute(qf.virtual_bf(ds, radius=3, center=(8, 14)), client="synchronous")
+    assert any("assumed square" in n for n in bf.provenance.notes)
+
+
+def test_annotations_are_validated_on_the_client() -> None:
+    assert validate_annotations({"qf_runtime": "cpu", "resources": {}})["resources"] == {}
+    with pytest.raises(AnnotationError, match="resources"):
+        validate_annotations({"resources": None})
+    with pytest.raises(AnnotationError, match="positive"):
+        validate_annotations({"resources": {"cuda": 0}})
+    with pytest.raises(AnnotationError, match="warp"):
+        validate_annotations({"qf_runtime": "warp"})
+    with pytest.raises(AnnotationError, match="unknown annotation"):
+        validate_annotations({"colour": "red"})
+
+
+def test_lowered_graph_carries_annotations_per_layer(rng: np.random.Generator) -> None:
+    ds = qf.open(probe_data(rng), chunk_rows=2)
+    lp = lower_pass(
+        ds, {"a": np.ones(ds.detector_shape)}, want_sum=True, want_max=False, runtime="cpu"
+    )
+    layers = lp.graph.layers
+    pass_layer = next(v for k, v in layers.items() if k.startswith("qf-pass-"))
+    assert pass_layer.annotations["qf_runtime"] == "cpu"
+    assert pass_layer.annotations["qf_representation"] == "dense"
+    assert len(lp.chunk_keys) == len(ds.chunks) == 4
+
+
+def test_explicit_unavailable_runtime_is_an_error_naming_what_is_available(
+    rng: np.random.Generator,
+) -> None:
+    ds = qf.open(probe_data(rng))
+    with pytest.raises(RuntimeUnavailableError, match="cpu"):
+        qf.compute(
+            qf.virtual_bf(ds, radius=3, center=(8, 14)), backend="cuda", client="synchronous"
+        )
+    (bf,) = qf.compute(qf.virtual_bf(ds, radius=3, center=(8, 14)), client="synchronous")
+    assert bf.provenance.execution["backend"]["requested"] == "auto"
+    assert bf.provenance.execution["backend"]["chosen"] == "cpu"
