@@ -360,7 +360,21 @@ class Dataset4D:
         )
 
     # -- reading ---------------------------------------------------------------------
-    def load_block(self, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> np.ndarray:
+    def raw_block_shape(
+        self, rows: tuple[int, int], cols: tuple[int, int] | None = None
+    ) -> tuple[int, int, int, int]:
+        """Shape of the source block :meth:`load_block` reads before detector transforms."""
+        c0, c1 = cols if cols is not None else (0, self.shape[1])
+        kr, kc = self._source.shape[2:]
+        return (rows[1] - rows[0], c1 - c0, kr, kc)
+
+    def load_block(
+        self,
+        rows: tuple[int, int],
+        cols: tuple[int, int] | None = None,
+        *,
+        buffer: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Read and transform a block of scan positions (eager).
 
         Parameters
@@ -368,6 +382,9 @@ class Dataset4D:
         rows, cols
             Half-open ranges in this dataset's scan coordinates; ``cols``
             defaults to all columns.
+        buffer
+            Optional staging array of :meth:`raw_block_shape` and the source
+            dtype to decode into (see :meth:`Source.read`).
 
         Returns
         -------
@@ -380,7 +397,7 @@ class Dataset4D:
         if not (0 <= r0 < r1 <= R and 0 <= c0 < c1 <= C):
             raise ShapeError(f"block rows={rows} cols={cols} outside the scan of shape {(R, C)}")
         b = self._scan_block
-        block = self._source.read((b[0] + r0, b[0] + r1), (b[2] + c0, b[2] + c1))
+        block = self._source.read((b[0] + r0, b[0] + r1), (b[2] + c0, b[2] + c1), buffer=buffer)
         for op in self._detector_ops:
             block = op.apply(block)
         return np.ascontiguousarray(block, dtype=self._dtype)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -30,6 +31,11 @@ _VERSIONED = (
 
 def package_versions() -> dict[str, str]:
     """Return the installed version of every package a result may depend on."""
+    return dict(_package_versions())
+
+
+@functools.lru_cache(maxsize=1)
+def _package_versions() -> dict[str, str]:
     out: dict[str, str] = {}
     for name in _VERSIONED:
         try:

@@ -110,7 +110,10 @@ class _Runner:
             if progress and chunk_futures:
                 from tqdm import tqdm
 
-                with tqdm(total=len(chunk_futures), unit="chunk", file=sys.stderr) as bar:
+                with (
+                    self.client.as_current(),
+                    tqdm(total=len(chunk_futures), unit="chunk", file=sys.stderr) as bar,
+                ):
                     for _f in as_completed(chunk_futures):
                         bar.update(1)
             results: list[ChunkPartial] = self.client.gather(out_futures)

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..dataset import Dataset4D
 from ..runtimes import get_runtime
+from ..runtimes.staging import staging_buffer
 
 __all__ = ["ChunkPartial", "PassSpec", "combine_partials", "run_chunk_pass"]
 
@@ -67,13 +68,14 @@ def _where() -> dict[str, Any]:
 def run_chunk_pass(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial:
     """Load one chunk, run the fused pass on it, return the small partial."""
     t0 = time.perf_counter()
-    block = spec.dataset.load_block((r0, r1))
+    ds = spec.dataset
+    buffer = staging_buffer(ds.raw_block_shape((r0, r1)), ds.source.dtype)
+    block = ds.load_block((r0, r1), buffer=buffer)
     t1 = time.perf_counter()
     runtime = get_runtime(spec.runtime)
     frames = block.reshape(block.shape[0] * block.shape[1], -1)
     out = runtime.frame_pass(frames, spec.weights, want_sum=spec.want_sum, want_max=spec.want_max)
     t2 = time.perf_counter()
-    ds = spec.dataset
     per_row = ds.shape[1] * int(np.prod(ds.source.shape[2:])) * ds.source.dtype.itemsize
     record = {
         "chunk": index,

@@ -148,13 +148,20 @@ class Source(abc.ABC):
         return int(math.prod(self.shape)) * int(self.dtype.itemsize)
 
     @abc.abstractmethod
-    def read(self, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
+    def read(
+        self, rows: tuple[int, int], cols: tuple[int, int], *, buffer: np.ndarray | None = None
+    ) -> np.ndarray:
         """Read the half-open scan block ``rows x cols``.
 
         Parameters
         ----------
         rows, cols
             Half-open ``(start, stop)`` scan row and column ranges.
+        buffer
+            A C-contiguous array of the block's shape and :attr:`dtype` the
+            reader may decode into instead of allocating (a staging buffer
+            reused across chunks).  The returned array is authoritative: it
+            may be ``buffer``, a read-only view of a memory map, or new.
 
         Returns
         -------
@@ -390,8 +397,12 @@ class FrameSource(Source):
         }
 
     @abc.abstractmethod
-    def read_frames(self, start: int, stop: int) -> np.ndarray:
+    def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
         """Read stored frames ``[start, stop)`` (absolute, offset included).
+
+        ``out``, when given, is a C-contiguous ``(stop - start, k_r, k_c)``
+        array of :attr:`dtype` to fill; readers that can decode in place
+        do, and return it.
 
         Returns
         -------
@@ -399,20 +410,28 @@ class FrameSource(Source):
             Shape ``(stop - start, k_r, k_c)``, native byte order.
         """
 
-    def read(self, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
-        """Read a scan block by reading whole frame runs."""
+    def read(
+        self, rows: tuple[int, int], cols: tuple[int, int], *, buffer: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Read a scan block by reading whole frame runs (into ``buffer`` if it fits)."""
         self.check_block(rows, cols)
         C = self._scan.shape[1]
         off = self._scan.frame_offset
         r0, r1 = rows
         c0, c1 = cols
         kr, kc = self._frame_shape
+        shape = (r1 - r0, c1 - c0, kr, kc)
+        if buffer is not None and (
+            buffer.shape != shape or buffer.dtype != self._dtype or not buffer.flags.c_contiguous
+        ):
+            buffer = None
         if (c0, c1) == (0, C):
-            frames = self.read_frames(off + r0 * C, off + r1 * C)
-            return frames.reshape(r1 - r0, C, kr, kc)
-        out = np.empty((r1 - r0, c1 - c0, kr, kc), dtype=self._dtype)
+            frames_out = None if buffer is None else buffer.reshape(-1, kr, kc)
+            frames = self.read_frames(off + r0 * C, off + r1 * C, out=frames_out)
+            return frames.reshape(shape)
+        out = np.empty(shape, dtype=self._dtype) if buffer is None else buffer
         for i, r in enumerate(range(r0, r1)):
-            out[i] = self.read_frames(off + r * C + c0, off + r * C + c1)
+            self.read_frames(off + r * C + c0, off + r * C + c1, out=out[i])
         return out
 
 

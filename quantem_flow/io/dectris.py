@@ -255,7 +255,7 @@ class DectrisSource(FrameSource):
         return sidecar_calibration(self._path)
 
     # -- reading -------------------------------------------------------------------
-    def read_frames(self, start: int, stop: int) -> np.ndarray:
+    def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
         """Read frames ``[start, stop)``, crossing data-file boundaries as needed."""
         if not 0 <= start <= stop <= self._n_frames:
             raise ShapeError(
@@ -263,7 +263,10 @@ class DectrisSource(FrameSource):
                 f"{str(self._path)!r}"
             )
         kr, kc = self._frame_shape
-        out = np.empty((stop - start, kr, kc), dtype=self._dtype)
+        direct = out is not None and out.dtype == self._dtype and out.flags.c_contiguous
+        if out is None:
+            out = np.empty((stop - start, kr, kc), dtype=self._dtype)
+            direct = True
         pos = start
         while pos < stop:
             i = bisect.bisect_right(self._starts, pos) - 1
@@ -272,7 +275,14 @@ class DectrisSource(FrameSource):
             end = min(stop, first + self._counts[i])
             file_path, dset_path = self._parts[i]
             try:
-                out[pos - start : end - start] = self._dset(i)[pos - first : end - first]
+                if direct:  # decode straight into the destination, no temporary
+                    self._dset(i).read_direct(
+                        out,
+                        source_sel=np.s_[pos - first : end - first],
+                        dest_sel=np.s_[pos - start : end - start],
+                    )
+                else:
+                    out[pos - start : end - start] = self._dset(i)[pos - first : end - first]
             except OSError as exc:
                 raise CorruptChunkError(
                     f"could not read or decode frames [{pos}, {end}) of the acquisition "

@@ -188,24 +188,49 @@ class Hdf5Source(FrameSource):
                 "corrupt; results computed so far are kept"
             ) from exc
 
-    def read_frames(self, start: int, stop: int) -> np.ndarray:
-        """Read frames ``[start, stop)``."""
+    def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
+        """Read frames ``[start, stop)`` (decoding into ``out`` when given)."""
         if len(self._stored_shape) == 3:
+            if out is not None:
+                return self._read_into(out, np.s_[start:stop], f"frames [{start}, {stop})")
             return self._read((slice(start, stop),), f"frames [{start}, {stop})")
         C = self._stored_shape[1]
         kr, kc = self._frame_shape
         r0, r1 = start // C, -(-stop // C)
         block = self._read((slice(r0, r1),), f"scan rows [{r0}, {r1})").reshape(-1, kr, kc)
-        return block[start - r0 * C : stop - r0 * C]
+        frames = block[start - r0 * C : stop - r0 * C]
+        if out is not None:
+            out[...] = frames
+            return out
+        return frames
 
-    def read(self, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
+    def _read_into(self, out: np.ndarray, selection: Any, what: str) -> np.ndarray:
+        if out.dtype != self._dtype or not out.flags.c_contiguous:
+            out[...] = self._read(selection, what)
+            return out
+        try:
+            self._dset().read_direct(out, source_sel=selection)
+        except OSError as exc:
+            raise CorruptChunkError(
+                f"could not read or decode {what} of {self._dataset_path!r} in "
+                f"{str(self._path)!r}: {exc}. The file may be truncated or a compressed chunk "
+                "corrupt; results computed so far are kept"
+            ) from exc
+        return out
+
+    def read(
+        self, rows: tuple[int, int], cols: tuple[int, int], *, buffer: np.ndarray | None = None
+    ) -> np.ndarray:
         """Read a scan block; 4-D datasets are sliced directly."""
         if len(self._stored_shape) == 3:
-            return super().read(rows, cols)
+            return super().read(rows, cols, buffer=buffer)
         self.check_block(rows, cols)
-        return self._read(
-            (slice(*rows), slice(*cols)), f"scan rows [{rows[0]}, {rows[1]}) cols {cols}"
-        )
+        what = f"scan rows [{rows[0]}, {rows[1]}) cols {cols}"
+        sel = np.s_[rows[0] : rows[1], cols[0] : cols[1]]
+        shape = (rows[1] - rows[0], cols[1] - cols[0], *self._frame_shape)
+        if buffer is not None and buffer.shape == shape:
+            return self._read_into(buffer, sel, what)
+        return self._read((slice(*rows), slice(*cols)), what)
 
     def close(self) -> None:
         """Close the file."""

@@ -88,7 +88,14 @@ class ArraySource(Source):
         """Explicit choices made while wrapping."""
         return list(self._notes)
 
-    def read(self, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
-        """Return a copy of the block."""
+    def read(
+        self, rows: tuple[int, int], cols: tuple[int, int], *, buffer: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Return the block: a read-only view when contiguous, else a copy."""
         self.check_block(rows, cols)
-        return np.array(self._array[rows[0] : rows[1], cols[0] : cols[1]])
+        block = self._array[rows[0] : rows[1], cols[0] : cols[1]]
+        if block.flags.c_contiguous:
+            view = block.view()
+            view.flags.writeable = False
+            return view
+        return np.array(block)

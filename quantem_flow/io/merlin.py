@@ -283,9 +283,9 @@ class MerlinSource(FrameSource):
         return sidecar_calibration(self._path)
 
     # -- reading -------------------------------------------------------------------
-    def read_frames(self, start: int, stop: int) -> np.ndarray:
+    def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
         """Read frames ``[start, stop)`` without their headers, in native byte order."""
-        return self._raw.read_frames(start, stop)
+        return self._raw.read_frames(start, stop, out=out)
 
     def close(self) -> None:
         """Drop the memory map."""

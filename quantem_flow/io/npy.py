@@ -115,22 +115,48 @@ class NpySource(FrameSource):
             **self.scan_metadata(),
         }
 
-    def read_frames(self, start: int, stop: int) -> np.ndarray:
+    def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
         """Copy frames out of the memory map (byte-swapped to native order)."""
         mm = self._mm()
         if mm.ndim == 3:
+            if out is not None:
+                np.copyto(out, mm[start:stop], casting="same_kind")
+                return out
             return np.array(mm[start:stop], dtype=self._dtype, order="C")
         C = self._stored_shape[1]
         r0, r1 = start // C, -(-stop // C)
         block = np.array(mm[r0:r1], dtype=self._dtype, order="C").reshape(-1, *self._frame_shape)
-        return block[start - r0 * C : stop - r0 * C]
+        frames = block[start - r0 * C : stop - r0 * C]
+        if out is not None:
+            out[...] = frames
+            return out
+        return frames
 
-    def read(self, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
-        """Read a scan block; 4-D files are sliced directly."""
-        if len(self._stored_shape) == 3:
-            return super().read(rows, cols)
+    def read(
+        self, rows: tuple[int, int], cols: tuple[int, int], *, buffer: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Read a scan block; 4-D files are sliced directly.
+
+        Whole C-ordered rows in native byte order come back as a read-only
+        view of the memory map (zero copy: kernels read the page cache
+        directly); anything else is copied.
+        """
         self.check_block(rows, cols)
-        return np.array(self._mm()[slice(*rows), slice(*cols)], dtype=self._dtype, order="C")
+        mm = self._mm()
+        if mm.ndim == 3:
+            C = self._scan.shape[1]
+            if cols == (0, C) and mm.flags.c_contiguous and mm.dtype.isnative:
+                off = self._scan.frame_offset
+                view = mm[off + rows[0] * C : off + rows[1] * C]
+                return view.reshape(rows[1] - rows[0], C, *self._frame_shape)
+            return super().read(rows, cols, buffer=buffer)
+        block = mm[slice(*rows), slice(*cols)]
+        if block.flags.c_contiguous and block.dtype.isnative:
+            return np.asarray(block)
+        if buffer is not None and buffer.shape == block.shape and buffer.dtype == self._dtype:
+            np.copyto(buffer, block, casting="same_kind")
+            return buffer
+        return np.array(block, dtype=self._dtype, order="C")
 
     def close(self) -> None:
         """Drop the memory map."""

@@ -153,9 +153,12 @@ class RawSource(FrameSource):
             **self.scan_metadata(),
         }
 
-    def read_frames(self, start: int, stop: int) -> np.ndarray:
+    def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
         """Copy frames out of the memory map in native byte order."""
-        return np.array(self._mm()[start:stop], dtype=self._dtype)
+        if out is None:
+            return np.array(self._mm()[start:stop], dtype=self._dtype)
+        np.copyto(out, self._mm()[start:stop], casting="same_kind")
+        return out
 
     def close(self) -> None:
         """Drop the memory map."""

@@ -244,8 +244,11 @@ class ZarrSource(FrameSource):
             ) from exc
         return np.asarray(block, dtype=self._dtype)
 
-    def read_frames(self, start: int, stop: int) -> np.ndarray:
-        """Read frames ``[start, stop)``."""
+    def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
+        """Read frames ``[start, stop)`` (copied into ``out`` when given)."""
+        if out is not None:
+            out[...] = self.read_frames(start, stop)
+            return out
         if len(self._stored_shape) == 3:
             return self._read((slice(start, stop),), f"frames [{start}, {stop})")
         C = self._stored_shape[1]
@@ -254,10 +257,12 @@ class ZarrSource(FrameSource):
         block = self._read((slice(r0, r1),), f"scan rows [{r0}, {r1})").reshape(-1, kr, kc)
         return block[start - r0 * C : stop - r0 * C]
 
-    def read(self, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
+    def read(
+        self, rows: tuple[int, int], cols: tuple[int, int], *, buffer: np.ndarray | None = None
+    ) -> np.ndarray:
         """Read a scan block; 4-D arrays are sliced directly."""
         if len(self._stored_shape) == 3:
-            return super().read(rows, cols)
+            return super().read(rows, cols, buffer=buffer)
         self.check_block(rows, cols)
         return self._read(
             (slice(*rows), slice(*cols)), f"scan rows [{rows[0]}, {rows[1]}) cols {cols}"

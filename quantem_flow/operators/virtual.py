@@ -135,11 +135,16 @@ class VirtualImage(ChunkOperator):
         radii: list[float] = []
         for i, value in enumerate((self.inner, self.outer)):
             if value == "auto":
+                factor = AUTO_RADII[self.detector][i]
+                label = ("inner", "outer")[i]
+                if math.isinf(factor):  # to the detector edge: no probe needed
+                    radii.append(math.inf)
+                    record[f"{label}_rule"] = "detector edge (every pixel beyond inner)"
+                    continue
                 est = resolve_probe(ctx, self.probe)
                 record["probe"] = est.to_dict()
-                factor = AUTO_RADII[self.detector][i]
                 radii.append(factor * est.radius * math.sqrt(scale[0] * scale[1]))
-                record[f"{('inner', 'outer')[i]}_rule"] = f"{factor} x probe radius"
+                record[f"{label}_rule"] = f"{factor} x probe radius"
             else:
                 radii.append(float(value))
         inner, outer = radii

@@ -1,0 +1,432 @@
+"""The ``quantem-flow`` command line: ``info``, ``run``, ``demo``, ``version``.
+
+Errors of quantem-flow (bad parameters, missing files, unknown formats...)
+print one line to stderr and exit with status 2; anything else is a bug and
+shows its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import ParameterError, QuantemFlowError
+
+__all__ = ["DEMO_SIZES", "main"]
+
+#: Parameters of :func:`quantem_flow.synthetic.synthetic_dataset` for ``demo --size``.
+DEMO_SIZES: dict[str, dict[str, Any]] = {
+    "small": {
+        "scan_shape": (48, 64),
+        "detector_shape": (64, 72),
+        "probe_radius_px": 8.0,
+        "dose_per_frame": 2000.0,
+        "deflection_px": 1.5,
+        "seed": 0,
+        "dtype": "uint16",
+    },
+    "medium": {
+        "scan_shape": (128, 128),
+        "detector_shape": (96, 96),
+        "probe_radius_px": 11.0,
+        "dose_per_frame": 4000.0,
+        "deflection_px": 2.0,
+        "seed": 0,
+        "dtype": "uint16",
+    },
+}
+DEMO_DATA_NAME = "synthetic_4dstem.h5"
+DEMO_PIPELINE_NAME = "demo.yaml"
+EXIT_USER_ERROR = 2
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
+def _say(*lines: str) -> None:
+    for line in lines:
+        print(line, flush=True)
+
+
+# -- info -----------------------------------------------------------------------------------
+def _calibration_lines(cal: Mapping[str, Any]) -> list[str]:
+    def axis(kind: str) -> str:
+        s = cal[f"{kind}_sampling"]
+        u = cal[f"{kind}_units"]
+        text = f"{s[0]:g} x {s[1]:g} {u} per pixel (row, col)"
+        if u == "px":
+            text += " -- uncalibrated"
+        return text
+
+    origin = cal.get("detector_origin")
+    kv = cal.get("accelerating_voltage_kV")
+    return [
+        f"  scan:      {axis('scan')}",
+        f"  detector:  {axis('detector')}",
+        "  origin:    " + ("unknown" if origin is None else f"({origin[0]:g}, {origin[1]:g}) px"),
+        "  voltage:   " + ("unknown" if kv is None else f"{kv:g} kV"),
+    ]
+
+
+def _hdf5_default_path(path: Path) -> tuple[str, str]:
+    """Return the only 3-D/4-D dataset of an HDF5 file, or raise listing the candidates."""
+    from .io.hdf5 import list_candidate_datasets, open_h5
+
+    with open_h5(path) as f:
+        found = list_candidate_datasets(f)
+    if len(found) == 1:
+        return found[0], f"dataset_path {found[0]} chosen: the only 3-D/4-D dataset in the file"
+    raise ParameterError(
+        f"{str(path)!r} is an HDF5 file; pass --dataset-path, one of the 3-D/4-D datasets "
+        f"{found or '(none found)'}"
+    )
+
+
+def _info(args: argparse.Namespace) -> int:
+    from . import open as open_dataset
+    from .io import detect_format
+
+    options: dict[str, Any] = {}
+    notes: list[str] = []
+    if args.scan_shape is not None:
+        options["scan_shape"] = tuple(args.scan_shape)
+    fmt = args.format or detect_format(args.file)
+    if args.dataset_path is not None:
+        options["dataset_path"] = args.dataset_path
+    elif fmt == "hdf5":
+        options["dataset_path"], note = _hdf5_default_path(Path(args.file).expanduser())
+        notes.append(note)
+    ds = open_dataset(args.file, format=fmt, **options)
+    src = ds.source
+    desc = ds.describe()
+    chunk_bytes = ds.chunk_rows * ds.read_nbytes / max(ds.shape[0], 1)
+    doc = {
+        "path": str(getattr(src, "path", args.file)),
+        "format": src.format,
+        "shape": list(ds.shape),
+        "axes": ["R_r", "R_c", "k_r", "k_c"],
+        "dtype": str(ds.dtype),
+        "nbytes": ds.nbytes,
+        "chunks": {
+            "n_chunks": desc["n_chunks"],
+            "scan_rows_per_chunk": desc["chunk_rows"],
+            "bytes_per_chunk": int(chunk_bytes),
+        },
+        "calibration": desc["calibration"],
+        "identity": src.identity.to_dict(),
+        "metadata": src.metadata,
+        "notes": [*notes, *ds.notes],
+    }
+    if args.json:
+        print(json.dumps(doc, indent=2, ensure_ascii=False, default=str))
+        return 0
+    R, C, kr, kc = ds.shape
+    _say(
+        f"file:      {doc['path']}",
+        f"format:    {src.format}",
+        f"shape:     ({R}, {C}, {kr}, {kc})  (R_r, R_c, k_r, k_c): scan {R} x {C}, "
+        f"detector {kr} x {kc}",
+        f"dtype:     {ds.dtype}",
+        f"size:      {_mib(ds.nbytes)} (decoded)",
+        f"chunks:    {desc['n_chunks']} of {desc['chunk_rows']} scan rows "
+        f"(~{_mib(chunk_bytes)} each)",
+        "calibration:",
+        *_calibration_lines(desc["calibration"]),
+        "identity:",
+        *(f"  {k}: {v}" for k, v in doc["identity"].items()),
+        "metadata:",
+        *(
+            f"  {key}: {json.dumps(value, ensure_ascii=False, default=str)}"
+            for key, value in src.metadata.items()
+        ),
+    )
+    if doc["notes"]:
+        _say("notes:", *(f"  - {n}" for n in doc["notes"]))
+    return 0
+
+
+# -- run and demo -------------------------------------------------------------------------
+def _start_client(scheduler: str | None) -> tuple[Any, str]:
+    """Return ``(client, description)`` for ``--scheduler``."""
+    if scheduler == "synchronous":
+        return "synchronous", "synchronous (this process, no workers)"
+    if scheduler is None:
+        from .graphs import embedded_client
+
+        client = embedded_client()
+        where = "embedded local cluster"
+    else:
+        if "://" not in scheduler:
+            raise ParameterError(
+                f"--scheduler takes a scheduler address such as tcp://127.0.0.1:8786 or "
+                f"'synchronous', got {scheduler!r}"
+            )
+        from distributed import Client
+
+        try:
+            client = Client(scheduler, set_as_default=False, timeout=10)
+        except OSError as exc:
+            raise ParameterError(
+                f"could not connect to the scheduler at {scheduler}: {exc}; check the address "
+                "and that the scheduler runs"
+            ) from exc
+        where = "scheduler"
+    n = len(client.scheduler_info().get("workers", {}))
+    return client, f"{where} at {client.scheduler.address} ({n} worker(s))"
+
+
+def _report_dashboard(client: Any) -> None:
+    if isinstance(client, str):
+        return
+    from .graphs import dashboard_url
+
+    url = dashboard_url(client)
+    if url is None:
+        _say("dashboard: none (install bokeh for the Dask dashboard)")
+    else:
+        _say(f"dashboard: {url}  (live while this command runs)")
+
+
+def _finish_client(client: Any, scheduler: str | None) -> None:
+    if isinstance(client, str):
+        return
+    if scheduler is None:
+        from .graphs import close_embedded_cluster
+
+        close_embedded_cluster()
+    else:
+        client.close()
+
+
+def _report_results(results: Mapping[str, Any]) -> None:
+    _say("results:")
+    for name, r in results.items():
+        shape = " x ".join(str(s) for s in r.shape)
+        _say(f"  {name:<14} {type(r).kind:<17} {shape:<14} {r.units}")
+
+
+def _report_files(targets: Any, extra: Sequence[tuple[str, Path]] = ()) -> None:
+    _say("files:")
+    for label, path in extra:
+        _say(f"  {label:<11} {path}")
+    if targets.results is not None:
+        _say(f"  {'results':<11} {targets.results}")
+    if targets.json is not None:
+        _say(f"  {'provenance':<11} {targets.json}")
+    for i, png in enumerate(targets.png_files.values()):
+        _say(f"  {'images' if i == 0 else '':<11} {png}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .pipeline import load_pipeline, run_pipeline
+
+    pipe = load_pipeline(args.pipeline)
+    targets = pipe.save_targets(args.output_dir)
+    client, where = _start_client(args.scheduler)
+    try:
+        _say(f"pipeline:  {pipe.origin}", f"input:     {pipe.input.path}", f"scheduler: {where}")
+        _report_dashboard(client)
+        _say(f"computing {', '.join(pipe.outputs)} in one pass ...")
+        results = run_pipeline(
+            pipe,
+            client=None if args.scheduler is None else client,
+            output_dir=args.output_dir,
+            progress=not args.no_progress,
+            overwrite=True if args.overwrite else None,
+        )
+    finally:
+        _finish_client(client, args.scheduler)
+    _report_results(results)
+    if targets.results is None and targets.json is None and not targets.png_files:
+        _say("files: none written (the pipeline has no save section; pass --output-dir DIR)")
+    else:
+        _report_files(targets)
+    return 0
+
+
+def _pearson(a: Any, b: Any) -> float:
+    import numpy as np
+
+    x = np.asarray(a, dtype=np.float64)
+    y = np.asarray(b, dtype=np.float64)
+    ok = np.isfinite(x) & np.isfinite(y)
+    x = x[ok] - x[ok].mean()
+    y = y[ok] - y[ok].mean()
+    den = math.sqrt(float((x * x).sum() * (y * y).sum()))
+    return float((x * y).sum() / den) if den > 0 else math.nan
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .pipeline import example_pipeline, load_pipeline, run_pipeline
+    from .synthetic import synthetic_truth, write_synthetic
+
+    params = DEMO_SIZES[args.size]
+    out = Path(args.output_dir).expanduser().absolute()
+    data_path = out / DEMO_DATA_NAME
+    yaml_path = out / DEMO_PIPELINE_NAME
+    template = example_pipeline("demo").read_text(encoding="utf-8")
+    if not args.overwrite:
+        import yaml
+
+        planned = load_pipeline(yaml.safe_load(template), base_dir=out).save_targets()
+        existing = [p for p in (data_path, yaml_path) if p.exists()] + planned.existing()
+        if existing:
+            raise ParameterError(
+                f"{str(out)!r} already holds demo files ({[p.name for p in existing][:4]}); "
+                "pass --overwrite to replace them or choose another --output-dir"
+            )
+    R, C = params["scan_shape"]
+    kr, kc = params["detector_shape"]
+    _say(
+        "quantem-flow demo: a synthetic weak-phase specimen scanned by a probe whose "
+        "bright-field disk is shifted by the phase gradient, with Poisson noise",
+        f"writing synthetic 4D-STEM data: scan {R} x {C}, detector {kr} x {kc}, "
+        f"{params['dtype']}, {_mib(R * C * kr * kc * 2)} ...",
+    )
+    write_synthetic(data_path, format="hdf5", overwrite=args.overwrite, **params)
+    yaml_path.write_text(template, encoding="utf-8")
+    pipe = load_pipeline(yaml_path)
+    targets = pipe.save_targets()
+    _say(
+        f"data:      {data_path} (HDF5 /data, bitshuffle+LZ4, "
+        f"{_mib(data_path.stat().st_size)} on disk)",
+        f"pipeline:  {yaml_path}",
+    )
+    scheduler = "synchronous" if args.synchronous else None
+    client, where = _start_client(scheduler)
+    try:
+        _say(f"scheduler: {where}")
+        _report_dashboard(client)
+        _say(f"computing {', '.join(pipe.outputs)} in one pass ...")
+        results = run_pipeline(
+            pipe,
+            client=None if scheduler is None else client,
+            progress=True,
+            overwrite=args.overwrite,
+        )
+    finally:
+        _finish_client(client, scheduler)
+    _report_results(results)
+    truth = synthetic_truth(**params)
+    phase = results["idpc"]
+    rot = phase.provenance.parameters.get("rotation", {})
+    r = _pearson(phase.data, truth.phase)
+    _say(
+        f"check:     iDPC phase vs the synthetic truth: Pearson r = {r:.3f} (means removed); "
+        f"rotation found {rot.get('rotation_deg_found', float('nan')):.2f} deg "
+        "(the truth is 0 deg, no transpose)",
+    )
+    _report_files(targets, extra=[("data", data_path), ("pipeline", yaml_path)])
+    _say(f"rerun:     quantem-flow run {yaml_path} --overwrite")
+    return 0
+
+
+def _version(args: argparse.Namespace) -> int:
+    from . import __version__
+    from .provenance import package_versions
+
+    _say(f"quantem-flow {__version__}")
+    if args.all:
+        for name, version in package_versions().items():
+            if name != "quantem-flow":
+                _say(f"  {name} {version}")
+    return 0
+
+
+# -- entry point --------------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="quantem-flow",
+        description="Task-graph engine for 4D-STEM data: inspect inputs, run YAML pipelines.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("info", help="describe a 4D-STEM input (reads no frames)")
+    p.add_argument("file", help="data file or Zarr store")
+    p.add_argument("--format", help="reader name (default: guessed from the name)")
+    p.add_argument(
+        "--scan-shape",
+        nargs=2,
+        type=int,
+        metavar=("R", "C"),
+        help="scan rows and columns, for files of flat frames",
+    )
+    p.add_argument("--dataset-path", help="dataset inside an HDF5 file, e.g. /data")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_info)
+
+    p = sub.add_parser("run", help="run a YAML pipeline")
+    p.add_argument("pipeline", help="the pipeline .yaml file")
+    p.add_argument("--output-dir", help="folder the save paths are relative to")
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDRESS|synchronous",
+        help="tcp://host:port of a running Dask scheduler, or 'synchronous'; "
+        "default: an embedded local cluster on 127.0.0.1",
+    )
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    p.set_defaults(func=_run)
+
+    p = sub.add_parser("demo", help="write a synthetic dataset and analyse it end to end")
+    p.add_argument(
+        "--output-dir",
+        default="quantem-flow-demo",
+        help="folder for the data and results (default: ./quantem-flow-demo)",
+    )
+    p.add_argument(
+        "--size",
+        choices=sorted(DEMO_SIZES),
+        default="small",
+        help="small: 48 x 64 scan (28 MiB); medium: 128 x 128 scan (288 MiB)",
+    )
+    p.add_argument(
+        "--synchronous",
+        action="store_true",
+        help="compute in this process instead of the embedded local cluster",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier demo's files")
+    p.set_defaults(func=_demo)
+
+    p = sub.add_parser("version", help="print the version")
+    p.add_argument("--all", action="store_true", help="also the versions of the dependencies")
+    p.set_defaults(func=_version)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``quantem-flow`` command line.
+
+    Parameters
+    ----------
+    argv
+        Arguments without the program name (default: ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        0 on success, 2 for a usage or quantem-flow error (one line on
+        stderr).
+    """
+    parser = _parser()
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as exc:  # --help or a usage error: argparse has printed it
+        return int(exc.code) if isinstance(exc.code, int) else EXIT_USER_ERROR
+    try:
+        code: int = args.func(args)
+    except (QuantemFlowError, FileExistsError) as exc:
+        message = " ".join(str(exc).split())
+        print(f"quantem-flow {args.command}: error: {message}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,885 @@
+"""YAML pipelines: one input, optional transforms, named outputs, saved files.
+
+A pipeline file describes a whole analysis so it can be rerun and shared::
+
+    version: 1
+    input:
+      path: data.h5                  # required; relative to this file's folder
+      format: hdf5                   # optional (guessed from the name)
+      options: {dataset_path: /data} # reader options (scan_shape, frame_offset...)
+      calibration: {scan_sampling: [0.5, 0.5], scan_units: Å,
+                    detector_sampling: [0.8, 0.8], detector_units: mrad,
+                    accelerating_voltage_kV: 300}
+      chunk_mib: 64                  # optional
+    transforms:                      # optional, applied in order
+      - crop_scan: [0, 40, 0, 60]
+      - crop_detector: [0, 64, 0, 64]
+      - bin_detector: 2
+    outputs:                         # name -> {op: ..., parameters}
+      bf: {op: virtual_bf}
+      adf: {op: virtual_adf, inner: 20, outer: 60, units: mrad}
+      com: {op: center_of_mass}
+      phase: {op: idpc, input: com}
+    save:                            # optional
+      results: results.h5            # .h5 or .zarr (save_results)
+      png: images/                   # one PNG per output (display.save_png)
+      json: provenance.json          # metadata and provenance of every output
+      overwrite: false               # replace existing files
+
+Every output is computed by ONE call to :func:`quantem_flow.compute`, so
+the dataset is read once.  Validation is strict: an unknown key, a missing
+required key or a value of the wrong type raises
+:class:`~quantem_flow.errors.ParameterError` naming the key and the allowed
+keys.  Relative paths are relative to the folder of the YAML file (of the
+current directory for a mapping), except that ``save`` paths are relative to
+``output_dir`` when :func:`run_pipeline` is given one.
+
+Operations and their parameters (see the operator of the same name):
+
+=================  ===============================================================
+``op``             parameters
+=================  ===============================================================
+virtual_bf         radius, units, center
+virtual_abf        inner, outer, units, center
+virtual_adf        inner, outer, units, center
+virtual_annular    inner (required), outer (required), units, center
+virtual_mask       mask (required: a ``.npy`` file shaped like the detector as loaded)
+center_of_mass     center, mask_radius, mask_units, units
+dpc                input, rotation_deg, transpose, subtract
+idpc               input, rotation_deg, transpose, subtract, highpass
+mean_diffraction   (none)
+max_diffraction    (none)
+sum_diffraction    (none)
+=================  ===============================================================
+
+``input`` of ``dpc``/``idpc`` names another output (a ``center_of_mass``,
+or for ``idpc`` also a ``dpc``); without it the dataset's default centre of
+mass is used.  Every output may also hold ``display:`` options for its PNG
+(``low_percentile``, ``high_percentile``, ``gamma``, ``log``,
+``subtract_mean``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import importlib.resources
+import json
+import math
+import os
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .calibration import Calibration
+from .dataset import Dataset4D
+from .dataset import open as open_dataset
+from .errors import FormatError, ParameterError, QuantemFlowError
+from .io import READERS
+from .io.base import check_exists
+from .operators.base import LazyResult
+from .results import Result
+
+__all__ = [
+    "OPERATIONS",
+    "InputSpec",
+    "OutputSpec",
+    "Pipeline",
+    "SaveSpec",
+    "SaveTargets",
+    "example_pipeline",
+    "load_pipeline",
+    "run_pipeline",
+]
+
+PIPELINE_VERSION = 1
+"""The schema version this module reads."""
+
+_TOP_KEYS = ("version", "description", "input", "transforms", "outputs", "save")
+_INPUT_KEYS = ("path", "format", "options", "calibration", "chunk_mib", "chunk_rows")
+_SAVE_KEYS = ("results", "png", "json", "overwrite")
+_TRANSFORMS = ("crop_scan", "crop_detector", "bin_detector")
+_DISPLAY_KEYS = ("low_percentile", "high_percentile", "gamma", "log", "subtract_mean")
+_COMMON_OUTPUT_KEYS = ("op", "display")
+
+#: Every operation a pipeline output may name, with its allowed parameters.
+OPERATIONS: dict[str, tuple[str, ...]] = {
+    "virtual_bf": ("radius", "units", "center"),
+    "virtual_abf": ("inner", "outer", "units", "center"),
+    "virtual_adf": ("inner", "outer", "units", "center"),
+    "virtual_annular": ("inner", "outer", "units", "center"),
+    "virtual_mask": ("mask",),
+    "center_of_mass": ("center", "mask_radius", "mask_units", "units"),
+    "dpc": ("input", "rotation_deg", "transpose", "subtract"),
+    "idpc": ("input", "rotation_deg", "transpose", "subtract", "highpass"),
+    "mean_diffraction": (),
+    "max_diffraction": (),
+    "sum_diffraction": (),
+}
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    "virtual_annular": ("inner", "outer"),
+    "virtual_mask": ("mask",),
+}
+_FIELD_INPUTS = {"dpc": ("center_of_mass",), "idpc": ("center_of_mass", "dpc")}
+
+
+# -- validation helpers ---------------------------------------------------------------------
+class _Checker:
+    """Raises errors that name the pipeline and the key."""
+
+    def __init__(self, origin: str):
+        self.origin = origin
+
+    def fail(self, where: str, message: str) -> ParameterError:
+        return ParameterError(f"pipeline {self.origin}: {where}: {message}")
+
+    def mapping(self, value: Any, where: str) -> Mapping[str, Any]:
+        if not isinstance(value, Mapping):
+            raise self.fail(where, f"expected a mapping (key: value), got {_describe(value)}")
+        for key in value:
+            if not isinstance(key, str):
+                raise self.fail(where, f"keys must be text, got {key!r} ({type(key).__name__})")
+        return value
+
+    def keys(
+        self,
+        value: Mapping[str, Any],
+        where: str,
+        allowed: Sequence[str],
+        required: Sequence[str] = (),
+    ) -> None:
+        unknown = [k for k in value if k not in allowed]
+        if unknown:
+            raise self.fail(
+                where,
+                f"unknown key {unknown[0]!r}"
+                + (f" (also {unknown[1:]})" if len(unknown) > 1 else "")
+                + f"; allowed keys: {list(allowed)}",
+            )
+        missing = [k for k in required if k not in value]
+        if missing:
+            raise self.fail(
+                where, f"missing required key {missing[0]!r}; allowed keys: {list(allowed)}"
+            )
+
+    def number(self, value: Any, where: str, *, allow: Sequence[str] = ()) -> float | str:
+        if isinstance(value, str) and value in allow:
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            extra = f" or one of {list(allow)}" if allow else ""
+            raise self.fail(where, f"expected a number{extra}, got {_describe(value)}")
+        return float(value)
+
+    def integers(self, value: Any, where: str, n: int) -> list[int]:
+        if (
+            not isinstance(value, list)
+            or len(value) != n
+            or any(isinstance(v, bool) or not isinstance(v, int) for v in value)
+        ):
+            raise self.fail(where, f"expected a list of {n} integers, got {_describe(value)}")
+        return [int(v) for v in value]
+
+    def text(self, value: Any, where: str) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.fail(where, f"expected non-empty text, got {_describe(value)}")
+        return value
+
+    def boolean(self, value: Any, where: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(where, f"expected true or false, got {_describe(value)}")
+        return value
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+# -- the pipeline -----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """The ``input`` section, with ``path`` made absolute.
+
+    Attributes
+    ----------
+    path
+        The data file or store.
+    format
+        Reader name, or ``None`` to guess it.
+    options
+        Reader options (``dataset_path``, ``scan_shape``...).
+    calibration
+        The calibration given, or ``None`` (then the file's, a sidecar's, or
+        none).
+    chunk_mib, chunk_rows
+        Chunking, or ``None`` for the default.
+    """
+
+    path: Path
+    format: str | None = None
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    calibration: Calibration | None = None
+    chunk_mib: float | None = None
+    chunk_rows: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputSpec:
+    """One entry of ``outputs``.
+
+    Attributes
+    ----------
+    name
+        The output's name (its group in the results file, its PNG name).
+    op
+        A key of :data:`OPERATIONS`.
+    params
+        Operator parameters (paths made absolute), without ``op``, ``input``
+        and ``display``.
+    input
+        For ``dpc``/``idpc``: the output it takes, or ``None``.
+    display
+        Options for :func:`~quantem_flow.operators.display.save_png`.
+    """
+
+    name: str
+    op: str
+    params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    input: str | None = None
+    display: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class SaveSpec:
+    """The ``save`` section, paths as written in the file."""
+
+    results: str | None = None
+    png: str | None = None
+    json: str | None = None
+    overwrite: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class SaveTargets:
+    """Absolute paths a run writes (``None`` where nothing is written)."""
+
+    results: Path | None
+    png_dir: Path | None
+    json: Path | None
+    png_files: Mapping[str, Path]
+
+    def existing(self) -> list[Path]:
+        """Return the targets that already exist."""
+        paths = [self.results, self.json, *self.png_files.values()]
+        return [p for p in paths if p is not None and (p.exists() or p.is_symlink())]
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+    """A validated pipeline; build one with :func:`load_pipeline`.
+
+    Attributes
+    ----------
+    input
+        What to open.
+    transforms
+        ``(name, argument)`` pairs applied in order.
+    outputs
+        ``{name: OutputSpec}`` in file order.
+    save
+        The ``save`` section, or ``None`` when absent.
+    base_dir
+        Folder relative paths are resolved against.
+    origin
+        The YAML file, or ``"<mapping>"``.
+    spec
+        The pipeline as written (JSON-ready), recorded with the results.
+    description
+        Free text from the file.
+    """
+
+    input: InputSpec
+    transforms: tuple[tuple[str, Any], ...]
+    outputs: Mapping[str, OutputSpec]
+    save: SaveSpec | None
+    base_dir: Path
+    origin: str
+    spec: Mapping[str, Any]
+    description: str = ""
+
+    def open(self) -> Dataset4D:
+        """Open the input lazily and apply the transforms."""
+        inp = self.input
+        try:
+            ds = open_dataset(
+                inp.path,
+                format=inp.format,
+                calibration=inp.calibration,
+                chunk_rows=inp.chunk_rows,
+                chunk_mib=inp.chunk_mib,
+                **dict(inp.options),
+            )
+        except QuantemFlowError as exc:
+            if isinstance(exc, ParameterError) and "reader " in str(exc):
+                raise _prefixed(exc, f"pipeline {self.origin}: input.options: ") from exc
+            raise
+        for i, (kind, arg) in enumerate(self.transforms):
+            try:
+                if kind == "crop_scan":
+                    ds = ds.crop_scan(arg)
+                elif kind == "crop_detector":
+                    ds = ds.crop_detector(arg)
+                else:
+                    ds = ds.bin_detector(arg)
+            except QuantemFlowError as exc:
+                raise _prefixed(exc, f"pipeline {self.origin}: transforms[{i}].{kind}: ") from exc
+        return ds
+
+    def build(self, dataset: Dataset4D | None = None) -> dict[str, LazyResult]:
+        """Return the lazy result of every output (nothing is computed).
+
+        Parameters
+        ----------
+        dataset
+            The opened dataset; ``None`` opens it with :meth:`open`.
+        """
+        ds = dataset if dataset is not None else self.open()
+        lazy: dict[str, LazyResult] = {}
+        for name in self.outputs:
+            self._build_one(name, ds, lazy)
+        return {name: lazy[name] for name in self.outputs}
+
+    def _build_one(self, name: str, ds: Dataset4D, lazy: dict[str, LazyResult]) -> LazyResult:
+        if name in lazy:
+            return lazy[name]
+        from . import operators as ops
+
+        out = self.outputs[name]
+        p = dict(out.params)
+        where = f"pipeline {self.origin}: outputs.{name}: "
+        try:
+            _check_units(out, ds)
+            result: LazyResult
+            if out.op in ("dpc", "idpc"):
+                src: Dataset4D | LazyResult = (
+                    self._build_one(out.input, ds, lazy) if out.input is not None else ds
+                )
+                fn: Callable[..., LazyResult] = ops.dpc if out.op == "dpc" else ops.idpc
+                result = fn(src, name=name, **p)
+            elif out.op == "virtual_mask":
+                mask = _load_mask(Path(p["mask"]))
+                result = ops.virtual_mask(ds, mask, name=name)
+            else:
+                result = getattr(ops, out.op)(ds, name=name, **p)
+        except QuantemFlowError as exc:
+            raise _prefixed(exc, where) from exc
+        lazy[name] = result
+        return result
+
+    def save_targets(self, output_dir: str | os.PathLike[str] | None = None) -> SaveTargets:
+        """Return where a run writes.
+
+        Parameters
+        ----------
+        output_dir
+            Folder ``save`` paths are relative to (default: the YAML file's
+            folder).  Without a ``save`` section, giving ``output_dir`` writes
+            ``results.h5``, ``images/`` and ``provenance.json`` there.
+        """
+        save = self.save
+        if save is None:
+            if output_dir is None:
+                return SaveTargets(None, None, None, {})
+            save = SaveSpec(results="results.h5", png="images", json="provenance.json")
+        base = Path(output_dir).expanduser().absolute() if output_dir is not None else self.base_dir
+
+        def resolve(value: str | None) -> Path | None:
+            if value is None:
+                return None
+            p = Path(value).expanduser()
+            return p if p.is_absolute() else base / p
+
+        png_dir = resolve(save.png)
+        pngs = {n: png_dir / f"{n}.png" for n in self.outputs} if png_dir is not None else {}
+        return SaveTargets(resolve(save.results), png_dir, resolve(save.json), pngs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the pipeline as written plus where it came from (JSON-ready)."""
+        return {
+            "origin": self.origin,
+            "base_dir": str(self.base_dir),
+            "spec": _jsonable(self.spec),
+        }
+
+
+def _prefixed(exc: QuantemFlowError, prefix: str) -> QuantemFlowError:
+    """Return an error of the same class whose message starts with ``prefix``."""
+    message = str(exc)
+    if message.startswith("pipeline "):
+        return exc
+    try:
+        return type(exc)(prefix + message)
+    except TypeError:  # pragma: no cover - every quantem_flow error takes one message
+        return exc
+
+
+def _check_units(out: OutputSpec, ds: Dataset4D) -> None:
+    """Fail before computing when calibrated units meet an uncalibrated detector."""
+    for key in ("units", "mask_units"):
+        units = out.params.get(key)
+        if isinstance(units, str) and units != "auto":
+            ds.calibration.detector_scale(units)
+
+
+def _load_mask(path: Path) -> np.ndarray:
+    p = check_exists(path, what="mask file")
+    try:
+        mask = np.load(p, allow_pickle=False)
+    except (ValueError, OSError) as exc:
+        raise FormatError(
+            f"mask {str(p)!r} is not a readable .npy array ({exc}); save the mask with numpy.save"
+        ) from exc
+    if not isinstance(mask, np.ndarray):
+        raise FormatError(f"mask {str(p)!r} holds several arrays; give a .npy with one 2-D array")
+    return mask
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, np.generic):
+        return _jsonable(value.item())
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    if isinstance(value, (_dt.date, _dt.datetime)):
+        return value.isoformat()
+    return str(value)
+
+
+# -- loading ------------------------------------------------------------------------------
+def example_pipeline(name: str = "demo") -> Path:
+    """Return the path of a pipeline shipped in ``quantem_flow/examples``.
+
+    Parameters
+    ----------
+    name
+        File name without ``.yaml`` (``"demo"``, ``"calibrated"``).
+    """
+    root = importlib.resources.files("quantem_flow") / "examples"
+    candidate = root / f"{name}.yaml"
+    if not candidate.is_file():
+        known = sorted(
+            p.name.removesuffix(".yaml") for p in root.iterdir() if p.name.endswith(".yaml")
+        )
+        raise ParameterError(f"no example pipeline {name!r}; shipped examples: {known}")
+    return Path(str(candidate))
+
+
+def _read_yaml(path: Path) -> tuple[Any, str]:
+    import yaml
+
+    p = check_exists(path, what="pipeline file")
+    if p.is_dir():
+        raise ParameterError(f"pipeline file {str(p)!r} is a directory; give a .yaml file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"pipeline file {str(p)!r} is not UTF-8 text: {exc}") from exc
+    try:
+        return yaml.safe_load(text), str(p)
+    except yaml.YAMLError as exc:
+        detail = " ".join(str(exc).split())
+        raise FormatError(f"pipeline file {str(p)!r} is not valid YAML: {detail}") from exc
+
+
+def load_pipeline(
+    path_or_mapping: str | os.PathLike[str] | Mapping[str, Any],
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+) -> Pipeline:
+    """Read and validate a pipeline.
+
+    Parameters
+    ----------
+    path_or_mapping
+        A YAML file, or the same content as a mapping.
+    base_dir
+        Folder relative paths are resolved against; default: the YAML
+        file's folder, or the current directory for a mapping.
+
+    Returns
+    -------
+    Pipeline
+        The validated pipeline; nothing is opened or read yet.
+
+    Raises
+    ------
+    ParameterError
+        For an unknown or missing key or a value of the wrong type; the
+        message names the key and the allowed keys.
+    SourceNotFoundError
+        If the YAML file does not exist.
+    FormatError
+        If the file is not valid YAML.
+    """
+    if isinstance(path_or_mapping, Mapping):
+        raw: Any = path_or_mapping
+        origin = "<mapping>"
+        default_base = Path.cwd()
+    elif isinstance(path_or_mapping, (str, os.PathLike)):
+        raw, origin = _read_yaml(Path(path_or_mapping).expanduser())
+        default_base = Path(origin).parent
+    else:
+        raise ParameterError(
+            "load_pipeline takes a YAML file path or a mapping, got "
+            f"{type(path_or_mapping).__name__}"
+        )
+    base = Path(base_dir).expanduser().absolute() if base_dir is not None else default_base
+    chk = _Checker(origin)
+    top = chk.mapping(raw, "top level")
+    chk.keys(top, "top level", _TOP_KEYS, required=("version", "input", "outputs"))
+    version = top["version"]
+    if isinstance(version, bool) or version != PIPELINE_VERSION:
+        raise chk.fail(
+            "version",
+            f"this quantem-flow reads pipeline version {PIPELINE_VERSION}, got "
+            f"{_describe(version)}",
+        )
+    description = top.get("description", "")
+    if not isinstance(description, str):
+        raise chk.fail("description", f"expected text, got {_describe(description)}")
+    inp = _parse_input(chk, top["input"], base)
+    transforms = _parse_transforms(chk, top.get("transforms"))
+    outputs = _parse_outputs(chk, top["outputs"], base)
+    save = _parse_save(chk, top["save"]) if top.get("save") is not None else None
+    return Pipeline(
+        input=inp,
+        transforms=transforms,
+        outputs=outputs,
+        save=save,
+        base_dir=base,
+        origin=origin,
+        spec=_jsonable(top),
+        description=description,
+    )
+
+
+def _parse_input(chk: _Checker, raw: Any, base: Path) -> InputSpec:
+    m = chk.mapping(raw, "input")
+    chk.keys(m, "input", _INPUT_KEYS, required=("path",))
+    path = Path(chk.text(m["path"], "input.path")).expanduser()
+    fmt = m.get("format")
+    if fmt is not None:
+        fmt = chk.text(fmt, "input.format")
+        if fmt not in READERS:
+            raise chk.fail(
+                "input.format", f"unknown format {fmt!r}; known formats: {sorted(READERS)}"
+            )
+    options = dict(chk.mapping(m.get("options") or {}, "input.options"))
+    cal = None
+    if m.get("calibration") is not None:
+        cal_map = chk.mapping(m["calibration"], "input.calibration")
+        try:
+            cal = Calibration.from_dict(cal_map)
+        except (QuantemFlowError, TypeError) as exc:
+            if isinstance(exc, QuantemFlowError):
+                raise _prefixed(exc, f"pipeline {chk.origin}: input.calibration: ") from exc
+            raise chk.fail("input.calibration", str(exc)) from exc
+    chunk_mib = m.get("chunk_mib")
+    if chunk_mib is not None:
+        value = chk.number(chunk_mib, "input.chunk_mib")
+        if not float(value) > 0:
+            raise chk.fail("input.chunk_mib", f"must be > 0, got {chunk_mib!r}")
+        chunk_mib = float(value)
+    chunk_rows = m.get("chunk_rows")
+    if chunk_rows is not None and (
+        isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1
+    ):
+        raise chk.fail("input.chunk_rows", f"expected an integer >= 1, got {_describe(chunk_rows)}")
+    return InputSpec(
+        path=path if path.is_absolute() else base / path,
+        format=fmt,
+        options=options,
+        calibration=cal,
+        chunk_mib=chunk_mib,
+        chunk_rows=chunk_rows,
+    )
+
+
+def _parse_transforms(chk: _Checker, raw: Any) -> tuple[tuple[str, Any], ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise chk.fail(
+            "transforms",
+            f"expected a list such as [{{crop_scan: [0, 40, 0, 60]}}], got {_describe(raw)}",
+        )
+    out: list[tuple[str, Any]] = []
+    for i, item in enumerate(raw):
+        where = f"transforms[{i}]"
+        m = chk.mapping(item, where)
+        chk.keys(m, where, _TRANSFORMS)
+        if len(m) != 1:
+            raise chk.fail(
+                where, f"each transform is one key, one of {list(_TRANSFORMS)}; got {sorted(m)}"
+            )
+        ((kind, arg),) = m.items()
+        if kind in ("crop_scan", "crop_detector"):
+            out.append((kind, tuple(chk.integers(arg, f"{where}.{kind}", 4))))
+        elif isinstance(arg, int) and not isinstance(arg, bool):
+            out.append((kind, int(arg)))
+        else:
+            out.append((kind, tuple(chk.integers(arg, f"{where}.{kind}", 2))))
+    return tuple(out)
+
+
+def _parse_center(chk: _Checker, value: Any, where: str) -> str | list[float]:
+    if isinstance(value, str):
+        return value
+    if (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+    ):
+        return [float(v) for v in value]
+    raise chk.fail(
+        where,
+        f"expected 'auto', 'probe', 'calibration' or [row, col] pixels, got {_describe(value)}",
+    )
+
+
+def _parse_param(chk: _Checker, op: str, key: str, value: Any, where: str, base: Path) -> Any:
+    if key in ("radius", "inner", "outer"):
+        return chk.number(value, where, allow=("auto",))
+    if key in ("units", "mask_units", "subtract"):
+        return chk.text(value, where)
+    if key == "center":
+        return _parse_center(chk, value, where)
+    if key == "mask_radius":
+        return None if value is None else chk.number(value, where)
+    if key == "rotation_deg":
+        return chk.number(value, where, allow=("auto",))
+    if key == "transpose":
+        if value == "auto" or isinstance(value, bool):
+            return value
+        raise chk.fail(where, f"expected 'auto', true or false, got {_describe(value)}")
+    if key == "highpass":
+        return chk.number(value, where)
+    if key == "mask":
+        p = Path(chk.text(value, where)).expanduser()
+        return str(p if p.is_absolute() else base / p)
+    raise chk.fail(where, f"unknown parameter of {op}")  # pragma: no cover - keys checked
+
+
+def _parse_display(chk: _Checker, raw: Any, where: str) -> dict[str, Any]:
+    m = chk.mapping(raw, where)
+    chk.keys(m, where, _DISPLAY_KEYS)
+    out: dict[str, Any] = {}
+    for key, value in m.items():
+        if key in ("log", "subtract_mean"):
+            out[key] = chk.boolean(value, f"{where}.{key}")
+        else:
+            out[key] = chk.number(value, f"{where}.{key}")
+    return out
+
+
+def _parse_outputs(chk: _Checker, raw: Any, base: Path) -> dict[str, OutputSpec]:
+    m = chk.mapping(raw, "outputs")
+    if not m:
+        raise chk.fail("outputs", "no output is named; add at least one, e.g. bf: {op: virtual_bf}")
+    outputs: dict[str, OutputSpec] = {}
+    for name, item in m.items():
+        where = f"outputs.{name}"
+        if "/" in name or name.startswith("__") or name in (".", ".."):
+            raise chk.fail(
+                where,
+                "output names become group and file names: use letters, digits, '_', "
+                "'-' or '.', without '/' and not starting with '__'",
+            )
+        spec = chk.mapping(item, where)
+        if "op" not in spec:
+            raise chk.fail(where, f"missing required key 'op'; one of {list(OPERATIONS)}")
+        op = spec["op"]
+        if not isinstance(op, str) or op not in OPERATIONS:
+            raise chk.fail(f"{where}.op", f"unknown op {op!r}; allowed ops: {list(OPERATIONS)}")
+        allowed = (*_COMMON_OUTPUT_KEYS, *OPERATIONS[op])
+        chk.keys(spec, where, allowed, required=_REQUIRED.get(op, ()))
+        params: dict[str, Any] = {}
+        source: str | None = None
+        display: dict[str, Any] = {}
+        for key, value in spec.items():
+            if key == "op":
+                continue
+            if key == "display":
+                display = _parse_display(chk, value, f"{where}.display")
+            elif key == "input":
+                source = chk.text(value, f"{where}.input")
+            else:
+                params[key] = _parse_param(chk, op, key, value, f"{where}.{key}", base)
+        outputs[name] = OutputSpec(name=name, op=op, params=params, input=source, display=display)
+    for out in outputs.values():
+        if out.input is None:
+            continue
+        target = outputs.get(out.input)
+        allowed_ops = _FIELD_INPUTS[out.op]
+        if target is None:
+            raise chk.fail(
+                f"outputs.{out.name}.input",
+                f"names {out.input!r}, which is not an output; outputs: {list(outputs)}",
+            )
+        if target.op not in allowed_ops:
+            raise chk.fail(
+                f"outputs.{out.name}.input",
+                f"{out.op} takes an output made by {' or '.join(allowed_ops)}, but "
+                f"{out.input!r} is {target.op}",
+            )
+    return outputs
+
+
+def _parse_save(chk: _Checker, raw: Any) -> SaveSpec:
+    m = chk.mapping(raw, "save")
+    chk.keys(m, "save", _SAVE_KEYS)
+    values: dict[str, Any] = {}
+    for key in ("results", "png", "json"):
+        if m.get(key) is not None:
+            values[key] = chk.text(m[key], f"save.{key}")
+    results = values.get("results")
+    if results is not None and not results.rstrip("/").lower().endswith((".h5", ".hdf5", ".zarr")):
+        raise chk.fail(
+            "save.results", f"name it .h5/.hdf5 (HDF5) or .zarr (Zarr v3), got {results!r}"
+        )
+    overwrite = chk.boolean(m.get("overwrite", False), "save.overwrite")
+    return SaveSpec(overwrite=overwrite, **values)
+
+
+# -- running ------------------------------------------------------------------------------
+def _connect(client: Any) -> tuple[Any, bool]:
+    """Return a client for ``compute`` and whether this module must close it."""
+    if isinstance(client, str) and client != "synchronous":
+        if not client.startswith(("tcp://", "tls://", "inproc://", "ucx://", "ws://", "wss://")):
+            raise ParameterError(
+                f"client must be None (embedded local cluster), 'synchronous', a "
+                f"distributed.Client or a scheduler address such as tcp://127.0.0.1:8786; got "
+                f"{client!r}"
+            )
+        from distributed import Client
+
+        return Client(client, set_as_default=False), True
+    return client, False
+
+
+def _write_json(path: Path, doc: Mapping[str, Any]) -> None:
+    text = json.dumps(_jsonable(doc), indent=2, ensure_ascii=False, allow_nan=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        tmp.write_text(text + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def run_pipeline(
+    pipeline: Pipeline | str | os.PathLike[str] | Mapping[str, Any],
+    *,
+    client: Any = None,
+    output_dir: str | os.PathLike[str] | None = None,
+    progress: bool | None = None,
+    overwrite: bool | None = None,
+) -> dict[str, Result]:
+    """Compute every output of a pipeline in one pass and write the files asked for.
+
+    Parameters
+    ----------
+    pipeline
+        A :class:`Pipeline`, or a YAML file or mapping for :func:`load_pipeline`.
+    client
+        ``None`` (the embedded local cluster on 127.0.0.1), ``"synchronous"``,
+        a ``distributed.Client``, or a scheduler address ``"tcp://host:port"``
+        (connected for this run and closed after).
+    output_dir
+        Folder the ``save`` paths are relative to (default: the YAML file's
+        folder); see :meth:`Pipeline.save_targets`.
+    progress
+        Show a progress bar (``None``: on a terminal).
+    overwrite
+        Replace existing output files; ``None`` takes ``save.overwrite``.
+
+    Returns
+    -------
+    dict of str to Result
+        ``{output name: result}`` in the pipeline's order.  Every result's
+        provenance notes name the pipeline and the output.
+
+    Raises
+    ------
+    ParameterError
+        If an output file exists and overwriting was not asked for (checked
+        before anything is computed).
+    CalibrationError
+        If an output asks for calibrated units (``mrad``, ``1/Å``) of an
+        uncalibrated detector (checked before anything is computed).
+    SourceNotFoundError
+        If the input (or a mask file) does not exist.
+    """
+    from .graphs import compute
+    from .io.results_store import results_to_json, save_results
+    from .operators.display import save_png
+
+    pipe = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
+    targets = pipe.save_targets(output_dir)
+    replace = overwrite if overwrite is not None else bool(pipe.save and pipe.save.overwrite)
+    existing = targets.existing()
+    if existing and not replace:
+        shown = [str(p) for p in existing[:4]] + (["..."] if len(existing) > 4 else [])
+        raise ParameterError(
+            f"pipeline {pipe.origin}: output file(s) already exist: {shown}; results are never "
+            "overwritten silently -- set save.overwrite: true, pass --overwrite, or choose "
+            "another output folder"
+        )
+    ds = pipe.open()
+    lazy = pipe.build(ds)
+    compute_client, close_after = _connect(client)
+    try:
+        if isinstance(compute_client, str):
+            computed = compute(*lazy.values(), client=compute_client, progress=progress)
+        else:
+            current = compute_client
+            if current is None:  # compute() uses (and records) the embedded cluster
+                from .graphs import embedded_client
+
+                current = embedded_client()
+            # the progress bar's as_completed() looks up the *current* client
+            with current.as_current():
+                computed = compute(*lazy.values(), client=compute_client, progress=progress)
+    finally:
+        if close_after:
+            compute_client.close()
+    results: dict[str, Result] = {}
+    for name, result in zip(lazy, computed, strict=True):
+        result.provenance.notes.append(f"computed by pipeline {pipe.origin} as output {name!r}")
+        results[name] = result
+    if targets.results is not None:
+        save_results(results, targets.results, overwrite=replace)
+    for name, png in targets.png_files.items():
+        save_png(results[name], png, overwrite=replace, **dict(pipe.outputs[name].display))
+    if targets.json is not None:
+        doc = json.loads(results_to_json(results))
+        doc["pipeline"] = pipe.to_dict()
+        doc["files"] = {
+            "results": None if targets.results is None else str(targets.results),
+            "png": {n: str(p) for n, p in targets.png_files.items()},
+            "json": str(targets.json),
+        }
+        _write_json(targets.json, doc)
+    return results
