@@ -135,8 +135,12 @@ def main() -> int:
     rows: list[tuple[str, float, float, str]] = []
     out: dict[str, Any] = {
         "machine": machine(),
-        "dataset": {"shape": [args.scan, args.scan, args.det, args.det], "dtype": "uint16",
-                    "bytes": nbytes, "hdf5_bytes": h5.stat().st_size},
+        "dataset": {
+            "shape": [args.scan, args.scan, args.det, args.det],
+            "dtype": "uint16",
+            "bytes": nbytes,
+            "hdf5_bytes": h5.stat().st_size,
+        },
         "generate_s": gen_s,
         "repeat": args.repeat,
     }
@@ -161,8 +165,9 @@ def main() -> int:
 
     # the engine ---------------------------------------------------------------
     ds_mem = qf.open(arr)
-    s_a1, t_a1, res_a1 = timed(lambda: qf.compute(*pipeline(ds_mem), client="synchronous"),
-                               args.repeat)
+    s_a1, t_a1, res_a1 = timed(
+        lambda: qf.compute(*pipeline(ds_mem), client="synchronous"), args.repeat
+    )
     from distributed import Client
 
     from quantem_flow.graphs import dashboard_url, start_local_cluster
@@ -192,21 +197,42 @@ def main() -> int:
         ("ceiling: np.sum over the 2 GiB u16 array (1 core)", s_sum, gbps(s_sum), ""),
         ("ceiling: stream read (float64 view sum, 1 core)", s_stream, gbps(s_stream), ""),
         ("ceiling: h5py+hdf5plugin decode, one process", s_dec, gbps(s_dec), ""),
-        ("(a1) in-memory array, synchronous (1 core)", s_a1, gbps(s_a1),
-         f"{gbps(s_a1) / gbps(s_sum):.0%} of np.sum"),
-        (f"(a2) page-cached .npy, local cluster ({n_workers} workers)", s_a2, gbps(s_a2),
-         f"{gbps(s_a2) / gbps(s_sum):.0%} of np.sum, {gbps(s_a2) / gbps(s_stream):.0%} of stream"),
-        (f"(b) HDF5 bitshuffle+LZ4, local cluster ({n_workers} workers)", s_b, gbps(s_b),
-         f"{gbps(s_b) / gbps(s_dec):.0%} of single-pass decode"),
+        (
+            "(a1) in-memory array, synchronous (1 core)",
+            s_a1,
+            gbps(s_a1),
+            f"{gbps(s_a1) / gbps(s_sum):.0%} of np.sum",
+        ),
+        (
+            f"(a2) page-cached .npy, local cluster ({n_workers} workers)",
+            s_a2,
+            gbps(s_a2),
+            f"{gbps(s_a2) / gbps(s_sum):.0%} of np.sum, "
+            f"{gbps(s_a2) / gbps(s_stream):.0%} of stream",
+        ),
+        (
+            f"(b) HDF5 bitshuffle+LZ4, local cluster ({n_workers} workers)",
+            s_b,
+            gbps(s_b),
+            f"{gbps(s_b) / gbps(s_dec):.0%} of single-pass decode",
+        ),
     ]
-    print(f"\n{args.scan}x{args.scan} scan x {args.det}x{args.det} u16 = {nbytes / 2**30:.2f} GiB; "
-          f"HDF5 {h5.stat().st_size / 2**30:.2f} GiB; median of {args.repeat}")
+    print(
+        f"\n{args.scan}x{args.scan} scan x {args.det}x{args.det} u16 = {nbytes / 2**30:.2f} GiB; "
+        f"HDF5 {h5.stat().st_size / 2**30:.2f} GiB; median of {args.repeat}"
+    )
     print(f"{'measurement':62s} {'s':>7s} {'GB/s':>7s}  ratio")
     for name, s, g, ratio in rows:
         print(f"{name:62s} {s:7.3f} {g:7.2f}  {ratio}")
     out["rows"] = [{"name": n, "median_s": s, "GB_per_s": g, "ratio": r} for n, s, g, r in rows]
-    out["times"] = {"np_sum": t_sum, "stream": t_stream, "decode": t_dec, "a1": t_a1, "a2": t_a2,
-                    "b": t_b}
+    out["times"] = {
+        "np_sum": t_sum,
+        "stream": t_stream,
+        "decode": t_dec,
+        "a1": t_a1,
+        "a2": t_a2,
+        "b": t_b,
+    }
     out["bytes_read_per_pass"] = {k: e["bytes_read"] for k, e in ex.items()}
     out["n_chunks"] = {k: e["n_chunks"] for k, e in ex.items()}
     out["workers"] = n_workers

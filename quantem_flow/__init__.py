@@ -38,8 +38,11 @@ from .operators import (
     virtual_image,
     virtual_mask,
 )
+from .operators.display import normalize, save_png
+from .pipeline import load_pipeline, run_pipeline
 from .provenance import Provenance
 from .results import ComplexObject, DiffractionImage, PhaseImage, Result, ScanImage, VectorField
+from .synthetic import synthetic_dataset, write_synthetic
 
 try:
     __version__ = importlib.metadata.version("quantem-flow")
@@ -70,17 +73,23 @@ __all__ = [
     "estimate_probe",
     "find_probe",
     "idpc",
+    "load_pipeline",
     "load_results",
     "max_diffraction",
     "mean_diffraction",
+    "normalize",
     "open",
     "results_to_json",
+    "run_pipeline",
+    "save_png",
     "save_results",
     "sum_diffraction",
+    "synthetic_dataset",
     "virtual_abf",
     "virtual_adf",
     "virtual_annular",
     "virtual_bf",
     "virtual_image",
     "virtual_mask",
+    "write_synthetic",
 ]

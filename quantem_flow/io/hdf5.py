@@ -67,7 +67,9 @@ class Hdf5Source(FrameSource):
     path
         The HDF5 file.
     dataset_path
-        Path of the dataset inside the file, e.g. ``"/data"``.
+        Path of the dataset inside the file, e.g. ``"/data"``.  ``None``
+        takes the file's only 3-D/4-D dataset (recorded as a note) and raises
+        :class:`DatasetPathError` listing them when there are several.
     scan_shape
         For 3-D ``(frames, k_r, k_c)`` datasets: ``(rows, cols)``,
         ``"square"`` or ``None`` (JSON sidecar).
@@ -81,17 +83,29 @@ class Hdf5Source(FrameSource):
         self,
         path: str | os.PathLike[str],
         *,
-        dataset_path: str,
+        dataset_path: str | None = None,
         scan_shape: Sequence[int] | str | None = None,
         frame_offset: int = 0,
     ):
         import h5py
 
         self._path = check_exists(path)
-        self._dataset_path = dataset_path
         self._handle_file: Any = None
         self._handle_dset: Any = None
+        self._open_notes: list[str] = []
         with open_h5(self._path) as f:
+            if dataset_path is None:
+                cands = list_candidate_datasets(f)
+                if len(cands) != 1:
+                    raise DatasetPathError(
+                        f"{str(self._path)!r} holds {len(cands)} 3-D/4-D datasets "
+                        f"{cands}; pass dataset_path= one of them"
+                    )
+                dataset_path = cands[0]
+                self._open_notes.append(
+                    f"dataset_path {dataset_path!r} chosen as the file's only 3-D/4-D dataset"
+                )
+            self._dataset_path = dataset_path
             obj = f.get(dataset_path)
             if not isinstance(obj, h5py.Dataset):
                 cands = list_candidate_datasets(f)
@@ -150,6 +164,11 @@ class Hdf5Source(FrameSource):
     def path(self) -> Path:
         """The file."""
         return self._path
+
+    @property
+    def notes(self) -> list[str]:
+        """Explicit choices made while opening."""
+        return [*super().notes, *self._open_notes]
 
     @property
     def identity(self) -> SourceIdentity:
