@@ -136,6 +136,7 @@ class Dataset4D:
         notes: Sequence[str] = (),
         _scan_block: Region | None = None,
         _detector_ops: tuple[DetectorOp, ...] = (),
+        _resident: Any = None,
     ):
         self._source = source
         R, C, kr, kc = source.shape
@@ -143,6 +144,7 @@ class Dataset4D:
         self._detector_ops = _detector_ops
         self._calibration = calibration or Calibration()
         self._notes = list(notes)
+        self._resident = _resident
         self._chunk_mib = float(chunk_mib if chunk_mib is not None else config.get("chunk_mib"))
         if not self._chunk_mib > 0:
             raise ParameterError(f"chunk_mib must be > 0, got {chunk_mib!r}")
@@ -283,7 +285,8 @@ class Dataset4D:
         return (
             f"Dataset4D(shape={self.shape}, dtype={self._dtype}, format={self._source.format!r}, "
             f"chunks={len(self.chunks)} x {self.chunk_rows} rows, representation="
-            f"{self.representation!r}, native={self.flags['native']})"
+            f"{self.representation!r}, native={self.flags['native']}"
+            f"{', persisted' if self._resident is not None else ''})"
         )
 
     # -- derived datasets ---------------------------------------------------------
@@ -302,6 +305,9 @@ class Dataset4D:
     def with_calibration(self, calibration: Calibration | None = None, **fields: Any) -> Dataset4D:
         """Return the dataset with a new calibration (of the axes as loaded).
 
+        A persisted dataset stays persisted: the calibration does not change
+        the chunks.
+
         Parameters
         ----------
         calibration
@@ -312,7 +318,61 @@ class Dataset4D:
         cal = calibration or self._calibration
         if fields:
             cal = cal.replace(**fields)
-        return self._derive(calibration=cal)
+        return self._derive(calibration=cal, _resident=self._resident)
+
+    # -- residency -----------------------------------------------------------------------
+    def persist(self, *, client: Any = None, backend: str = "auto") -> Dataset4D:
+        """Load every chunk once and keep it resident on the workers.
+
+        Later computations on the returned dataset read no file: their
+        kernels run on the resident chunks, pinned to the worker that holds
+        each one.  Crops, binning and rechunking of a persisted dataset give
+        a dataset that reads from the source again (the resident chunks
+        no longer match); :meth:`with_calibration` keeps residency.
+
+        Parameters
+        ----------
+        client
+            As for :func:`quantem_flow.compute`: ``None`` (embedded local
+            cluster), a ``distributed.Client``, or ``"synchronous"`` (chunks
+            kept in this process).
+        backend
+            Runtime the chunks are resident for (``"auto"`` or a name): the
+            payload lives where that runtime computes (host for ``cpu``).
+
+        Returns
+        -------
+        Dataset4D
+            The same dataset, persisted.
+        """
+        if not _PERSIST_HOOK:
+            raise RuntimeError("no persist hook registered; import quantem_flow")
+        result: Dataset4D = _PERSIST_HOOK[0](self, client=client, backend=backend)
+        return result
+
+    @property
+    def resident(self) -> Any:
+        """The resident chunks of a persisted dataset (``None`` if not persisted)."""
+        return self._resident
+
+    @property
+    def is_persisted(self) -> bool:
+        """Whether every chunk is held resident on the workers."""
+        return self._resident is not None
+
+    def release(self) -> Dataset4D:
+        """Drop the resident chunks and return the dataset reading from its source."""
+        if self._resident is not None:
+            self._resident.release()
+        return self._derive()
+
+    def _with_resident(self, resident: Any) -> Dataset4D:
+        return self._derive(_resident=resident)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_resident"] = None  # futures and in-process chunks never travel
+        return state
 
     def rechunk(self, *, rows: int | None = None, mib: float | None = None) -> Dataset4D:
         """Return the dataset with another chunking (``rows`` per chunk or ``mib`` per chunk)."""
@@ -428,6 +488,14 @@ class Dataset4D:
             (self.shape[3],),
         )
         return da.Array(graph, name, chunks, dtype=self._dtype)
+
+
+_PERSIST_HOOK: list[Any] = []
+
+
+def register_persist(hook: Any) -> None:
+    """Register the function :meth:`Dataset4D.persist` delegates to (the graph layer's)."""
+    _PERSIST_HOOK[:] = [hook]
 
 
 def _load_block(ds: Dataset4D, r0: int, r1: int) -> np.ndarray:

@@ -15,6 +15,7 @@ __all__ = [
     "DtypeError",
     "FormatError",
     "ParameterError",
+    "PlacementError",
     "QuantemFlowError",
     "RuntimeUnavailableError",
     "ScanShapeError",
@@ -82,3 +83,7 @@ class UnsupportedOperationError(QuantemFlowError, NotImplementedError):
 
 class AnnotationError(QuantemFlowError, ValueError):
     """A graph annotation has a value the scheduler must never see."""
+
+
+class PlacementError(QuantemFlowError, RuntimeError):
+    """A task could not be placed on any worker (capability, admission, conflict)."""

@@ -25,6 +25,7 @@ ANNOTATION_KEYS: dict[str, str] = {
     "qf_representation": "representation of the payload the task reads",
     "qf_role": "load, kernel, pass (load+kernel), combine or probe",
     "qf_resident": "key of the resident chunk the task reads, or ''",
+    "qf_nbytes": "bytes the task holds on its device (resident or one chunk in flight)",
     "resources": "Dask worker resources, {name: positive amount}",
     "retries": "Dask retries, a non-negative integer",
     "priority": "Dask priority, an integer",
@@ -73,6 +74,9 @@ def validate_annotations(annotations: Mapping[str, Any]) -> dict[str, Any]:
         elif name == "qf_resident":
             if not isinstance(value, str):
                 raise AnnotationError(f"qf_resident must be a key string, got {value!r}")
+        elif name == "qf_nbytes":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise AnnotationError(f"qf_nbytes must be an integer >= 0, got {value!r}")
         elif name == "resources":
             if not isinstance(value, Mapping):
                 raise AnnotationError(

@@ -32,6 +32,7 @@ from ..operators.probe import ProbeEstimate, estimate_probe, sample_positions, s
 from ..results import Result
 from ..runtimes import BackendChoice, resolve_backend
 from .lowering import LoweredPass, lower_pass
+from .runner import Runner
 from .tasks import ChunkPartial
 
 __all__ = ["compute"]
@@ -56,74 +57,48 @@ def _collect(targets: Sequence[LazyResult]) -> list[LazyResult]:
 
 
 def dataset_pass_key(ds: Dataset4D) -> tuple[Any, ...]:
-    """Key under which operators share one pass: same reads, same chunks."""
+    """Key under which operators share one pass: same reads (or resident chunks), same chunks."""
     return (
         repr(sorted(ds.source.identity.to_dict().items())),
         ds.scan_block,
         ds.detector_ops,
         tuple(ds.chunks),
+        id(ds.resident) if ds.is_persisted else None,
     )
 
 
-class _Runner:
-    """Runs graphs on a distributed client or synchronously in this process."""
-
-    def __init__(self, client: Any):
-        self.synchronous = client == "synchronous"
-        if self.synchronous:
-            self.client = None
-            self.description = "synchronous (in this process, no workers)"
-        else:
-            if client is None:
-                from .cluster import embedded_client
-
-                client = embedded_client()
-                self.description = "embedded local cluster"
-            else:
-                self.description = "given distributed.Client"
-            self.client = client
-            self.description += f" at {client.scheduler.address}"
-
-    def call(self, fn: Any, *args: Any) -> Any:
-        if self.client is None:
-            return fn(*args)
-        return self.client.submit(fn, *args, pure=False).result()
-
-    def run(self, passes: list[LoweredPass], *, progress: bool) -> list[ChunkPartial]:
-        if self.client is None:
-            from dask.local import get_sync
-
-            outputs = []
-            for p in passes:
-                dsk = dict(p.graph)
-                outputs.append(get_sync(dsk, p.output_key))
-            return outputs
-        from dask.highlevelgraph import HighLevelGraph
-        from distributed import as_completed
-
-        graph = HighLevelGraph.merge(*(p.graph for p in passes))
-        chunk_keys = [k for p in passes for k in p.chunk_keys]
-        out_keys = [p.output_key for p in passes]
-        futures = self.client.get(graph, [*out_keys, *chunk_keys], sync=False)
-        out_futures, chunk_futures = futures[: len(out_keys)], futures[len(out_keys) :]
-        try:
-            if progress and chunk_futures:
-                from tqdm import tqdm
-
-                with (
-                    self.client.as_current(),
-                    tqdm(total=len(chunk_futures), unit="chunk", file=sys.stderr) as bar,
-                ):
-                    for _f in as_completed(chunk_futures):
-                        bar.update(1)
-            results: list[ChunkPartial] = self.client.gather(out_futures)
-        finally:
-            for f in futures:
-                f.release()
-        return results
+def _choose_client(client: Any, datasets: list[Dataset4D]) -> Any:
+    """Use the client that holds persisted chunks; refuse a mismatch."""
+    holders = {id(ds.resident.client): ds.resident for ds in datasets if ds.is_persisted}
+    if not holders:
+        return client
+    for res in holders.values():
+        if res.released:
+            raise ParameterError(
+                "the dataset's resident chunks were released; persist it again or use the "
+                "dataset returned by release()"
+            )
+    if len(holders) > 1:
+        raise ParameterError("datasets persisted on different clusters cannot compute together")
+    res = next(iter(holders.values()))
+    if res.client is None:
+        if client not in (None, "synchronous"):
+            raise ParameterError(
+                "the dataset was persisted in-process (client='synchronous'); compute it with "
+                "client='synchronous' or persist it on this client"
+            )
+        return "synchronous"
+    if client is None or client is res.client:
+        return res.client
+    if isinstance(client, str) or str(client.scheduler.address) != res.scheduler:
+        raise ParameterError(
+            f"the dataset is persisted on scheduler {res.scheduler}; compute it with that "
+            "client (or client=None), or persist it again on this one"
+        )
+    return client
 
 
-def _probe_provider(runner: _Runner, ds: Dataset4D) -> Any:
+def _probe_provider(runner: Runner, ds: Dataset4D) -> Any:
     def provide() -> ProbeEstimate:
         pos = sample_positions(ds.scan_shape, int(config.get("probe_sample_frames")))
         pattern = runner.call(sampled_mean, ds, pos)
@@ -134,12 +109,26 @@ def _probe_provider(runner: _Runner, ds: Dataset4D) -> Any:
     return provide
 
 
+def _pass_runtime(ds: Dataset4D, choice: BackendChoice, backend: str) -> str:
+    """The runtime of a pass: the resident runtime for persisted data, else the choice."""
+    if not ds.is_persisted:
+        return choice.chosen
+    runtime = str(ds.resident.runtime)
+    if backend not in ("auto", runtime):
+        raise ParameterError(
+            f"the dataset is persisted for runtime {runtime!r} but backend={backend!r} was "
+            f"requested; moving resident chunks between devices is never done silently. Use "
+            f"backend='auto' or {runtime!r}, or persist(backend={backend!r})"
+        )
+    return runtime
+
+
 def _outputs(
     ds: Dataset4D,
     lowered: LoweredPass,
     partial: ChunkPartial,
     backend: BackendChoice,
-    runner: _Runner,
+    runner: Runner,
     timings: dict[str, float],
 ) -> PassOutputs:
     R, C = ds.scan_shape
@@ -154,8 +143,15 @@ def _outputs(
         raise ParameterError(f"internal error: scan rows {missing[:10].tolist()} were not computed")
     records = sorted(partial.records, key=lambda r: r["chunk"])
     bytes_read = int(sum(r["bytes_read"] for r in records))
+    runtimes = sorted({r["runtime"] for r in records})
+    backend_record = backend.to_dict()
+    if ds.is_persisted:
+        backend_record = {
+            **ds.resident.backend.to_dict(),
+            "note": "runtime of the resident chunks (chosen at persist time)",
+        }
     execution = {
-        "backend": backend.to_dict(),
+        "backend": backend_record,
         "scheduler": runner.description,
         "n_chunks": len(records),
         "chunk_rows": ds.chunk_rows,
@@ -164,7 +160,8 @@ def _outputs(
         "read_once": bytes_read == ds.read_nbytes,
         "weights_in_pass": n_w,
         "workers": sorted({r["worker"] for r in records}),
-        "runtimes": sorted({r["runtime"] for r in records}),
+        "runtimes": runtimes,
+        "resident": ds.resident.describe() if ds.is_persisted else None,
         "read_s_total": float(sum(r["read_s"] for r in records)),
         "kernel_s_total": float(sum(r["kernel_s"] for r in records)),
         "chunks": records,
@@ -228,8 +225,9 @@ def compute(
     if not targets:
         raise ParameterError("compute() needs at least one lazy result")
     order = _collect(targets)
+    datasets = [n.dataset for n in order if n.dataset is not None]
     choice = resolve_backend(backend)
-    runner = _Runner(client)
+    runner = Runner(_choose_client(client, datasets))
     if progress is None:
         progress = bool(config.get("progress")) and sys.stderr.isatty()
 
@@ -260,11 +258,17 @@ def compute(
             weights.update(plan.weights)
             want_sum |= plan.want_sum
             want_max |= plan.want_max
+        runtime = _pass_runtime(first, choice, backend)
         lowered.append(
             (
                 first,
                 lower_pass(
-                    first, weights, want_sum=want_sum, want_max=want_max, runtime=choice.chosen
+                    first,
+                    weights,
+                    want_sum=want_sum,
+                    want_max=want_max,
+                    runtime=runtime,
+                    resident=first.resident.graph_refs() if first.is_persisted else None,
                 ),
                 nodes,
             )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -30,10 +31,17 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.task_spec import DataNode, Task, TaskRef
 
 from ..dataset import Dataset4D
+from ..representations import Chunk
 from .annotations import validate_annotations
-from .tasks import PassSpec, combine_partials, run_chunk_pass
+from .tasks import (
+    PassSpec,
+    combine_partials,
+    load_resident_chunk,
+    run_chunk_pass,
+    run_resident_kernels,
+)
 
-__all__ = ["LoweredPass", "lower_pass"]
+__all__ = ["LoweredLoad", "LoweredPass", "lower_load", "lower_pass", "max_chunk_nbytes"]
 
 Key = tuple[Any, ...] | str
 
@@ -71,6 +79,7 @@ def lower_pass(
     want_max: bool,
     runtime: str,
     fan_in: int = 8,
+    resident: Sequence[Any] | None = None,
 ) -> LoweredPass:
     """Build the graph of one fused pass over ``ds``.
 
@@ -86,6 +95,11 @@ def lower_pass(
         Runtime the chunk kernels run on.
     fan_in
         Partials merged per combine task.
+    resident
+        For a persisted dataset: one entry per chunk, either the key of the
+        resident chunk on the cluster or (in-process execution) the
+        :class:`~quantem_flow.representations.Chunk` itself.  Chunk tasks
+        then read the resident chunk (role ``kernel``) instead of the source.
 
     Returns
     -------
@@ -106,25 +120,39 @@ def lower_pass(
     comb_name = f"qf-combine-{token}"
 
     spec_layer = MaterializedLayer({spec_name: DataNode(spec_name, spec)})
+    layers: dict[str, Any] = {spec_name: spec_layer}
+    dependencies: dict[str, set[str]] = {spec_name: set()}
     chunk_keys: list[Key] = []
     chunk_tasks: dict[Key, Task] = {}
+    if resident is not None and len(resident) != len(ds.chunks):
+        raise ValueError(f"{len(resident)} resident chunks for {len(ds.chunks)} chunks")
+    local: dict[Key, DataNode] = {}
     for i, (r0, r1) in enumerate(ds.chunks):
         key = (pass_name, i)
         chunk_keys.append(key)
-        chunk_tasks[key] = Task(key, run_chunk_pass, TaskRef(spec_name), i, r0, r1)
-    pass_annotations = validate_annotations(
-        {
-            "qf_runtime": runtime,
-            "qf_representation": ds.representation,
-            "qf_role": "pass",
-            "qf_resident": "",
-        }
-    )
-    layers: dict[str, Any] = {
-        spec_name: spec_layer,
-        pass_name: MaterializedLayer(chunk_tasks, annotations=pass_annotations),
+        if resident is None:
+            chunk_tasks[key] = Task(key, run_chunk_pass, TaskRef(spec_name), i, r0, r1)
+            continue
+        ref = resident[i]
+        if isinstance(ref, Chunk):  # in-process: the chunk itself is a data node
+            local_key = (f"qf-resident-{token}", i)
+            local[local_key] = DataNode(local_key, ref)
+            ref = local_key
+        chunk_tasks[key] = Task(key, run_resident_kernels, TaskRef(spec_name), TaskRef(ref), i)
+    role = "pass" if resident is None else "kernel"
+    annotations: dict[str, Any] = {
+        "qf_runtime": runtime,
+        "qf_representation": ds.representation,
+        "qf_role": role,
     }
-    dependencies: dict[str, set[str]] = {spec_name: set(), pass_name: {spec_name}}
+    if role == "pass":
+        annotations["qf_nbytes"] = max_chunk_nbytes(ds)
+    pass_annotations = validate_annotations(annotations)
+    if local:
+        layers[f"qf-resident-{token}"] = MaterializedLayer(local)
+        dependencies[f"qf-resident-{token}"] = set()
+    layers[pass_name] = MaterializedLayer(chunk_tasks, annotations=pass_annotations)
+    dependencies[pass_name] = {spec_name} | ({f"qf-resident-{token}"} if local else set())
 
     level: list[Key] = list(chunk_keys)
     depth = 0
@@ -147,3 +175,54 @@ def lower_pass(
     return LoweredPass(
         graph=graph, chunk_keys=chunk_keys, output_key=level[0], weight_keys=keys, spec=spec
     )
+
+
+def max_chunk_nbytes(ds: Dataset4D) -> int:
+    """Bytes of the largest chunk as loaded (after transforms)."""
+    rows = max(r1 - r0 for r0, r1 in ds.chunks)
+    return int(rows * ds.shape[1] * ds.shape[2] * ds.shape[3] * ds.dtype.itemsize)
+
+
+@dataclasses.dataclass
+class LoweredLoad:
+    """Graph of the load tasks that make a dataset resident.
+
+    Attributes
+    ----------
+    graph
+        One ``qf-load-<token>`` layer (role ``load``).
+    keys
+        One key per chunk, in chunk order.
+    """
+
+    graph: HighLevelGraph
+    keys: list[Key]
+
+
+def lower_load(ds: Dataset4D, *, runtime: str) -> LoweredLoad:
+    """Build the graph that loads every chunk of ``ds`` and keeps it resident."""
+    token = uuid.uuid4().hex[:16]
+    name = f"qf-load-{token}"
+    ds_name = f"qf-dataset-{token}"
+    tasks: dict[Key, Task] = {}
+    keys: list[Key] = []
+    for i, (r0, r1) in enumerate(ds.chunks):
+        key = (name, i)
+        keys.append(key)
+        tasks[key] = Task(key, load_resident_chunk, TaskRef(ds_name), runtime, i, r0, r1)
+    annotations = validate_annotations(
+        {
+            "qf_role": "load",
+            "qf_runtime": runtime,
+            "qf_representation": ds.representation,
+            "qf_nbytes": max_chunk_nbytes(ds),
+        }
+    )
+    graph = HighLevelGraph(
+        {
+            ds_name: MaterializedLayer({ds_name: DataNode(ds_name, ds)}),
+            name: MaterializedLayer(tasks, annotations=annotations),
+        },
+        {ds_name: set(), name: {ds_name}},
+    )
+    return LoweredLoad(graph=graph, keys=keys)

@@ -16,10 +16,18 @@ from typing import Any
 import numpy as np
 
 from ..dataset import Dataset4D
+from ..representations import Chunk
 from ..runtimes import get_runtime
 from ..runtimes.staging import staging_buffer
 
-__all__ = ["ChunkPartial", "PassSpec", "combine_partials", "run_chunk_pass"]
+__all__ = [
+    "ChunkPartial",
+    "PassSpec",
+    "combine_partials",
+    "load_resident_chunk",
+    "run_chunk_pass",
+    "run_resident_kernels",
+]
 
 
 @dataclasses.dataclass
@@ -65,6 +73,48 @@ def _where() -> dict[str, Any]:
         return {"worker": "in-process (synchronous)", "worker_name": ""}
 
 
+def _kernels(
+    spec: PassSpec,
+    frames_block: Any,
+    shape: tuple[int, int],
+    index: int,
+    rows: tuple[int, int],
+    *,
+    t0: float,
+    t1: float,
+    bytes_read: int,
+    resident: bool,
+) -> ChunkPartial:
+    """Run every requested kernel on one loaded block and package the partial."""
+    runtime = get_runtime(spec.runtime)
+    n = shape[0] * shape[1]
+    frames = frames_block.reshape(n, -1)
+    out = runtime.frame_pass(frames, spec.weights, want_sum=spec.want_sum, want_max=spec.want_max)
+    t2 = time.perf_counter()
+    record = {
+        "chunk": index,
+        "rows": [rows[0], rows[1]],
+        "runtime": runtime.name,
+        **_where(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "resident": resident,
+        "bytes_read": bytes_read,
+        "read_s": t1 - t0,
+        "kernel_s": t2 - t1,
+    }
+    return ChunkPartial(
+        blocks=[(rows, out.per_frame.reshape(shape[0], shape[1], -1))],
+        pattern_sum=out.pattern_sum,
+        pattern_max=out.pattern_max,
+        records=[record],
+    )
+
+
+def _source_bytes(ds: Dataset4D, r0: int, r1: int) -> int:
+    return (r1 - r0) * ds.shape[1] * int(np.prod(ds.source.shape[2:])) * ds.source.dtype.itemsize
+
+
 def run_chunk_pass(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial:
     """Load one chunk, run the fused pass on it, return the small partial."""
     t0 = time.perf_counter()
@@ -72,28 +122,51 @@ def run_chunk_pass(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial
     buffer = staging_buffer(ds.raw_block_shape((r0, r1)), ds.source.dtype)
     block = ds.load_block((r0, r1), buffer=buffer)
     t1 = time.perf_counter()
-    runtime = get_runtime(spec.runtime)
-    frames = block.reshape(block.shape[0] * block.shape[1], -1)
-    out = runtime.frame_pass(frames, spec.weights, want_sum=spec.want_sum, want_max=spec.want_max)
-    t2 = time.perf_counter()
-    per_row = ds.shape[1] * int(np.prod(ds.source.shape[2:])) * ds.source.dtype.itemsize
-    record = {
-        "chunk": index,
-        "rows": [r0, r1],
-        "runtime": runtime.name,
-        **_where(),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "bytes_read": (r1 - r0) * per_row,
-        "read_s": t1 - t0,
-        "kernel_s": t2 - t1,
-    }
-    per_frame = out.per_frame.reshape(block.shape[0], block.shape[1], -1)
-    return ChunkPartial(
-        blocks=[((r0, r1), per_frame)],
-        pattern_sum=out.pattern_sum,
-        pattern_max=out.pattern_max,
-        records=[record],
+    return _kernels(
+        spec,
+        block,
+        (block.shape[0], block.shape[1]),
+        index,
+        (r0, r1),
+        t0=t0,
+        t1=t1,
+        bytes_read=_source_bytes(ds, r0, r1),
+        resident=False,
+    )
+
+
+def load_resident_chunk(ds: Dataset4D, runtime_name: str, index: int, r0: int, r1: int) -> Chunk:
+    """Load one chunk and keep it resident (host memory or the runtime's device)."""
+    block = np.array(ds.load_block((r0, r1)), copy=True)  # owned, not a staging/mmap view
+    runtime = get_runtime(runtime_name)
+    to_device = getattr(runtime, "to_device", None)
+    payload = to_device(block) if to_device is not None and runtime.name != "cpu" else block
+    residency = (
+        "host" if runtime.name == "cpu" else str(getattr(runtime, "residency", runtime.name))
+    )
+    return Chunk(
+        representation=ds.representation,
+        residency=residency,
+        scan_slice=((r0, r1), (0, ds.shape[1])),
+        payload=payload,
+        storage_schema=ds.storage_schema,
+    )
+
+
+def run_resident_kernels(spec: PassSpec, chunk: Chunk, index: int) -> ChunkPartial:
+    """Run every requested kernel on a resident chunk (nothing is read)."""
+    t0 = time.perf_counter()
+    (r0, r1), (c0, c1) = chunk.scan_slice
+    return _kernels(
+        spec,
+        chunk.payload,
+        (r1 - r0, c1 - c0),
+        index,
+        (r0, r1),
+        t0=t0,
+        t1=t0,
+        bytes_read=0,
+        resident=True,
     )
 
 

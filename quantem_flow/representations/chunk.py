@@ -75,3 +75,23 @@ class Chunk:
         if isinstance(payload, np.ndarray):
             return int(payload.nbytes)
         return int(getattr(payload, "nbytes", 0))
+
+
+def _register_sizeof() -> None:
+    """Tell Dask a chunk's size is its payload's, so memory accounting is honest.
+
+    Device payloads are kept out of the spill buffer by the worker's data
+    mapping (:mod:`quantem_flow.graphs.worker_data`), not by under-reporting
+    their size.
+    """
+    try:
+        from dask.sizeof import sizeof
+    except ImportError:  # pragma: no cover - dask is a dependency
+        return
+
+    @sizeof.register(Chunk)  # type: ignore[untyped-decorator]
+    def _sizeof_chunk(chunk: Chunk) -> int:
+        return chunk.nbytes + 256
+
+
+_register_sizeof()

@@ -1,0 +1,111 @@
+"""Running lowered graphs on a distributed client or synchronously in this process."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ..errors import ParameterError
+from .lowering import LoweredLoad, LoweredPass
+from .scheduler_plugin import ensure_placement
+from .tasks import ChunkPartial
+
+__all__ = ["Runner"]
+
+
+class Runner:
+    """Runs graphs on a distributed client or synchronously in this process.
+
+    Parameters
+    ----------
+    client
+        ``None`` (the embedded local cluster), a ``distributed.Client`` or
+        ``"synchronous"``.  On a distributed client the placement plugin is
+        installed on the scheduler once.
+    """
+
+    def __init__(self, client: Any):
+        self.synchronous = isinstance(client, str) and client == "synchronous"
+        if isinstance(client, str) and not self.synchronous:
+            raise ParameterError(
+                f"client must be None, a distributed.Client or 'synchronous', got {client!r}"
+            )
+        if self.synchronous:
+            self.client = None
+            self.description = "synchronous (in this process, no workers)"
+            return
+        if client is None:
+            from .cluster import embedded_client
+
+            client = embedded_client()
+            self.description = "embedded local cluster"
+        else:
+            self.description = "given distributed.Client"
+        self.client = client
+        self.description += f" at {client.scheduler.address}"
+        ensure_placement(client)
+
+    @property
+    def scheduler_address(self) -> str | None:
+        """Address of the scheduler, ``None`` when synchronous."""
+        return None if self.client is None else str(self.client.scheduler.address)
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        """Run one small function on the cluster (or here) and return its value."""
+        if self.client is None:
+            return fn(*args)
+        return self.client.submit(fn, *args, pure=False).result()
+
+    def load(self, lowered: LoweredLoad) -> list[Any]:
+        """Run load tasks and return what keeps them resident.
+
+        Returns futures on a cluster (held: the chunks stay on the workers)
+        or the chunks themselves when synchronous.
+        """
+        if self.client is None:
+            from dask.local import get_sync
+
+            dsk = dict(lowered.graph)
+            return list(get_sync(dsk, lowered.keys))
+        from distributed import wait
+
+        futures = self.client.get(lowered.graph, lowered.keys, sync=False)
+        with self.client.as_current():
+            wait(futures)
+        for f in futures:
+            if f.status == "error":
+                exc = f.exception()
+                for g in futures:
+                    g.release()
+                raise exc
+        return list(futures)
+
+    def run(self, passes: list[LoweredPass], *, progress: bool) -> list[ChunkPartial]:
+        """Run passes and return their combined partials."""
+        if self.client is None:
+            from dask.local import get_sync
+
+            return [get_sync(dict(p.graph), p.output_key) for p in passes]
+        from dask.highlevelgraph import HighLevelGraph
+        from distributed import as_completed
+
+        graph = HighLevelGraph.merge(*(p.graph for p in passes))
+        chunk_keys = [k for p in passes for k in p.chunk_keys]
+        out_keys = [p.output_key for p in passes]
+        futures = self.client.get(graph, [*out_keys, *chunk_keys], sync=False)
+        out_futures, chunk_futures = futures[: len(out_keys)], futures[len(out_keys) :]
+        try:
+            if progress and chunk_futures:
+                from tqdm import tqdm
+
+                with (
+                    self.client.as_current(),
+                    tqdm(total=len(chunk_futures), unit="chunk", file=sys.stderr) as bar,
+                ):
+                    for _f in as_completed(chunk_futures):
+                        bar.update(1)
+            results: list[ChunkPartial] = self.client.gather(out_futures)
+        finally:
+            for f in futures:
+                f.release()
+        return results

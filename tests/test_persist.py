@@ -1,0 +1,214 @@
+"""Persisted datasets, pinning, bytes moved between workers, worker loss, the page."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+from typing import Any
+
+import numpy as np
+import pytest
+
+import quantem_flow as qf
+from quantem_flow.dataset import Dataset4D
+from quantem_flow.errors import ParameterError, PlacementError
+from tests.conftest import probe_data
+from tests.reference import ref_annulus, ref_com, ref_virtual
+from tests.slow_source import SlowArraySource
+
+CENTER = (8.6, 14.2)
+
+
+def queries(ds: Dataset4D) -> list[Any]:
+    return [
+        qf.virtual_bf(ds, radius=4.5, center=CENTER),
+        qf.virtual_adf(ds, inner=7.0, center=CENTER),
+        qf.center_of_mass(ds, center=CENTER),
+    ]
+
+
+def check_against_reference(data: np.ndarray, bf: Any, adf: Any, com: Any) -> None:
+    det = data.shape[2:]
+    np.testing.assert_array_equal(bf.data, ref_virtual(data, ref_annulus(det, CENTER, 0, 4.5)))
+    np.testing.assert_array_equal(
+        adf.data, ref_virtual(data, ref_annulus(det, CENTER, 7.0, np.inf))
+    )
+    np.testing.assert_allclose(com.data, ref_com(data, CENTER), rtol=1e-5)
+
+
+def incoming_bytes(client: Any) -> int:
+    def total(dask_worker: Any) -> int:
+        return int(sum(t.get("total", 0) for t in dask_worker.transfer_incoming_log))
+
+    return sum(client.run(total).values())
+
+
+def test_persist_in_process_reads_once_and_matches(rng: np.random.Generator, tmp_path) -> None:
+    data = probe_data(rng, scan=(9, 7))
+    np.save(tmp_path / "d.npy", data)
+    ds = qf.open(tmp_path / "d.npy", chunk_rows=2)
+    p = ds.persist(client="synchronous")
+    assert p.is_persisted and not ds.is_persisted
+    for _ in range(2):
+        bf, adf, com = qf.compute(*queries(p))
+        check_against_reference(data, bf, adf, com)
+        ex = bf.provenance.execution
+        assert ex["bytes_read"] == 0  # nothing read: the chunks are resident
+        assert ex["resident"]["loaded_bytes"] == data.nbytes
+        assert all(r["resident"] for r in ex["chunks"])
+    # views that change the chunks read the source again; calibration keeps residency
+    assert not p.crop_scan((0, 4, 0, 7)).is_persisted
+    assert p.with_calibration(scan_units="nm", scan_sampling=0.2).is_persisted
+    with pytest.raises(ParameterError, match="persisted for runtime 'cpu'"):
+        qf.compute(qf.virtual_bf(p, radius=3, center=CENTER), backend="mps")
+    released = p.release()
+    assert not released.is_persisted
+    with pytest.raises(ParameterError, match="released"):
+        qf.compute(qf.virtual_bf(p, radius=3, center=CENTER))
+
+
+@pytest.mark.cluster
+def test_resident_queries_move_no_chunk_between_workers(
+    rng: np.random.Generator, tmp_path, cluster_client: Any
+) -> None:
+    import dask
+
+    assert dask.config.get("distributed.scheduler.work-stealing") is True
+    data = probe_data(rng, scan=(24, 9))
+    np.save(tmp_path / "d.npy", data)
+    p = qf.open(tmp_path / "d.npy", chunk_rows=1).persist(client=cluster_client)
+    holders = p.resident.holders()
+    assert {w for ws in holders.values() for w in ws} == set(
+        cluster_client.scheduler_info()["workers"]
+    )  # balanced over both workers
+    before = incoming_bytes(cluster_client)
+    chunk_bytes = data.nbytes // 24
+    for _ in range(4):
+        bf, adf, com = qf.compute(*queries(p), client=cluster_client)
+        check_against_reference(data, bf, adf, com)
+        for key, rec in zip(p.resident.keys, bf.provenance.execution["chunks"], strict=True):
+            assert holders[str(key)] == [rec["worker"]]  # kernel ran where its chunk lives
+    moved = incoming_bytes(cluster_client) - before
+    # only small partials and the pass spec travel: far less than one chunk per query
+    assert moved < chunk_bytes, (moved, chunk_bytes)
+    page = _fetch(cluster_client, "/quantem-flow")
+    assert "quantem-flow placement" in page and "dense" in page
+    state = json.loads(_fetch(cluster_client, "/quantem-flow/state.json"))
+    per_worker = {w["address"]: w for w in state["workers"]}
+    assert sum(len(w["chunks_in_memory"]) for w in per_worker.values()) >= 24
+    assert all("cpu" in w["runtimes"] for w in per_worker.values())
+    assert sum(w["resident_bytes"].get("dense", 0) for w in per_worker.values()) >= data.nbytes
+    p.release()
+
+
+def _fetch(client: Any, path: str) -> str:
+    from quantem_flow.graphs import dashboard_url
+
+    url = dashboard_url(client)
+    assert url is not None and url.startswith("http://127.0.0.1:")
+    base = url.rsplit("/", 1)[0]
+    with urllib.request.urlopen(base + path, timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+@pytest.mark.cluster
+def test_admission_refusal_is_a_clear_error(rng: np.random.Generator, tmp_path) -> None:
+    from distributed import Client
+
+    from quantem_flow.graphs.cluster import start_local_cluster
+
+    cluster = start_local_cluster(n_workers=1, memory_limit="400MiB")
+    client = Client(cluster, set_as_default=False)
+    try:
+        budget = client.scheduler_info()["workers"]
+        (info,) = budget.values()
+        assert info["resources"]["qf-budget-cpu"] < 400 * 2**20
+        # a file-backed 512 MiB chunk (sparse file: nothing is written or read)
+        path = tmp_path / "huge.npy"
+        np.lib.format.open_memmap(path, mode="w+", dtype=np.float64, shape=(1, 1, 8192, 8192))
+        with pytest.raises(PlacementError, match="admission refused") as err:
+            qf.open(path).persist(client=client)
+        assert "536870912 bytes" in str(err.value)
+        small = qf.open(probe_data(rng, scan=(4, 5)))
+        small.persist(client=client).release()  # what fits is admitted
+    finally:
+        client.close()
+        cluster.close()
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.parametrize("persisted", [False, True])
+def test_worker_killed_mid_computation(rng: np.random.Generator, persisted: bool) -> None:
+    """A real SIGKILL of a worker process: chunks are re-placed, recomputed, identical."""
+    from distributed import Client
+
+    from quantem_flow.graphs.cluster import start_local_cluster
+
+    data = probe_data(rng, scan=(16, 6))
+    cluster = start_local_cluster(n_workers=2)
+    client = Client(cluster, set_as_default=False)
+    try:
+        (expected_bf, expected_adf, expected_com) = qf.compute(
+            *queries(qf.open(data)), client="synchronous"
+        )
+        ds = Dataset4D(SlowArraySource(data, delay_s=0.25), chunk_rows=1)
+        if persisted:
+            ds = ds.persist(client=client)
+            victim = next(iter(ds.resident.holders().values()))[0]
+        else:
+            victim = sorted(client.scheduler_info()["workers"])[0]
+        pids = client.run(os.getpid)
+        out: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                out["results"] = qf.compute(*queries(ds), client=client)
+            except BaseException as exc:  # surfaced below
+                out["error"] = exc
+
+        t = threading.Thread(target=run)
+        t.start()
+        if not persisted:
+            _wait_for_some_chunks(client, 3)
+        # persisted: kill at once; the victim's resident chunks are lost and must be
+        # reloaded (slowly) on a live worker before their kernels can run
+        os.kill(pids[victim], signal.SIGKILL)
+        t.join(timeout=120)
+        assert not t.is_alive(), "computation did not finish after the worker was killed"
+        assert "error" not in out, out.get("error")
+        bf, adf, com = out["results"]
+        np.testing.assert_array_equal(bf.data, expected_bf.data)
+        np.testing.assert_array_equal(adf.data, expected_adf.data)
+        np.testing.assert_allclose(com.data, expected_com.data, rtol=1e-12)
+        records = bf.provenance.execution["chunks"]
+        assert len(records) == len(ds.chunks)
+        assert all(r["runtime"] == "cpu" and r["worker"].startswith("tcp://") for r in records)
+        if persisted:
+            live = set(client.scheduler_info()["workers"])
+            holders = ds.resident.holders()
+            assert all(ws and set(ws) <= live for ws in holders.values())
+            assert victim not in {w for ws in holders.values() for w in ws}
+    finally:
+        client.close()
+        cluster.close()
+
+
+def _wait_for_some_chunks(client: Any, n: int, timeout: float = 30.0) -> None:
+    def done(dask_scheduler: Any) -> int:
+        return sum(
+            1
+            for k, ts in dask_scheduler.tasks.items()
+            if str(k).startswith("('qf-pass-") and ts.state == "memory"
+        )
+
+    end = time.time() + timeout
+    while time.time() < end:
+        if client.run_on_scheduler(done) >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError("no chunk finished in time")
