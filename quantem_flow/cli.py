@@ -1,4 +1,4 @@
-"""The ``quantem-flow`` command line: ``info``, ``run``, ``demo``, ``version``.
+"""The ``quantem-flow`` command line: ``info``, ``run``, ``demo``, ``worker``, ``version``.
 
 Errors of quantem-flow (bad parameters, missing files, unknown formats...)
 print one line to stderr and exit with status 2; anything else is a bug and
@@ -327,6 +327,72 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- worker -------------------------------------------------------------------------------
+def _worker_command(args: argparse.Namespace) -> list[str]:
+    """Return the ``dask worker`` command line that ``quantem-flow worker`` runs."""
+    from .graphs.worker import preload_argv
+    from .runtimes import available_runtimes
+
+    address = str(args.scheduler).strip()
+    if not address or any(c.isspace() for c in address):
+        raise ParameterError(
+            f"SCHEDULER_ADDRESS must be an address such as tcp://127.0.0.1:8786, got {address!r}"
+        )
+    runtimes = None
+    if args.runtimes is not None:
+        runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
+        available = available_runtimes()
+        missing = [r for r in runtimes if r not in available]
+        if not runtimes or missing:
+            raise ParameterError(
+                f"--runtimes must list runtimes available on this machine, comma separated; "
+                f"got {args.runtimes!r}, available: {','.join(sorted(available))}"
+            )
+    if args.nthreads is not None and args.nthreads < 1:
+        raise ParameterError(f"--nthreads must be a positive integer, got {args.nthreads}")
+    cmd = [
+        sys.executable,
+        "-m",
+        "distributed.cli.dask_worker",
+        address,
+        "--host",
+        args.host,
+        "--dashboard-address",
+        args.dashboard_address,
+        "--memory-limit",
+        str(args.memory_limit),
+    ]
+    if args.nthreads is not None:
+        cmd += ["--nthreads", str(args.nthreads)]
+    if args.name is not None:
+        cmd += ["--name", args.name]
+    cmd += ["--preload", "quantem_flow.graphs.worker"]
+    cmd += preload_argv(runtimes=runtimes, budget_fraction=args.budget_fraction)
+    return cmd
+
+
+def _worker(args: argparse.Namespace) -> int:
+    import os
+    import shlex
+    import subprocess
+
+    cmd = _worker_command(args)
+    if args.dry_run:
+        _say(shlex.join(cmd))
+        return 0
+    _say(f"starting a quantem-flow worker for {args.scheduler} (Ctrl-C stops it)")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.name == "posix":  # pragma: no cover - replaces this process
+        os.execv(cmd[0], cmd)
+    proc = subprocess.Popen(cmd)  # pragma: no cover - Windows
+    try:  # pragma: no cover - Windows
+        return proc.wait()
+    except KeyboardInterrupt:  # pragma: no cover - Windows
+        proc.terminate()
+        return proc.wait()
+
+
 def _version(args: argparse.Namespace) -> int:
     from . import __version__
     from .provenance import package_versions
@@ -393,6 +459,42 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--overwrite", action="store_true", help="replace an earlier demo's files")
     p.set_defaults(func=_demo)
+
+    p = sub.add_parser(
+        "worker",
+        help="run a Dask worker that advertises this machine's runtimes (until interrupted)",
+    )
+    p.add_argument("scheduler", metavar="SCHEDULER_ADDRESS", help="e.g. tcp://127.0.0.1:8786")
+    p.add_argument(
+        "--runtimes",
+        metavar="NAMES",
+        help="comma-separated runtimes to advertise, e.g. cpu,mps (default: every available)",
+    )
+    p.add_argument("--nthreads", type=int, help="threads (default: one per core)")
+    p.add_argument(
+        "--memory-limit",
+        default="auto",
+        help="bytes, e.g. '8 GiB', or 'auto' (default) for this machine's RAM",
+    )
+    p.add_argument("--name", help="worker name (default: its address)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address the worker listens on (default: 127.0.0.1, this machine only)",
+    )
+    p.add_argument(
+        "--dashboard-address",
+        default="127.0.0.1:0",
+        help="the worker's dashboard (default: 127.0.0.1, a free port)",
+    )
+    p.add_argument(
+        "--budget-fraction",
+        type=float,
+        default=0.8,
+        help="share of memory admitted for resident payloads (default 0.8)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the dask worker command and exit")
+    p.set_defaults(func=_worker)
 
     p = sub.add_parser("version", help="print the version")
     p.add_argument("--all", action="store_true", help="also the versions of the dependencies")

@@ -1,8 +1,8 @@
 """Lowering to Dask, annotations, execution and the embedded cluster."""
 
+from . import persist as _persist  # noqa: F401 - registers Dataset4D.persist
 from .annotations import ANNOTATION_KEYS, validate_annotations
 from .cluster import close_embedded_cluster, dashboard_url, embedded_client, start_local_cluster
-from . import persist as _persist  # noqa: F401 - registers Dataset4D.persist
 from .execute import compute
 from .lowering import LoweredPass, lower_pass
 

@@ -1,0 +1,595 @@
+"""Quantem-flow workers: probe the runtimes here and advertise them to the scheduler.
+
+A quantem-flow worker is a Dask worker that advertises what it can run as
+resources (see :mod:`quantem_flow.graphs.capabilities`): one
+``qf-runtime-<name>`` slot count and one ``qf-budget-<name>`` byte budget per
+runtime, and keeps device payloads out of the spill-to-disk buffer
+(:class:`~quantem_flow.graphs.worker_data.ResidentAwareData`).  Three ways to
+start one:
+
+- in Python, ``Worker(**worker_options(runtimes=["cpu"]))`` or
+  :func:`quantem_flow.graphs.cluster.start_local_cluster`;
+- on a command line, ``dask worker ADDRESS --preload quantem_flow.graphs.worker
+  --qf-runtimes cpu,mps`` or ``quantem-flow worker ADDRESS --runtimes cpu,mps``;
+- on a running worker, ``client.register_plugin(QuantemFlowWorkerPlugin())``.
+
+The first two advertise before the worker registers, so the scheduler never
+sees the worker without its capabilities.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import click
+from distributed import WorkerPlugin
+
+from ..errors import ParameterError, RuntimeUnavailableError
+from .capabilities import BUDGET_PREFIX, RUNTIME_PREFIX, capability_resources
+from .worker_data import ResidentAwareData
+
+__all__ = [
+    "PLUGIN_NAME",
+    "QuantemFlowWorkerPlugin",
+    "dask_setup",
+    "probe_capabilities",
+    "probe_runtime_details",
+    "worker_options",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Name under which the plugin is registered on a worker.
+PLUGIN_NAME = "quantem-flow-worker"
+#: Key of the capability details in ``worker.metrics`` / startup information.
+INFO_KEY = "quantem_flow"
+DEFAULT_BUDGET_FRACTION = 0.8
+
+
+# -- probing -----------------------------------------------------------------------------------
+def _check_fraction(budget_fraction: float) -> float:
+    if isinstance(budget_fraction, bool) or not isinstance(budget_fraction, (int, float)):
+        raise ParameterError(f"budget_fraction must be a number in (0, 1], got {budget_fraction!r}")
+    value = float(budget_fraction)
+    if not 0.0 < value <= 1.0:
+        raise ParameterError(
+            f"budget_fraction must be in (0, 1] (the share of memory admitted for resident "
+            f"payloads), got {budget_fraction!r}"
+        )
+    return value
+
+
+def _check_runtime_names(runtimes: Sequence[str] | str | None) -> tuple[str, ...] | None:
+    """Validate names against the manifest; None means every available runtime."""
+    from ..runtimes import MANIFEST
+
+    if runtimes is None:
+        return None
+    if isinstance(runtimes, str):
+        runtimes = [r for r in runtimes.split(",")]
+    names: list[str] = []
+    for r in runtimes:
+        if not isinstance(r, str):
+            raise ParameterError(f"runtime names must be strings, got {r!r} in {runtimes!r}")
+        name = r.strip()
+        if name and name not in names:
+            names.append(name)
+    if not names:
+        raise ParameterError(
+            f"runtimes must name at least one runtime (one of {sorted(MANIFEST)}) or be None "
+            f"for every available one, got {runtimes!r}"
+        )
+    unknown = [n for n in names if n not in MANIFEST]
+    if unknown:
+        from ..runtimes import available_runtimes
+
+        raise RuntimeUnavailableError(
+            f"runtime(s) {unknown} requested but this quantem-flow registers no adapter for "
+            f"them (registered: {sorted(MANIFEST)}); available on this machine: "
+            f"{sorted(available_runtimes())}. Ask for some of those, or pass runtimes=None "
+            "for every available one"
+        )
+    return tuple(names)
+
+
+def _select_runtimes(runtimes: Sequence[str] | str | None) -> dict[str, str]:
+    """Return ``{name: availability reason}`` for the runtimes to advertise."""
+    from .. import runtimes as rt
+
+    names = _check_runtime_names(runtimes)
+    available = rt.available_runtimes()
+    if names is None:
+        return dict(available)
+    missing = [n for n in names if n not in available]
+    if missing:
+        raise RuntimeUnavailableError(
+            f"runtime(s) {missing} requested but not available on this machine; available: "
+            f"{sorted(available)}. Ask for some of those, or start this worker on a machine "
+            f"that has {missing}"
+        )
+    return {n: available[n] for n in names}
+
+
+def _total_memory() -> int:
+    """RAM this process may use: psutil's total, capped by cgroup and rlimit (distributed)."""
+    from distributed.system import MEMORY_LIMIT
+
+    return int(MEMORY_LIMIT)
+
+
+def _host_bytes(memory_limit: int | None) -> int:
+    return int(memory_limit) if memory_limit else _total_memory()
+
+
+def _probe_cpu(
+    nthreads: int, memory_limit: int | None, fraction: float
+) -> tuple[float, int, dict[str, Any]]:
+    import os
+
+    import numpy as np
+
+    details: dict[str, Any] = {
+        "device": platform.processor() or platform.machine(),
+        "cores": os.cpu_count() or 1,
+        "numpy": np.__version__,
+    }
+    return float(nthreads), int(fraction * _host_bytes(memory_limit)), details
+
+
+def _probe_cuda(fraction: float) -> tuple[float, int, dict[str, Any]]:
+    try:
+        import cupy
+    except ImportError as exc:  # pragma: no cover - needs a CUDA machine
+        raise RuntimeUnavailableError(
+            f"runtime 'cuda' is listed as available but CuPy does not import ({exc}); "
+            "install cupy for this CUDA version or leave 'cuda' out of runtimes"
+        ) from exc
+    try:  # pragma: no cover - needs a CUDA machine
+        device = cupy.cuda.Device()
+        free, total = cupy.cuda.runtime.memGetInfo()
+        props = cupy.cuda.runtime.getDeviceProperties(device.id)
+        name = props.get("name", b"")
+        details: dict[str, Any] = {
+            "device": name.decode() if isinstance(name, bytes) else str(name),
+            "device_id": int(device.id),
+            "total_bytes": int(total),
+            "free_bytes": int(free),
+            "cupy": cupy.__version__,
+        }
+        return 1.0, int(fraction * free), details
+    except Exception as exc:  # pragma: no cover - needs a CUDA machine
+        raise RuntimeUnavailableError(
+            f"runtime 'cuda' is listed as available but querying the device failed ({exc}); "
+            "check CUDA_VISIBLE_DEVICES and the driver, or leave 'cuda' out of runtimes"
+        ) from exc
+
+
+def _probe_mps(memory_limit: int | None, fraction: float) -> tuple[float, int, dict[str, Any]]:
+    try:
+        import mlx.core as mx
+    except ImportError as exc:
+        raise RuntimeUnavailableError(
+            f"runtime 'mps' is listed as available but MLX does not import ({exc}); "
+            "install mlx or leave 'mps' out of runtimes"
+        ) from exc
+    metal = bool(mx.metal.is_available())
+    info_fn = getattr(mx, "device_info", None) or getattr(mx.metal, "device_info", None)
+    info: dict[str, Any] = {}
+    if info_fn is not None:
+        try:
+            info = dict(info_fn())
+        except Exception:  # pragma: no cover - depends on the MLX build
+            info = {}
+    details: dict[str, Any] = {
+        "device": str(info.get("device_name", "")),
+        "metal": metal,
+        "mlx": str(getattr(mx, "__version__", "")),
+    }
+    working_set = info.get("max_recommended_working_set_size")
+    if metal and working_set:  # pragma: no cover - needs Apple silicon
+        details["recommended_working_set_bytes"] = int(working_set)
+        budget = int(working_set)
+    else:
+        budget = int(fraction * _host_bytes(memory_limit))
+    return 1.0, budget, details
+
+
+def _probe(
+    runtimes: Sequence[str] | str | None,
+    memory_limit: int | None,
+    budget_fraction: float,
+    nthreads: int | None,
+) -> tuple[dict[str, float], dict[str, int], dict[str, dict[str, Any]]]:
+    fraction = _check_fraction(budget_fraction)
+    if memory_limit is not None and (
+        isinstance(memory_limit, bool) or not isinstance(memory_limit, int) or memory_limit < 0
+    ):
+        raise ParameterError(
+            f"memory_limit must be a non-negative number of bytes or None, got {memory_limit!r}"
+        )
+    if nthreads is not None and (
+        isinstance(nthreads, bool) or not isinstance(nthreads, int) or nthreads < 1
+    ):
+        raise ParameterError(f"nthreads must be a positive integer or None, got {nthreads!r}")
+    chosen = _select_runtimes(runtimes)
+    slots: dict[str, float] = {}
+    budgets: dict[str, int] = {}
+    details: dict[str, dict[str, Any]] = {}
+    for name, reason in chosen.items():
+        if name == "cpu":
+            s, b, d = _probe_cpu(nthreads or 1, memory_limit, fraction)
+        elif name == "cuda":
+            s, b, d = _probe_cuda(fraction)
+        elif name == "mps":
+            s, b, d = _probe_mps(memory_limit, fraction)
+        else:
+            # A runtime the probe does not know yet: one slot, a host-memory budget.
+            s, b, d = 1.0, int(fraction * _host_bytes(memory_limit)), {}
+        slots[name], budgets[name] = s, b
+        details[name] = {"available": reason, **d}
+    return slots, budgets, details
+
+
+def probe_capabilities(
+    *,
+    runtimes: Sequence[str] | None = None,
+    memory_limit: int | None = None,
+    budget_fraction: float = DEFAULT_BUDGET_FRACTION,
+    nthreads: int | None = None,
+) -> tuple[dict[str, float], dict[str, int]]:
+    """Return the slots and byte budgets of the runtimes this process can run.
+
+    Parameters
+    ----------
+    runtimes
+        Runtimes to advertise (names from
+        :data:`quantem_flow.runtimes.MANIFEST`); default every available one.
+        ``cpu`` is included unless a list without it is given.
+    memory_limit
+        The worker's memory limit in bytes; default the machine's total RAM.
+    budget_fraction
+        Share of memory admitted for resident payloads, in (0, 1]: of
+        ``memory_limit`` (or RAM) for ``cpu`` and for ``mps`` without Metal,
+        of the free device memory for ``cuda``.  ``mps`` on Metal admits MLX's
+        recommended working set.
+    nthreads
+        The worker's threads: the ``cpu`` slots (default 1).  ``cuda`` and
+        ``mps`` have one slot.
+
+    Returns
+    -------
+    tuple of dict
+        ``({runtime: slots}, {runtime: budget bytes})``; pass them to
+        :func:`~quantem_flow.graphs.capabilities.capability_resources`.
+
+    Raises
+    ------
+    RuntimeUnavailableError
+        A requested runtime is unknown or not available here; the message
+        names those that are.  There is no silent fallback.
+    ParameterError
+        ``budget_fraction``, ``memory_limit`` or ``nthreads`` is out of range.
+    """
+    slots, budgets, _ = _probe(runtimes, memory_limit, budget_fraction, nthreads)
+    return slots, budgets
+
+
+def probe_runtime_details(*, runtimes: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Return ``{runtime: {device, versions, ...}}`` for display (same selection rules)."""
+    _, _, details = _probe(runtimes, None, DEFAULT_BUDGET_FRACTION, None)
+    return details
+
+
+# -- the worker plugin -------------------------------------------------------------------------
+def _check_budgets(budgets: Mapping[str, int] | None) -> dict[str, int]:
+    from ..runtimes import MANIFEST
+
+    if budgets is None:
+        return {}
+    if not isinstance(budgets, Mapping):
+        raise ParameterError(f"budgets must map runtime names to bytes, got {budgets!r}")
+    out: dict[str, int] = {}
+    for name, nbytes in budgets.items():
+        if name not in MANIFEST:
+            raise ParameterError(
+                f"budgets names unknown runtime {name!r}; registered runtimes: {sorted(MANIFEST)}"
+            )
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise ParameterError(
+                f"budgets[{name!r}] must be a non-negative number of bytes, got {nbytes!r}"
+            )
+        out[name] = int(nbytes)
+    return out
+
+
+def _worker_metrics(worker: Any) -> dict[str, Any]:
+    """Heartbeat metric: advertised capabilities, details and resident bytes."""
+    plugin = getattr(worker, "plugins", {}).get(PLUGIN_NAME)
+    out: dict[str, Any] = dict(plugin.info) if isinstance(plugin, QuantemFlowWorkerPlugin) else {}
+    data = getattr(worker, "data", None)
+    if isinstance(data, ResidentAwareData):
+        out["resident_bytes"] = data.resident_bytes()
+    return out
+
+
+def _worker_runtimes_metric(worker: Any) -> str:
+    """Heartbeat metric shown as a column of the dashboard's worker table."""
+    plugin = getattr(worker, "plugins", {}).get(PLUGIN_NAME)
+    if isinstance(plugin, QuantemFlowWorkerPlugin):
+        return ",".join(plugin.slots)
+    return ""
+
+
+def _worker_startup_info(worker: Any) -> dict[str, Any]:
+    plugin = getattr(worker, "plugins", {}).get(PLUGIN_NAME)
+    return dict(plugin.info) if isinstance(plugin, QuantemFlowWorkerPlugin) else {}
+
+
+def _install_data(worker: Any) -> None:
+    """Give a worker that has not registered yet a :class:`ResidentAwareData`."""
+    data = worker.memory_manager.data
+    if isinstance(data, ResidentAwareData):
+        return
+    if len(data):
+        logger.warning(
+            "quantem-flow: worker %s already holds %d keys; keeping its %s data mapping, "
+            "so device payloads may spill to disk",
+            getattr(worker, "address", "?"),
+            len(data),
+            type(data).__name__,
+        )
+        return
+    new = ResidentAwareData(worker.local_directory, memory_limit=worker.memory_manager.memory_limit)
+    worker.memory_manager.data = new
+    worker.state.data = new
+
+
+class QuantemFlowWorkerPlugin(WorkerPlugin):  # type: ignore[misc]
+    """Probe this worker's runtimes and advertise them as Dask resources.
+
+    Parameters
+    ----------
+    runtimes
+        Runtimes to advertise (default every available one); a requested
+        runtime that is not available makes :meth:`setup` raise
+        :class:`~quantem_flow.errors.RuntimeUnavailableError` (a worker given
+        the plugin at construction then fails to start).
+    budget_fraction
+        See :func:`probe_capabilities`.
+    budgets
+        ``{runtime: bytes}`` overriding the probed budgets.
+    install_data
+        On a worker that has not registered yet and holds no data, replace
+        its data mapping with a
+        :class:`~quantem_flow.graphs.worker_data.ResidentAwareData` (what
+        ``--preload`` does, since ``dask worker`` cannot be given ``data=``).
+
+    Attributes
+    ----------
+    slots, budgets
+        What was advertised, after :meth:`setup`.
+    info
+        ``{"runtimes", "slots", "budgets", "details"}`` also published in
+        ``worker.metrics["quantem_flow"]`` (every heartbeat) and, when set up
+        before registration, in the worker's startup information.
+    """
+
+    name = PLUGIN_NAME
+    idempotent = False
+
+    def __init__(
+        self,
+        *,
+        runtimes: Sequence[str] | None = None,
+        budget_fraction: float = DEFAULT_BUDGET_FRACTION,
+        budgets: Mapping[str, int] | None = None,
+        install_data: bool = False,
+    ) -> None:
+        self.install_data = bool(install_data)
+        self.runtimes = _check_runtime_names(runtimes)
+        self.budget_fraction = _check_fraction(budget_fraction)
+        self.budget_overrides = _check_budgets(budgets)
+        self.slots: dict[str, float] = {}
+        self.budgets: dict[str, int] = {}
+        self.info: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"QuantemFlowWorkerPlugin(runtimes={self.runtimes!r}, "
+            f"budget_fraction={self.budget_fraction!r}, budgets={self.budget_overrides!r}, "
+            f"install_data={self.install_data!r})"
+        )
+
+    async def setup(self, worker: Any) -> None:
+        """Probe, then advertise the capabilities on ``worker``.
+
+        Before the worker has registered (plugin given at construction or by
+        ``--preload``) the resources are written into its state and travel
+        with the registration; afterwards (``client.register_plugin``) they
+        are sent with ``worker.set_resources``.
+        """
+        from distributed.core import Status
+
+        memory_limit = worker.memory_manager.memory_limit
+        if self.install_data and worker.status == Status.init:
+            _install_data(worker)
+        data = worker.data
+        if isinstance(data, ResidentAwareData) and data.memory_limit is None and memory_limit:
+            data.set_memory_limit(int(memory_limit))
+        slots, budgets, details = _probe(
+            self.runtimes,
+            int(memory_limit) if memory_limit else None,
+            self.budget_fraction,
+            int(worker.state.nthreads),
+        )
+        extra = sorted(set(self.budget_overrides) - set(slots))
+        if extra:
+            raise ParameterError(
+                f"budgets given for {extra}, which this worker does not advertise "
+                f"(it advertises {sorted(slots)}); drop them or add them to runtimes"
+            )
+        budgets.update(self.budget_overrides)
+        self.slots, self.budgets = slots, budgets
+        self.info = {
+            "runtimes": sorted(slots),
+            "slots": dict(slots),
+            "budgets": dict(budgets),
+            "details": details,
+        }
+        resources = capability_resources(slots, budgets)
+        # Resources of an earlier setup that this one no longer advertises go to 0.
+        for key in list(worker.state.total_resources):
+            if key.startswith((RUNTIME_PREFIX, BUDGET_PREFIX)) and key not in resources:
+                resources[key] = 0.0
+        worker.metrics[INFO_KEY] = _worker_metrics
+        worker.metrics["qf-runtimes"] = _worker_runtimes_metric
+        worker.startup_information[INFO_KEY] = _worker_startup_info
+        if worker.status == Status.init:
+            # Not registered yet: the registration message carries total_resources.
+            state = worker.state
+            for key, quantity in resources.items():
+                old = state.total_resources.get(key)
+                if old is None:
+                    state.available_resources[key] = quantity
+                else:
+                    state.available_resources[key] += quantity - old
+                state.total_resources[key] = quantity
+        else:
+            await worker.set_resources(**resources)
+        logger.info(
+            "quantem-flow worker %s advertises %s",
+            getattr(worker, "address", "?"),
+            {k: v for k, v in resources.items() if v},
+        )
+
+    def teardown(self, worker: Any) -> None:
+        """Stop publishing the capability metrics (the resources stay)."""
+        for key in (INFO_KEY, "qf-runtimes"):
+            worker.metrics.pop(key, None)
+        worker.startup_information.pop(INFO_KEY, None)
+
+
+class _RefuseToStart(WorkerPlugin):  # type: ignore[misc]
+    """Fail the worker's start with the error found while reading the preload options."""
+
+    name = PLUGIN_NAME
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def setup(self, worker: Any) -> None:
+        raise self.error
+
+
+# -- preload entry point -----------------------------------------------------------------------
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.option(
+    "--qf-runtimes",
+    type=str,
+    default=None,
+    help="Comma-separated runtimes to advertise (default: every available one).",
+)
+@click.option(
+    "--qf-budget-fraction",
+    type=float,
+    default=DEFAULT_BUDGET_FRACTION,
+    show_default=True,
+    help="Share of memory admitted for resident payloads.",
+)
+@click.option(
+    "--qf-data/--no-qf-data",
+    default=True,
+    show_default=True,
+    help="Keep device payloads out of spill-to-disk (ResidentAwareData as worker data).",
+)
+async def dask_setup(
+    worker: Any, qf_runtimes: str | None, qf_budget_fraction: float, qf_data: bool
+) -> None:
+    """Make a worker a quantem-flow worker (``dask worker --preload quantem_flow.graphs.worker``).
+
+    Runs before the worker registers.  The plugin is queued with the
+    plugins given at construction (replacing a quantem-flow plugin given
+    there), so a requested runtime that is not available fails the worker's
+    start instead of being logged and ignored as preload errors are.
+    """
+    runtimes = None if qf_runtimes is None else qf_runtimes.split(",")
+    plugin: WorkerPlugin
+    try:
+        plugin = QuantemFlowWorkerPlugin(
+            runtimes=runtimes, budget_fraction=qf_budget_fraction, install_data=qf_data
+        )
+    except (ParameterError, RuntimeUnavailableError) as exc:
+        plugin = _RefuseToStart(exc)
+    pending = getattr(worker, "_pending_plugins", None)
+    if isinstance(pending, (tuple, list, set, frozenset)):
+        others = tuple(p for p in pending if getattr(p, "name", None) != PLUGIN_NAME)
+        worker._pending_plugins = (*others, plugin)
+    else:  # pragma: no cover - other distributed versions
+        await worker.plugin_add(plugin=plugin, catch_errors=False)
+
+
+def preload_argv(
+    *, runtimes: Sequence[str] | None = None, budget_fraction: float = DEFAULT_BUDGET_FRACTION
+) -> list[str]:
+    """Return the ``--preload-argv`` words for :func:`dask_setup`."""
+    argv: list[str] = []
+    names = _check_runtime_names(runtimes)
+    if names is not None:
+        argv += ["--qf-runtimes", ",".join(names)]
+    argv += ["--qf-budget-fraction", repr(_check_fraction(budget_fraction))]
+    return argv
+
+
+# -- worker options --------------------------------------------------------------------------
+def worker_options(
+    *,
+    runtimes: Sequence[str] | None = None,
+    budget_fraction: float = DEFAULT_BUDGET_FRACTION,
+    budgets: Mapping[str, int] | None = None,
+    memory_limit: int | float | str | None = "auto",
+    nthreads: int = 1,
+) -> dict[str, Any]:
+    """Return the keyword arguments that make a ``Worker``/``Nanny`` a quantem-flow worker.
+
+    Parameters
+    ----------
+    runtimes, budget_fraction, budgets
+        See :class:`QuantemFlowWorkerPlugin`.
+    memory_limit
+        The worker's memory limit as distributed accepts it (bytes, ``"4
+        GiB"``, a fraction of RAM, ``"auto"``: RAM times ``nthreads`` over
+        the cores, None: no limit).  It is resolved here so the worker and
+        its data mapping agree.
+    nthreads
+        The worker's threads (used by ``"auto"``).
+
+    Returns
+    -------
+    dict
+        ``plugins`` (the :class:`QuantemFlowWorkerPlugin`, which runs before
+        registration), ``data`` (``(ResidentAwareData, {"memory_limit":
+        ...})``) and ``memory_limit``.  Merge it into a worker spec's
+        options: ``Nanny(scheduler, nthreads=1, **worker_options(...))``.
+    """
+    from distributed.worker_memory import parse_memory_limit
+
+    if isinstance(nthreads, bool) or not isinstance(nthreads, int) or nthreads < 1:
+        raise ParameterError(f"nthreads must be a positive integer, got {nthreads!r}")
+    try:
+        limit = parse_memory_limit(memory_limit, nthreads, logger=logger)
+    except (TypeError, ValueError) as exc:
+        raise ParameterError(
+            f"memory_limit must be bytes, a string such as '4 GiB', a fraction of RAM, 'auto' "
+            f"or None, got {memory_limit!r}: {exc}"
+        ) from exc
+    plugin = QuantemFlowWorkerPlugin(
+        runtimes=runtimes, budget_fraction=budget_fraction, budgets=budgets
+    )
+    return {
+        "plugins": (plugin,),
+        "data": (ResidentAwareData, {"memory_limit": limit}),
+        "memory_limit": 0 if limit is None else int(limit),
+    }
