@@ -405,6 +405,33 @@ def _version(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from distributed import Client
+
+    from .bench import run_bench
+    from .graphs.cluster import close_embedded_cluster
+
+    client = Client(args.scheduler, set_as_default=False) if args.scheduler else None
+    try:
+        report = run_bench(
+            args.output_dir,
+            scan_shape=(args.scan_shape[0], args.scan_shape[1]),
+            detector_shape=(args.detector_shape[0], args.detector_shape[1]),
+            repeat=args.repeat,
+            client=client,
+        )
+    finally:
+        if client is not None:
+            client.close()
+        else:
+            close_embedded_cluster()
+    _say(report.read_text())
+    _say(f"report:  {report}")
+    _say(f"json:    {report.with_name('report.json')}")
+    _say(f"dask:    {report.with_name('dask-performance-report.html')}")
+    return 0
+
+
 # -- entry point --------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -495,6 +522,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dry-run", action="store_true", help="print the dask worker command and exit")
     p.set_defaults(func=_worker)
+
+    p = sub.add_parser(
+        "bench", help="measure this machine and cluster and write a performance report"
+    )
+    p.add_argument(
+        "--output-dir",
+        default="quantem-flow-bench",
+        help="folder for the synthetic data and the report (default: ./quantem-flow-bench)",
+    )
+    p.add_argument("--scan-shape", nargs=2, type=int, default=(128, 128), metavar=("R", "C"))
+    p.add_argument("--detector-shape", nargs=2, type=int, default=(128, 128), metavar=("KR", "KC"))
+    p.add_argument("--repeat", type=int, default=3, help="timed runs per measurement")
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="tcp://host:port of a running scheduler (default: an embedded local cluster)",
+    )
+    p.set_defaults(func=_bench)
 
     p = sub.add_parser("version", help="print the version")
     p.add_argument("--all", action="store_true", help="also the versions of the dependencies")
