@@ -13,16 +13,32 @@ from quantem_flow.cli import main
 def test_bench_writes_a_report(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench"
     code = main(
-        ["bench", "--output-dir", str(out), "--scan-shape", "24", "32",
-         "--detector-shape", "40", "48", "--repeat", "1"]
+        [
+            "bench",
+            "--output-dir",
+            str(out),
+            "--scan-shape",
+            "24",
+            "32",
+            "--detector-shape",
+            "40",
+            "48",
+            "--repeat",
+            "1",
+        ]
     )
     assert code == 0
     printed = capsys.readouterr().out
     assert "report:" in printed and str(out / "report.md") in printed
     report = json.loads((out / "report.json").read_text())
     r = report["results"]
-    for key in ("pass_from_file_s", "pass_resident_s", "adf_ring_query_resident_s",
-                "adf_ring_query_file_s", "persist_s"):
+    for key in (
+        "pass_from_file_s",
+        "pass_resident_s",
+        "adf_ring_query_resident_s",
+        "adf_ring_query_file_s",
+        "persist_s",
+    ):
         assert r[key] > 0
     assert report["dataset"]["shape"] == [24, 32, 40, 48]
     assert report["machine"]["dashboard"].startswith("http://127.0.0.1:")

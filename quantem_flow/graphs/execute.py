@@ -142,6 +142,11 @@ def _outputs(
         missing = np.flatnonzero(~covered)
         raise ParameterError(f"internal error: scan rows {missing[:10].tolist()} were not computed")
     records = sorted(partial.records, key=lambda r: r["chunk"])
+    details: list[dict[str, Any]] = []
+    for r in records:  # once per pass: how each runtime computed (precision, device)
+        d = r.pop("runtime_detail", None)
+        if d is not None and d not in details:
+            details.append(d)
     bytes_read = int(sum(r["bytes_read"] for r in records))
     runtimes = sorted({r["runtime"] for r in records})
     backend_record = backend.to_dict()
@@ -161,6 +166,7 @@ def _outputs(
         "weights_in_pass": n_w,
         "workers": sorted({r["worker"] for r in records}),
         "runtimes": runtimes,
+        "runtime_details": details,
         "resident": ds.resident.describe() if ds.is_persisted else None,
         "read_s_total": float(sum(r["read_s"] for r in records)),
         "kernel_s_total": float(sum(r["kernel_s"] for r in records)),

@@ -95,6 +95,7 @@ def _kernels(
         "chunk": index,
         "rows": [rows[0], rows[1]],
         "runtime": runtime.name,
+        "runtime_detail": runtime.describe(),
         **_where(),
         "host": socket.gethostname(),
         "pid": os.getpid(),

@@ -33,6 +33,10 @@ MANIFEST: dict[str, dict[str, Any]] = {
         "class": "quantem_flow.runtimes.cpu:CpuRuntime",
         "kernels": [("frame_pass", "dense")],
     },
+    "mps": {
+        "class": "quantem_flow.runtimes.mps:MpsRuntime",
+        "kernels": [("frame_pass", "dense")],
+    },
 }
 
 #: Preference of ``backend="auto"``.
@@ -121,18 +125,29 @@ def resolve_backend(
         raise ParameterError(f"backend must be a string, got {backend!r}")
     available = available_runtimes()
     if backend == "auto":
+        not_here: list[str] = []
+        passed_over: list[str] = []
         for name in AUTO_ORDER:
-            if name in available and (operation, representation) in {
-                tuple(k) for k in MANIFEST[name]["kernels"]
-            }:
-                skipped = [n for n in AUTO_ORDER[: AUTO_ORDER.index(name)]]
-                why = f"first available of {list(AUTO_ORDER)}"
-                if skipped:
-                    why += f"; not available here: {skipped}"
-                return BackendChoice("auto", name, why)
+            if name not in available:
+                not_here.append(name)
+                continue
+            if (operation, representation) not in {tuple(k) for k in MANIFEST[name]["kernels"]}:
+                passed_over.append(f"{name} (no {operation!r} kernel on {representation!r})")
+                continue
+            eligible, reason = _runtime_class(name).auto_eligible()
+            if not eligible:
+                passed_over.append(f"{name} ({reason})")
+                continue
+            why = f"first available of {list(AUTO_ORDER)}"
+            if not_here:
+                why += f"; not available here: {not_here}"
+            if passed_over:
+                why += "; skipped by auto: " + "; ".join(passed_over)
+            return BackendChoice("auto", name, why)
         raise RuntimeUnavailableError(
-            f"no runtime here can run {operation!r} on {representation!r}; available: "
-            f"{sorted(available)}"
+            f"no runtime here can run {operation!r} on {representation!r} by backend='auto'; "
+            f"available: {sorted(available)}"
+            + (f"; skipped by auto: {'; '.join(passed_over)}" if passed_over else "")
         )
     runtime = get_runtime(backend)
     if not runtime.supports(operation, representation):

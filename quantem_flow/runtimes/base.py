@@ -51,6 +51,17 @@ class Runtime(abc.ABC):
     def available(cls) -> tuple[bool, str]:
         """Return whether the runtime can run here, and why not if it cannot."""
 
+    @classmethod
+    def auto_eligible(cls) -> tuple[bool, str]:
+        """Return whether ``backend="auto"`` may choose this runtime, and why.
+
+        The default is :meth:`available`.  A runtime that runs here but is
+        not worth choosing automatically (MLX on its CPU backend is no
+        accelerator) says no, with the reason; it still runs when requested
+        explicitly.
+        """
+        return cls.available()
+
     def supports(self, operation: str, representation: str) -> bool:
         """Whether a kernel is registered for ``operation`` on ``representation``."""
         return (operation, representation) in self.kernels

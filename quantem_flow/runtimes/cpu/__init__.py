@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -29,3 +29,17 @@ class CpuRuntime(Runtime):
         """Run the fused Numba pass on host frames."""
         per_frame, s, m = frame_pass_numba(frames, weights, want_sum=want_sum, want_max=want_max)
         return FramePassResult(per_frame=per_frame, pattern_sum=s, pattern_max=m)
+
+    def describe(self) -> dict[str, Any]:
+        """Kernel, precision and versions, for provenance."""
+        import numba
+
+        return {
+            "runtime": self.name,
+            "device": "host CPU",
+            "kernel": "Numba fused frame pass (4 frames x 2 weight rows)",
+            "per_frame_accumulation": "float64",
+            "sum_accumulation": "int64 for integer data, float64 otherwise",
+            "fastmath": "reassociation and contraction only (IEEE NaN/inf kept)",
+            "numba": numba.__version__,
+        }

@@ -122,6 +122,9 @@ def frame_pass_numba(
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Run the fused frame pass; see :class:`~quantem_flow.runtimes.base.Runtime`."""
     frames = np.ascontiguousarray(frames)
+    max_dtype = frames.dtype
+    if frames.dtype == np.float16:  # Numba has no float16 arithmetic; widening is exact
+        frames = frames.astype(np.float32)
     weights = np.ascontiguousarray(weights, dtype=np.float64)
     n, k = frames.shape
     m = weights.shape[0]
@@ -137,4 +140,5 @@ def frame_pass_numba(
     else:
         acc_max = np.zeros(1, dtype=frames.dtype)
     _fused(frames, weights, out, acc_sum, acc_max, want_sum, want_max)
-    return out[:, :m], (acc_sum if want_sum else None), (acc_max if want_max else None)
+    peak = acc_max.astype(max_dtype) if want_max else None  # exact: maxima of max_dtype values
+    return out[:, :m], (acc_sum if want_sum else None), peak

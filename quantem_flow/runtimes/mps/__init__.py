@@ -1,0 +1,197 @@
+"""The ``mps`` runtime: MLX arrays, on the Metal GPU of Apple silicon or on MLX's CPU backend.
+
+MLX also runs on Linux with its CPU backend (``pip install "mlx[cpu]"``).
+There the runtime is *available* (``backend="mps"`` works and is what the
+conformance suite tests on Linux) but it is not an accelerator, so
+``backend="auto"`` does not choose it: :meth:`MpsRuntime.auto_eligible`
+is true only when MLX's default device is a Metal GPU.
+
+Precision: ``per_frame`` is always accumulated in float64.  The Metal GPU
+has no float64, so float64 work runs on MLX's CPU stream, never silently in
+float32; :meth:`MpsRuntime.describe` records the accumulation dtypes and
+devices for provenance.
+
+MLX evaluation is serialised per process by a lock: MLX's thread safety
+across concurrently evaluating threads is recent (0.31.2 / 0.32) and not
+guaranteed on every backend, and Dask runs tasks in threads.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from ...errors import ParameterError, RuntimeUnavailableError, UnsupportedOperationError
+from ..base import FramePassResult, Runtime
+
+__all__ = ["MpsRuntime"]
+
+_LOCK = threading.Lock()
+
+
+@functools.lru_cache(maxsize=1)
+def _probe() -> tuple[bool, bool, str]:
+    """Return ``(runs, on_metal_gpu, reason)``; never raises (cached per process)."""
+    try:
+        import mlx.core as mx
+    except Exception as exc:  # ImportError, or OSError from a missing shared library
+        return False, False, f"mlx.core does not import ({type(exc).__name__}: {exc})"
+    try:
+        version = str(getattr(mx, "__version__", "unknown"))
+        device = mx.default_device()
+        probe = mx.arange(4, dtype=mx.int32) + 1
+        mx.eval(probe)
+        if mx.sum(probe).tolist() != 10:
+            return False, False, f"MLX {version} on {device} computed a wrong probe sum"
+        metal = bool(mx.metal.is_available())
+    except Exception as exc:
+        return False, False, f"MLX does not allocate on its default device ({exc})"
+    on_gpu = device.type == mx.DeviceType.gpu
+    if on_gpu and metal:
+        return True, True, f"MLX {version} on the Metal GPU ({device})"
+    if on_gpu:
+        return (
+            True,
+            False,
+            f"MLX {version} on a non-Metal GPU backend ({device}); not the Apple GPU this "
+            "runtime targets",
+        )
+    return (
+        True,
+        False,
+        f"MLX {version} on its CPU backend ({device}; Metal unavailable): runs, "
+        "but is not an accelerator",
+    )
+
+
+class MpsRuntime(Runtime):
+    """MLX memory and kernels (Metal GPU on Apple silicon; MLX's CPU backend elsewhere).
+
+    Parameters
+    ----------
+    path
+        ``"mlx"`` (default): plain MLX operations, runs wherever MLX runs.
+        ``"metal"``: additionally a small ``mx.fast.metal_kernel`` for the
+        pattern sum/max of integer data; only on a machine with Metal, and
+        never run in this project's own tests (no Metal device there).
+
+    Raises
+    ------
+    ParameterError
+        ``path`` is neither ``"mlx"`` nor ``"metal"``.
+    UnsupportedOperationError
+        ``path="metal"`` where MLX has no Metal device.
+    """
+
+    name: ClassVar[str] = "mps"
+    kernels: ClassVar[frozenset[tuple[str, str]]] = frozenset({("frame_pass", "dense")})
+
+    def __init__(self, path: Literal["mlx", "metal"] = "mlx") -> None:
+        if path not in ("mlx", "metal"):
+            raise ParameterError(f"path must be 'mlx' or 'metal', got {path!r}")
+        ok, on_metal, why = _probe()
+        if not ok:
+            raise RuntimeUnavailableError(f"runtime 'mps' is not available here ({why})")
+        if path == "metal" and not on_metal:
+            raise UnsupportedOperationError(
+                f"MpsRuntime(path='metal') needs MLX on a Metal GPU; here: {why}. "
+                "Use path='mlx' (the default)"
+            )
+        self.path: Literal["mlx", "metal"] = path
+
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        """Whether MLX imports and allocates on its default device (which one is in the reason)."""
+        ok, _, why = _probe()
+        return ok, why
+
+    @classmethod
+    def auto_eligible(cls) -> tuple[bool, str]:
+        """Only MLX on a Metal GPU is an accelerator worth choosing by ``backend="auto"``."""
+        ok, on_metal, why = _probe()
+        if not ok:
+            return False, why
+        if not on_metal:
+            return False, f"{why}; request backend='mps' explicitly to use it"
+        return True, why
+
+    @property
+    def device(self) -> str:
+        """MLX's default device type here: ``"gpu"`` or ``"cpu"``."""
+        import mlx.core as mx
+
+        return "gpu" if mx.default_device().type == mx.DeviceType.gpu else "cpu"
+
+    def frame_pass(
+        self,
+        frames: np.ndarray | Any,
+        weights: np.ndarray,
+        *,
+        want_sum: bool,
+        want_max: bool,
+    ) -> FramePassResult:
+        """Run the fused pass with MLX (float64 accumulation on every device).
+
+        Parameters
+        ----------
+        frames
+            ``(n_frames, k_r * k_c)`` host array of integers or reals, or an
+            MLX array already resident (see :meth:`to_device`).
+        weights
+            ``(n_weights, k_r * k_c)`` weight rows (float64).
+        want_sum, want_max
+            Also accumulate the sum / maximum pattern.
+
+        Returns
+        -------
+        FramePassResult
+            NumPy host arrays.
+        """
+        from .kernels import frame_pass_mlx
+
+        with _LOCK:
+            per_frame, s, m = frame_pass_mlx(
+                frames, weights, want_sum=want_sum, want_max=want_max, path=self.path
+            )
+        return FramePassResult(per_frame=per_frame, pattern_sum=s, pattern_max=m)
+
+    def to_device(self, array: np.ndarray | Any) -> Any:
+        """Copy a host array into MLX memory (residency ``"mps"``), dtype kept exactly."""
+        from .kernels import to_device
+
+        with _LOCK:
+            return to_device(array)
+
+    def to_host(self, array: Any) -> np.ndarray:
+        """Copy an MLX array into a new NumPy array of the equal dtype."""
+        from .kernels import to_host
+
+        with _LOCK:
+            return to_host(array)
+
+    def describe(self) -> dict[str, Any]:
+        """Runtime, MLX version, device, kernel path and the precision actually used."""
+        import mlx.core as mx
+
+        from .kernels import precision_record
+
+        _, on_metal, why = _probe()
+        device = self.device
+        out: dict[str, Any] = {
+            "runtime": self.name,
+            "mlx_version": str(getattr(mx, "__version__", "unknown")),
+            "device": device,
+            "backend": "metal" if on_metal else ("cpu" if device == "cpu" else "other gpu"),
+            "available": why,
+            "path": self.path,
+            **precision_record(device),
+        }
+        if self.path == "metal":
+            out["metal_kernel"] = (
+                "pattern sum/max of integer data (<= 32 bits) on the GPU; per_frame and "
+                "float data on the plain-MLX path"
+            )
+        return out
