@@ -71,8 +71,9 @@ def test_persisted_for_mlx_stays_on_the_mlx_worker(rng: np.random.Generator, het
         assert any(k.startswith("mps/") for k in held), held  # MLX payloads, not host data
         (bf,) = qf.compute(qf.virtual_bf(p, radius=4.5, center=CENTER))
         assert {r["worker"] for r in bf.provenance.execution["chunks"]} == {mlx_worker}
-        (ref,) = qf.compute(qf.virtual_bf(qf.open(data), radius=4.5, center=CENTER),
-                            client="synchronous")
+        (ref,) = qf.compute(
+            qf.virtual_bf(qf.open(data), radius=4.5, center=CENTER), client="synchronous"
+        )
         np.testing.assert_array_equal(bf.data, ref.data)
     finally:
         p.release()

@@ -212,3 +212,45 @@ def _wait_for_some_chunks(client: Any, n: int, timeout: float = 30.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("no chunk finished in time")
+
+
+class _Recorder:
+    """A scheduler plugin that keeps the quantem-flow annotations it sees."""
+
+    name = "qf-test-recorder"
+
+    def update_graph(self, scheduler: Any, *, annotations: Any = None, **kwargs: Any) -> None:
+        seen = scheduler.__dict__.setdefault("_qf_seen_annotations", {})
+        for name, per_key in (annotations or {}).items():
+            if name.startswith("qf_"):
+                seen.setdefault(name, {}).update(per_key)
+
+
+@pytest.mark.cluster
+def test_resident_key_annotation_reaches_the_scheduler_per_key(
+    rng: np.random.Generator, cluster_client: Any
+) -> None:
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    recorder = type("Recorder", (_Recorder, SchedulerPlugin), {})()
+    cluster_client.register_plugin(recorder, name="qf-test-recorder")
+    p = qf.open(probe_data(rng, scan=(6, 5)), chunk_rows=2).persist(client=cluster_client)
+    try:
+        qf.compute(qf.virtual_bf(p, radius=4.5, center=CENTER), client=cluster_client)
+
+        def seen(dask_scheduler: Any) -> dict[str, dict[str, str]]:
+            got = dask_scheduler.__dict__.get("_qf_seen_annotations", {})
+            return {n: {str(k): str(v) for k, v in m.items()} for n, m in got.items()}
+
+        got = cluster_client.run_on_scheduler(seen)
+        kernels = {k: v for k, v in got["qf_role"].items() if v == "kernel"}
+        assert len(kernels) == 3
+        resident = got["qf_resident"]
+        assert {resident[k] for k in kernels} == {str(k) for k in p.resident.keys}
+        loads = {k for k, v in got["qf_role"].items() if v == "load"}
+        assert loads == {str(k) for k in p.resident.keys}
+        assert {got["qf_runtime"][k] for k in kernels} == {"cpu"}
+        assert {got["qf_representation"][k] for k in kernels} == {"dense"}
+    finally:
+        p.release()
+        cluster_client.unregister_scheduler_plugin("qf-test-recorder")

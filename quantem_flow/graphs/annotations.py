@@ -72,8 +72,11 @@ def validate_annotations(annotations: Mapping[str, Any]) -> dict[str, Any]:
             if value not in _ROLES:
                 raise AnnotationError(f"qf_role={value!r}; expected one of {list(_ROLES)}")
         elif name == "qf_resident":
-            if not isinstance(value, str):
-                raise AnnotationError(f"qf_resident must be a key string, got {value!r}")
+            if not _is_key(value):
+                raise AnnotationError(
+                    f"qf_resident must be a Dask key (a string or a tuple starting with one), "
+                    f"got {value!r}"
+                )
         elif name == "qf_nbytes":
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise AnnotationError(f"qf_nbytes must be an integer >= 0, got {value!r}")
@@ -102,3 +105,14 @@ def validate_annotations(annotations: Mapping[str, Any]) -> dict[str, Any]:
             raise AnnotationError(f"priority must be an integer, got {value!r}")
         out[name] = value
     return out
+
+
+def _is_key(value: Any) -> bool:
+    if isinstance(value, str):
+        return True
+    return (
+        isinstance(value, tuple)
+        and bool(value)
+        and isinstance(value[0], str)
+        and all(isinstance(v, (str, int, float)) for v in value[1:])
+    )

@@ -127,6 +127,7 @@ def lower_pass(
     if resident is not None and len(resident) != len(ds.chunks):
         raise ValueError(f"{len(resident)} resident chunks for {len(ds.chunks)} chunks")
     local: dict[Key, DataNode] = {}
+    resident_of: dict[Key, Key] = {}
     for i, (r0, r1) in enumerate(ds.chunks):
         key = (pass_name, i)
         chunk_keys.append(key)
@@ -138,6 +139,7 @@ def lower_pass(
             local_key = (f"qf-resident-{token}", i)
             local[local_key] = DataNode(local_key, ref)
             ref = local_key
+        resident_of[key] = ref
         chunk_tasks[key] = Task(key, run_resident_kernels, TaskRef(spec_name), TaskRef(ref), i)
     role = "pass" if resident is None else "kernel"
     annotations: dict[str, Any] = {
@@ -148,6 +150,11 @@ def lower_pass(
     if role == "pass":
         annotations["qf_nbytes"] = max_chunk_nbytes(ds)
     pass_annotations = validate_annotations(annotations)
+    if resident_of:
+        for ref in resident_of.values():  # every per-key value is checked here, on the client
+            validate_annotations({"qf_resident": ref})
+        # a callable layer annotation is evaluated per key by dask when the graph is packed
+        pass_annotations["qf_resident"] = resident_of.__getitem__
     if local:
         layers[f"qf-resident-{token}"] = MaterializedLayer(local)
         dependencies[f"qf-resident-{token}"] = set()

@@ -138,7 +138,11 @@ def run_chunk_pass(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial
 
 def load_resident_chunk(ds: Dataset4D, runtime_name: str, index: int, r0: int, r1: int) -> Chunk:
     """Load one chunk and keep it resident (host memory or the runtime's device)."""
-    block = np.array(ds.load_block((r0, r1)), copy=True)  # owned, not a staging/mmap view
+    # decode straight into memory the chunk will own (one allocation, no staging copy)
+    owned = np.empty(ds.raw_block_shape((r0, r1)), dtype=ds.source.dtype)
+    block = ds.load_block((r0, r1), buffer=owned)
+    if not (block.flags.owndata or np.shares_memory(block, owned)):
+        block = np.array(block, copy=True)  # a read-only view (memory map, in-memory array)
     runtime = get_runtime(runtime_name)
     to_device = getattr(runtime, "to_device", None)
     payload = to_device(block) if to_device is not None and runtime.name != "cpu" else block
