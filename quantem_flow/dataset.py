@@ -21,7 +21,8 @@ from .calibration import Calibration
 from .errors import DtypeError, ParameterError, ShapeError
 from .io import Source, open_source
 from .io.base import sidecar_calibration
-from .representations import DENSE_SCHEMA
+from .representations import get_representation
+from .representations.base import describe_options
 
 __all__ = ["Dataset4D", "DetectorOp", "bin_frames", "binned_dtype", "open"]
 
@@ -137,6 +138,8 @@ class Dataset4D:
         _scan_block: Region | None = None,
         _detector_ops: tuple[DetectorOp, ...] = (),
         _resident: Any = None,
+        _representation: str | None = None,
+        _representation_options: dict[str, Any] | None = None,
     ):
         self._source = source
         R, C, kr, kc = source.shape
@@ -145,6 +148,8 @@ class Dataset4D:
         self._calibration = calibration or Calibration()
         self._notes = list(notes)
         self._resident = _resident
+        self._representation = _representation or source.native_representation
+        self._representation_options = dict(_representation_options or {})
         self._chunk_mib = float(chunk_mib if chunk_mib is not None else config.get("chunk_mib"))
         if not self._chunk_mib > 0:
             raise ParameterError(f"chunk_mib must be > 0, got {chunk_mib!r}")
@@ -209,13 +214,18 @@ class Dataset4D:
 
     @property
     def representation(self) -> str:
-        """Payload representation of the chunks (``"dense"``)."""
-        return "dense"
+        """Payload representation of the chunks (``dense``, ``encoded``, ``paired``, ``packed``)."""
+        return self._representation
+
+    @property
+    def representation_options(self) -> dict[str, Any]:
+        """Options of the representation (codec, threshold, block size, verify...)."""
+        return dict(self._representation_options)
 
     @property
     def storage_schema(self) -> str:
         """Versioned layout of the chunk payloads."""
-        return DENSE_SCHEMA
+        return get_representation(self._representation).schema
 
     @property
     def scan_block(self) -> Region:
@@ -274,6 +284,7 @@ class Dataset4D:
             "dtype": str(self._dtype),
             "source_dtype": str(self._source.dtype),
             "representation": self.representation,
+            "representation_options": describe_options(self._representation_options),
             "storage_schema": self.storage_schema,
             "chunk_rows": self.chunk_rows,
             "n_chunks": len(self.chunks),
@@ -298,6 +309,8 @@ class Dataset4D:
             "notes": self._notes,
             "_scan_block": self._scan_block,
             "_detector_ops": self._detector_ops,
+            "_representation": self._representation,
+            "_representation_options": self._representation_options,
         }
         kwargs.update(changes)
         return type(self)(self._source, **kwargs)
@@ -365,6 +378,74 @@ class Dataset4D:
         if self._resident is not None:
             self._resident.release()
         return self._derive()
+
+    def to_representation(
+        self, representation: str, *, verify: str = "full", **options: Any
+    ) -> Dataset4D:
+        """Return the dataset with its chunks held in another representation.
+
+        Conversion is explicit and lossless: each chunk is converted when it
+        is loaded (or read natively when the source stores that
+        representation) and, when converted, checked for exactness.
+
+        Parameters
+        ----------
+        representation
+            ``"dense"``, ``"encoded"``, ``"paired"`` or ``"packed"``.
+        verify
+            ``"full"`` (every value compared after the conversion),
+            ``"totals"`` (total and non-zero count compared) or ``"none"``;
+            recorded in provenance.  Native reads need no check.
+        **options
+            Representation options, e.g. ``threshold=`` for ``paired`` (only
+            when asked: values below it are dropped, which is not lossless
+            and is recorded), ``codec=`` for ``encoded``, ``block=`` for
+            ``packed``.
+
+        Returns
+        -------
+        Dataset4D
+            The same data in the new representation (lazy).
+        """
+        get_representation(representation)  # fail now on an unknown name
+        if verify not in ("full", "totals", "none"):
+            raise ParameterError(f"verify must be 'full', 'totals' or 'none', got {verify!r}")
+        return self._derive(
+            _representation=representation,
+            _representation_options={**options, "verify": verify},
+        )
+
+    def load_payload(self, rows: tuple[int, int]) -> tuple[Any, dict[str, Any]]:
+        """Load one chunk in the dataset's representation (eager).
+
+        Returns
+        -------
+        tuple
+            The payload and a record of how it was made (native read or
+            conversion, the exactness check, physical bytes).
+        """
+        rep = get_representation(self._representation)
+        opts = dict(self._representation_options)
+        verify = str(opts.pop("verify", "full"))
+        if self._representation == "dense":
+            block = self.load_block(rows)
+            return block, {"made": "dense read", "payload_bytes": int(block.nbytes)}
+        C = self.scan_shape[1]
+        b = self._scan_block
+        if self._representation in self._source.payload_representations:
+            payload = self._source.read_payload(
+                self._representation, (b[0] + rows[0], b[0] + rows[1]), (b[2], b[2] + C), **opts
+            )
+            payload = rep.apply_detector_ops(payload, self._detector_ops)
+            made: dict[str, Any] = {"made": f"native {self._source.format} read"}
+        else:
+            block = self.load_block(rows)
+            payload = rep.from_dense(block, **opts)
+            made = {"made": "converted from dense"}
+            if verify != "none":
+                made["check"] = rep.check(block, payload, full=verify == "full")
+        made["payload_bytes"] = int(payload.nbytes)
+        return payload, made
 
     def _with_resident(self, resident: Any) -> Dataset4D:
         return self._derive(_resident=resident)

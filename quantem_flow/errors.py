@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "AnnotationError",
     "CalibrationError",
+    "ConversionError",
     "CorruptChunkError",
     "DatasetPathError",
     "DtypeError",
@@ -83,6 +84,10 @@ class UnsupportedOperationError(QuantemFlowError, NotImplementedError):
 
 class AnnotationError(QuantemFlowError, ValueError):
     """A graph annotation has a value the scheduler must never see."""
+
+
+class ConversionError(QuantemFlowError, ValueError):
+    """A representation conversion was not exact; the message names what differs."""
 
 
 class PlacementError(QuantemFlowError, RuntimeError):

@@ -112,6 +112,8 @@ def _probe_provider(runner: Runner, ds: Dataset4D) -> Any:
 def _pass_runtime(ds: Dataset4D, choice: BackendChoice, backend: str) -> str:
     """The runtime of a pass: the resident runtime for persisted data, else the choice."""
     if not ds.is_persisted:
+        if ds.representation != "dense":
+            return resolve_backend(backend, representation=ds.representation).chosen
         return choice.chosen
     runtime = str(ds.resident.runtime)
     if backend not in ("auto", runtime):
@@ -148,6 +150,9 @@ def _outputs(
         if d is not None and d not in details:
             details.append(d)
     bytes_read = int(sum(r["bytes_read"] for r in records))
+    payload_bytes = int(sum(r.get("payload_bytes", 0) for r in records))
+    made = sorted({str(r.get("made", "")) for r in records if r.get("made")})
+    checks = sorted({str(r["check"]["check"]) for r in records if isinstance(r.get("check"), dict)})
     runtimes = sorted({r["runtime"] for r in records})
     backend_record = backend.to_dict()
     if ds.is_persisted:
@@ -164,6 +169,12 @@ def _outputs(
         "dataset_read_bytes": ds.read_nbytes,
         "read_once": bytes_read == ds.read_nbytes,
         "weights_in_pass": n_w,
+        "representation": ds.representation,
+        "storage_schema": ds.storage_schema,
+        "payload_bytes": payload_bytes,
+        "dense_bytes": ds.nbytes,
+        "payloads_made_by": made,
+        "conversion_checks": checks,
         "workers": sorted({r["worker"] for r in records}),
         "runtimes": runtimes,
         "runtime_details": details,

@@ -75,7 +75,7 @@ def _where() -> dict[str, Any]:
 
 def _kernels(
     spec: PassSpec,
-    frames_block: Any,
+    payload: Any,
     shape: tuple[int, int],
     index: int,
     rows: tuple[int, int],
@@ -84,12 +84,17 @@ def _kernels(
     t1: float,
     bytes_read: int,
     resident: bool,
+    made: dict[str, Any] | None = None,
 ) -> ChunkPartial:
-    """Run every requested kernel on one loaded block and package the partial."""
+    """Run every requested kernel on one loaded payload and package the partial."""
     runtime = get_runtime(spec.runtime)
-    n = shape[0] * shape[1]
-    frames = frames_block.reshape(n, -1)
-    out = runtime.frame_pass(frames, spec.weights, want_sum=spec.want_sum, want_max=spec.want_max)
+    out = runtime.run_frame_pass(
+        spec.dataset.representation,
+        payload,
+        spec.weights,
+        want_sum=spec.want_sum,
+        want_max=spec.want_max,
+    )
     t2 = time.perf_counter()
     record = {
         "chunk": index,
@@ -103,6 +108,8 @@ def _kernels(
         "bytes_read": bytes_read,
         "read_s": t1 - t0,
         "kernel_s": t2 - t1,
+        "representation": spec.dataset.representation,
+        **(made or {}),
     }
     return ChunkPartial(
         blocks=[(rows, out.per_frame.reshape(shape[0], shape[1], -1))],
@@ -120,32 +127,43 @@ def run_chunk_pass(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial
     """Load one chunk, run the fused pass on it, return the small partial."""
     t0 = time.perf_counter()
     ds = spec.dataset
-    buffer = staging_buffer(ds.raw_block_shape((r0, r1)), ds.source.dtype)
-    block = ds.load_block((r0, r1), buffer=buffer)
+    shape = (r1 - r0, ds.shape[1])
+    if ds.representation == "dense":
+        buffer = staging_buffer(ds.raw_block_shape((r0, r1)), ds.source.dtype)
+        payload: Any = ds.load_block((r0, r1), buffer=buffer)
+        made: dict[str, Any] = {"made": "dense read", "payload_bytes": int(payload.nbytes)}
+    else:
+        payload, made = ds.load_payload((r0, r1))
     t1 = time.perf_counter()
     return _kernels(
         spec,
-        block,
-        (block.shape[0], block.shape[1]),
+        payload,
+        shape,
         index,
         (r0, r1),
         t0=t0,
         t1=t1,
         bytes_read=_source_bytes(ds, r0, r1),
         resident=False,
+        made=made,
     )
 
 
 def load_resident_chunk(ds: Dataset4D, runtime_name: str, index: int, r0: int, r1: int) -> Chunk:
     """Load one chunk and keep it resident (host memory or the runtime's device)."""
-    # decode straight into memory the chunk will own (one allocation, no staging copy)
-    owned = np.empty(ds.raw_block_shape((r0, r1)), dtype=ds.source.dtype)
-    block = ds.load_block((r0, r1), buffer=owned)
-    if not (block.flags.owndata or np.shares_memory(block, owned)):
-        block = np.array(block, copy=True)  # a read-only view (memory map, in-memory array)
     runtime = get_runtime(runtime_name)
-    to_device = getattr(runtime, "to_device", None)
-    payload = to_device(block) if to_device is not None and runtime.name != "cpu" else block
+    if ds.representation == "dense":
+        # decode straight into memory the chunk will own (one allocation, no staging copy)
+        owned = np.empty(ds.raw_block_shape((r0, r1)), dtype=ds.source.dtype)
+        block = ds.load_block((r0, r1), buffer=owned)
+        if not (block.flags.owndata or np.shares_memory(block, owned)):
+            block = np.array(block, copy=True)  # a read-only view (memory map, in-memory array)
+        to_device = getattr(runtime, "to_device", None)
+        payload: Any = (
+            to_device(block) if to_device is not None and runtime.name != "cpu" else block
+        )
+    else:
+        payload, _ = ds.load_payload((r0, r1))
     residency = (
         "host" if runtime.name == "cpu" else str(getattr(runtime, "residency", runtime.name))
     )
@@ -172,6 +190,7 @@ def run_resident_kernels(spec: PassSpec, chunk: Chunk, index: int) -> ChunkParti
         t1=t0,
         bytes_read=0,
         resident=True,
+        made={"payload_bytes": chunk.nbytes},
     )
 
 

@@ -37,6 +37,7 @@ READERS: dict[str, str] = {
     "zarr": "quantem_flow.io.zarr_store:ZarrSource",
     "empad": "quantem_flow.io.empad:EmpadSource",
     "mib": "quantem_flow.io.merlin:MerlinSource",
+    "counted": "quantem_flow.io.counted:CountedSource",
 }
 
 
@@ -62,6 +63,13 @@ def _is_dectris_master(path: Path) -> bool:
             text = text.decode(errors="replace") if isinstance(text, bytes) else str(text)
             return "dectris" in text.lower() or "arina" in text.lower() or "eiger" in text.lower()
     return False
+
+
+def _is_counted(path: Path) -> bool:
+    from .hdf5 import open_h5
+
+    with open_h5(path) as f:
+        return "electron_events/frames" in f
 
 
 def detect_format(path: str | os.PathLike[str]) -> str:
@@ -90,7 +98,9 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     if name.endswith(".xml"):
         return "empad"
     if name.endswith((".h5", ".hdf5", ".nxs", ".hdf", ".emd")):
-        return "dectris" if _is_dectris_master(p) else "hdf5"
+        if _is_dectris_master(p):
+            return "dectris"
+        return "counted" if _is_counted(p) else "hdf5"
     if name.endswith(".zarr"):
         return "zarr"
     raise FormatError(

@@ -111,6 +111,10 @@ class Source(abc.ABC):
     """
 
     format: ClassVar[str] = "abstract"
+    #: The representation the file stores (what ``open`` gives by default).
+    native_representation: ClassVar[str] = "dense"
+    #: Representations :meth:`read_payload` makes without a dense intermediate.
+    payload_representations: ClassVar[frozenset[str]] = frozenset()
 
     @property
     @abc.abstractmethod
@@ -174,6 +178,24 @@ class Source(abc.ABC):
             If stored bytes cannot be read or decoded; the message names the
             file, the dataset and the frames.
         """
+
+    def read_payload(
+        self, representation: str, rows: tuple[int, int], cols: tuple[int, int], **options: Any
+    ) -> Any:
+        """Read a scan block directly in a non-dense representation.
+
+        Only for names in :attr:`payload_representations` (for example the
+        compressed chunks of a Dectris file as ``encoded``, or the events of
+        a counted file as ``paired``).  The payload covers the source's full
+        detector; detector transforms are applied by the caller.
+        """
+        from ..errors import UnsupportedOperationError
+
+        raise UnsupportedOperationError(
+            f"the {self.format} reader cannot read {representation!r} payloads directly; it "
+            f"reads {sorted(self.payload_representations | {'dense'})}. Convert with "
+            f"ds.to_representation({representation!r}) (from dense, exact and checked)"
+        )
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release open file handles (they reopen on the next read)."""

@@ -1,6 +1,17 @@
 """Representations: how a chunk's payload is laid out (dense, encoded, paired, packed)."""
 
+from .base import REGISTRY, Payload, Representation, get_representation
 from .chunk import REPRESENTATIONS, RESIDENCIES, Chunk, check_representation
 from .dense import DENSE_SCHEMA
 
-__all__ = ["DENSE_SCHEMA", "REPRESENTATIONS", "RESIDENCIES", "Chunk", "check_representation"]
+__all__ = [
+    "DENSE_SCHEMA",
+    "REGISTRY",
+    "REPRESENTATIONS",
+    "RESIDENCIES",
+    "Chunk",
+    "Payload",
+    "Representation",
+    "check_representation",
+    "get_representation",
+]

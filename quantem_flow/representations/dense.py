@@ -2,8 +2,36 @@
 
 from __future__ import annotations
 
-__all__ = ["DENSE_SCHEMA"]
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .base import Representation
+
+__all__ = ["DENSE_SCHEMA", "Dense"]
 
 #: ``(rows, cols, k_r, k_c)`` C-contiguous array, native byte order, the
 #: dataset's dtype.
 DENSE_SCHEMA = "dense-v1"
+
+
+class Dense(Representation):
+    """The identity representation."""
+
+    name: ClassVar[str] = "dense"
+    schema: ClassVar[str] = DENSE_SCHEMA
+    native_detector_ops: ClassVar[bool] = True
+
+    def from_dense(self, block: np.ndarray, **options: Any) -> np.ndarray:
+        """Return the block itself."""
+        return block
+
+    def to_dense(self, payload: Any) -> np.ndarray:
+        """Return the payload itself."""
+        return np.asarray(payload)
+
+    def apply_detector_ops(self, payload: Any, ops: tuple[Any, ...]) -> Any:
+        """Apply crops and binning directly."""
+        for op in ops:
+            payload = op.apply(payload)
+        return payload

@@ -31,7 +31,12 @@ __all__ = [
 MANIFEST: dict[str, dict[str, Any]] = {
     "cpu": {
         "class": "quantem_flow.runtimes.cpu:CpuRuntime",
-        "kernels": [("frame_pass", "dense")],
+        "kernels": [
+            ("frame_pass", "dense"),
+            ("frame_pass", "paired"),
+            ("frame_pass", "packed"),
+            ("frame_pass", "encoded"),
+        ],
     },
     "mps": {
         "class": "quantem_flow.runtimes.mps:MpsRuntime",

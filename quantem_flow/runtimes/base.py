@@ -92,6 +92,47 @@ class Runtime(abc.ABC):
             Host arrays.
         """
 
+    #: representation -> "module:function" of a payload kernel
+    #: ``fn(payload, weights, *, want_sum, want_max) -> FramePassResult``.
+    payload_kernels: ClassVar[dict[str, str]] = {}
+
+    def run_frame_pass(
+        self,
+        representation: str,
+        payload: Any,
+        weights: np.ndarray,
+        *,
+        want_sum: bool,
+        want_max: bool,
+    ) -> FramePassResult:
+        """Run the fused pass on one chunk's payload in its representation.
+
+        Dense payloads ``(rows, cols, k_r, k_c)`` go to :meth:`frame_pass`;
+        the others to the kernel registered in :attr:`payload_kernels`, which
+        works on the payload directly (decoding block by block inside the
+        pass at most, never the whole chunk).
+        """
+        if representation == "dense":
+            arr = payload
+            n = int(arr.shape[0]) * int(arr.shape[1])
+            return self.frame_pass(
+                arr.reshape(n, -1), weights, want_sum=want_sum, want_max=want_max
+            )
+        target = self.payload_kernels.get(representation)
+        if target is None:
+            from ..errors import UnsupportedOperationError
+
+            raise UnsupportedOperationError(
+                f"runtime {self.name!r} has no frame_pass kernel for the {representation!r} "
+                f"representation; it has {sorted({'dense', *self.payload_kernels})}"
+            )
+        import importlib
+
+        module, _, fn = target.partition(":")
+        kernel = getattr(importlib.import_module(module), fn)
+        result: FramePassResult = kernel(payload, weights, want_sum=want_sum, want_max=want_max)
+        return result
+
     def describe(self) -> dict[str, Any]:
         """Return a JSON-ready description for provenance."""
         return {"runtime": self.name}

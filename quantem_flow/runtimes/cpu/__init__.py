@@ -16,7 +16,19 @@ class CpuRuntime(Runtime):
     """Host memory, NumPy layout, Numba kernels."""
 
     name: ClassVar[str] = "cpu"
-    kernels: ClassVar[frozenset[tuple[str, str]]] = frozenset({("frame_pass", "dense")})
+    kernels: ClassVar[frozenset[tuple[str, str]]] = frozenset(
+        {
+            ("frame_pass", "dense"),
+            ("frame_pass", "paired"),
+            ("frame_pass", "packed"),
+            ("frame_pass", "encoded"),
+        }
+    )
+    payload_kernels: ClassVar[dict[str, str]] = {
+        "paired": "quantem_flow.runtimes.cpu.paired_kernels:frame_pass_paired",
+        "packed": "quantem_flow.runtimes.cpu.packed_kernels:frame_pass_packed",
+        "encoded": "quantem_flow.runtimes.cpu.encoded_kernels:frame_pass_encoded",
+    }
 
     @classmethod
     def available(cls) -> tuple[bool, str]:

@@ -1,0 +1,160 @@
+"""The representation protocol: payload layouts, conversions and their registry.
+
+A *payload* is what one chunk holds: for ``dense`` a NumPy array
+``(rows, cols, k_r, k_c)``; for the others a small object of the
+representation's own (CSR-like pairs, bit-packed blocks, compressed
+bytes).  Every payload object implements :class:`Payload`.  A
+:class:`Representation` knows how to make its payload from a dense block
+(exactly), how to give the dense block back (for exactness checks and for
+explicit conversions only; kernels never densify a whole chunk), and how to
+apply detector regions and binning when it can do so natively.
+
+Modules register themselves in :data:`REGISTRY` on import; lookups import
+them lazily by name.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+from collections.abc import Mapping
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+from ..errors import ConversionError, ParameterError
+
+__all__ = [
+    "REGISTRY",
+    "Payload",
+    "Representation",
+    "get_representation",
+    "payload_nbytes",
+]
+
+
+@runtime_checkable
+class Payload(Protocol):
+    """What every non-dense payload provides.
+
+    Attributes
+    ----------
+    scan_shape
+        ``(rows, cols)`` of scan positions in the payload.
+    frame_shape
+        ``(k_r, k_c)`` of one (decoded) frame.
+    dtype
+        Dtype of the decoded values.
+    nbytes
+        Physical bytes held (what residency costs).
+    """
+
+    scan_shape: tuple[int, int]
+    frame_shape: tuple[int, int]
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """Dtype of the decoded values."""
+        ...
+
+    @property
+    def nbytes(self) -> int:
+        """Physical bytes held."""
+        ...
+
+
+class Representation(abc.ABC):
+    """A payload layout with exact conversions from and to dense."""
+
+    #: ``"dense"``, ``"encoded"``, ``"paired"`` or ``"packed"``.
+    name: ClassVar[str] = "abstract"
+    #: Versioned layout name recorded in provenance, e.g. ``"paired-csr-v1"``.
+    schema: ClassVar[str] = "abstract-v0"
+    #: Whether :meth:`apply_detector_ops` works without decoding.
+    native_detector_ops: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def from_dense(self, block: np.ndarray, **options: Any) -> Any:
+        """Make the payload of a dense ``(rows, cols, k_r, k_c)`` block, exactly.
+
+        Raises
+        ------
+        ParameterError
+            If the data cannot be held exactly (admission); the message says
+            what does not fit.
+        """
+
+    @abc.abstractmethod
+    def to_dense(self, payload: Any) -> np.ndarray:
+        """Return the dense ``(rows, cols, k_r, k_c)`` block (explicit conversion only)."""
+
+    def apply_detector_ops(self, payload: Any, ops: tuple[Any, ...]) -> Any:
+        """Apply detector crops and binning natively; representations that cannot raise."""
+        if ops:
+            raise ParameterError(
+                f"the {self.name} representation cannot crop or bin without decoding; "
+                "apply the transforms before converting"
+            )
+        return payload
+
+    def check(self, dense: np.ndarray, payload: Any, *, full: bool = True) -> dict[str, Any]:
+        """Check a conversion is exact and return what was checked (for provenance).
+
+        ``full=True`` compares every value; ``full=False`` compares the total
+        and the number of non-zero values only.
+        """
+        back = self.to_dense(payload)
+        if full:
+            if back.shape != dense.shape or not np.array_equal(back, dense, equal_nan=True):
+                diff = int(np.count_nonzero(back != dense)) if back.shape == dense.shape else -1
+                raise ConversionError(
+                    f"{self.name} conversion is not exact: {diff} of {dense.size} values differ "
+                    f"(shape {back.shape} vs {dense.shape})"
+                )
+            return {"check": "full", "values": int(dense.size)}
+        total_a = dense.sum(dtype=np.float64)
+        total_b = back.sum(dtype=np.float64)
+        nz_a, nz_b = int(np.count_nonzero(dense)), int(np.count_nonzero(back))
+        if total_a != total_b or nz_a != nz_b:
+            raise ConversionError(
+                f"{self.name} conversion is not exact: totals {total_a} vs {total_b}, non-zero "
+                f"values {nz_a} vs {nz_b}"
+            )
+        return {"check": "totals", "total": total_a, "nonzero": nz_a}
+
+
+#: name -> "module:Class"; imported on first use.
+REGISTRY: dict[str, str] = {
+    "dense": "quantem_flow.representations.dense:Dense",
+    "paired": "quantem_flow.representations.paired:Paired",
+    "packed": "quantem_flow.representations.packed:Packed",
+    "encoded": "quantem_flow.representations.encoded:Encoded",
+}
+
+_instances: dict[str, Representation] = {}
+
+
+def get_representation(name: str) -> Representation:
+    """Return the representation called ``name``."""
+    if name in _instances:
+        return _instances[name]
+    target = REGISTRY.get(name)
+    if target is None:
+        raise ParameterError(f"unknown representation {name!r}; known: {sorted(REGISTRY)}")
+    module, _, cls = target.partition(":")
+    rep: Representation = getattr(importlib.import_module(module), cls)()
+    _instances[name] = rep
+    return rep
+
+
+def payload_nbytes(payload: Any) -> int:
+    """Physical bytes of a payload (dense array or payload object)."""
+    return int(getattr(payload, "nbytes", 0))
+
+
+def describe_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """JSON-ready copy of representation options, for provenance."""
+    return {
+        str(k): (v if isinstance(v, (str, int, float, bool, type(None))) else repr(v))
+        for k, v in options.items()
+    }
