@@ -38,6 +38,10 @@ MANIFEST: dict[str, dict[str, Any]] = {
             ("frame_pass", "encoded"),
         ],
     },
+    "cuda": {
+        "class": "quantem_flow.runtimes.cuda:CudaRuntime",
+        "kernels": [("frame_pass", "dense"), ("frame_pass", "paired")],
+    },
     "mps": {
         "class": "quantem_flow.runtimes.mps:MpsRuntime",
         "kernels": [("frame_pass", "dense")],
