@@ -13,6 +13,8 @@ name                      meaning                                    default
 ``probe_sample_frames``   frames read to find the probe ("auto")     256
 ``progress``              show a progress bar on long work           True
 ``numba_cache``           cache compiled CPU kernels on disk         True
+``gather_memory_mib``     gathered pixels kept in memory, beyond     1024
+                          that a temporary file (SSB pass 1)
 ========================  =========================================  =========
 """
 
@@ -34,6 +36,7 @@ _DEFAULTS: dict[str, Any] = {
     "probe_sample_frames": 256,
     "progress": True,
     "numba_cache": True,
+    "gather_memory_mib": 1024.0,
 }
 
 

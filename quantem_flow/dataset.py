@@ -399,8 +399,8 @@ class Dataset4D:
         **options
             Representation options, e.g. ``threshold=`` for ``paired`` (only
             when asked: values below it are dropped, which is not lossless
-            and is recorded), ``codec=`` for ``encoded``, ``block=`` for
-            ``packed``.
+            and is recorded), ``codec=`` for ``encoded``, ``block_values=``
+            for ``packed``.
 
         Returns
         -------

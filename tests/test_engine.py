@@ -179,3 +179,53 @@ def test_explicit_unavailable_runtime_is_an_error_naming_what_is_available(
     (bf,) = qf.compute(qf.virtual_bf(ds, radius=3, center=(8, 14)), client="synchronous")
     assert bf.provenance.execution["backend"]["requested"] == "auto"
     assert bf.provenance.execution["backend"]["chosen"] == "cpu"
+
+
+def _gather_op(idx: np.ndarray) -> object:
+    from quantem_flow.operators.base import ChunkOperator, ChunkPlan
+    from quantem_flow.results import ScanImage
+
+    class Gather(ChunkOperator):
+        name = "gather_test"
+
+        def parameters(self) -> dict[str, object]:
+            return {}
+
+        def plan(self, ctx):  # type: ignore[no-untyped-def]
+            def finalize(out):  # type: ignore[no-untyped-def]
+                rows = np.searchsorted(out.gather_indices, idx)
+                return ScanImage(
+                    data=np.asarray(out.gathered[rows[1]], dtype=np.float64),
+                    units="counts",
+                    axes=ctx.dataset.calibration.scan_axes(ctx.dataset.scan_shape),
+                    provenance=qf.Provenance(operator="gather_test"),
+                )
+
+            return ChunkPlan(
+                weights={},
+                want_sum=False,
+                want_max=False,
+                parameters={},
+                finalize=finalize,
+                gather=idx,
+            )
+
+    return Gather()
+
+
+@pytest.mark.parametrize("where", ["synchronous", "cluster", "cluster-disk"])
+def test_gathered_pixels_reach_the_operator(
+    rng: np.random.Generator, where: str, request: pytest.FixtureRequest
+) -> None:
+    from quantem_flow.operators.base import LazyResult
+
+    data = probe_data(rng, scan=(7, 5))
+    ds = qf.open(data, chunk_rows=2)
+    idx = np.array([40, 17, 3, 500])
+    client: object = "synchronous"
+    if where != "synchronous":
+        client = request.getfixturevalue("cluster_client")
+    limit = 0.0 if where == "cluster-disk" else 1024.0
+    with qf.config.set(gather_memory_mib=limit):
+        (img,) = qf.compute(LazyResult(_gather_op(idx), dataset=ds), client=client)
+    np.testing.assert_array_equal(img.data, data.reshape(7, 5, -1)[:, :, 17])

@@ -263,6 +263,7 @@ def compute(
         assert first is not None
         shared_probe = PlanContext(first, _probe_provider(runner, first))
         weights: dict[str, np.ndarray] = {}
+        gathers: list[np.ndarray] = []
         want_sum = want_max = False
         for node in nodes:
             assert node.dataset is not None and isinstance(node.operator, ChunkOperator)
@@ -273,6 +274,8 @@ def compute(
             plan = node.operator.plan(ctx)
             plans[id(node)] = plan
             weights.update(plan.weights)
+            if plan.gather is not None:
+                gathers.append(np.asarray(plan.gather, dtype=np.int64))
             want_sum |= plan.want_sum
             want_max |= plan.want_max
         runtime = _pass_runtime(first, choice, backend)
@@ -286,6 +289,7 @@ def compute(
                     want_max=want_max,
                     runtime=runtime,
                     resident=first.resident.graph_refs() if first.is_persisted else None,
+                    gather=np.unique(np.concatenate(gathers)) if gathers else None,
                 ),
                 nodes,
             )
@@ -295,17 +299,23 @@ def compute(
     t_pass = time.perf_counter()
 
     done: dict[int, Result] = {}
-    for (ds, lp, nodes), partial in zip(lowered, partials, strict=True):
-        timings = {
-            "plan_s": t_lower - t_plan,
-            "pass_s": t_pass - t_lower,
-            "pass_bytes_per_s": ds.read_nbytes / max(t_pass - t_lower, 1e-12),
-        }
-        outputs = _outputs(ds, lp, partial, choice, runner, timings)
-        for node in nodes:
-            result = plans[id(node)].finalize(outputs)
-            result.name = node.name
-            done[id(node)] = result
+    try:
+        for i, ((ds, lp, nodes), partial) in enumerate(zip(lowered, partials, strict=True)):
+            timings = {
+                "plan_s": t_lower - t_plan,
+                "pass_s": t_pass - t_lower,
+                "pass_bytes_per_s": ds.read_nbytes / max(t_pass - t_lower, 1e-12),
+            }
+            outputs = _outputs(ds, lp, partial, choice, runner, timings)
+            if lp.spec.gather is not None:
+                outputs.gathered = runner.gathered[i]
+                outputs.gather_indices = lp.spec.gather
+            for node in nodes:
+                result = plans[id(node)].finalize(outputs)
+                result.name = node.name
+                done[id(node)] = result
+    finally:
+        runner.cleanup()
     for node in order:
         if isinstance(node.operator, DerivedOperator):
             inputs = [done[id(d)] for d in node.dependencies]

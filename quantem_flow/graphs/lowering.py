@@ -80,6 +80,7 @@ def lower_pass(
     runtime: str,
     fan_in: int = 8,
     resident: Sequence[Any] | None = None,
+    gather: np.ndarray | None = None,
 ) -> LoweredPass:
     """Build the graph of one fused pass over ``ds``.
 
@@ -114,7 +115,14 @@ def lower_pass(
         if keys
         else np.zeros((0, k), dtype=np.float64)
     )
-    spec = PassSpec(dataset=ds, weights=w, want_sum=want_sum, want_max=want_max, runtime=runtime)
+    spec = PassSpec(
+        dataset=ds,
+        weights=w,
+        want_sum=want_sum,
+        want_max=want_max,
+        runtime=runtime,
+        gather=None if gather is None else np.unique(np.asarray(gather, dtype=np.int64)),
+    )
     spec_name = f"qf-spec-{token}"
     pass_name = f"qf-pass-{token}"
     comb_name = f"qf-combine-{token}"

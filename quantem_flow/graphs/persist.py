@@ -93,6 +93,19 @@ class ResidentChunks:
         }
 
 
+def _held_nbytes(dask_scheduler: Any, keys: list[Any]) -> int:
+    return int(
+        sum(max(dask_scheduler.tasks[k].nbytes, 0) for k in keys if k in dask_scheduler.tasks)
+    )
+
+
+def _resident_bytes(runner: Runner, refs: list[Any]) -> int:
+    """Physical bytes of the resident payloads (what the workers hold)."""
+    if runner.client is None:
+        return int(sum(chunk.nbytes for chunk in refs))
+    return int(runner.client.run_on_scheduler(_held_nbytes, [r.key for r in refs]))
+
+
 def persist(ds: Dataset4D, *, client: Any = None, backend: str = "auto") -> Dataset4D:
     """Load every chunk of ``ds`` once and keep it resident (see :meth:`Dataset4D.persist`)."""
     if ds.is_persisted:
@@ -112,10 +125,7 @@ def persist(ds: Dataset4D, *, client: Any = None, backend: str = "auto") -> Data
         scheduler=runner.scheduler_address,
         client=runner.client,
         loaded_bytes=ds.read_nbytes,
-        resident_bytes=sum(
-            (r1 - r0) * ds.shape[1] * ds.shape[2] * ds.shape[3] * ds.dtype.itemsize
-            for r0, r1 in ds.chunks
-        ),
+        resident_bytes=_resident_bytes(runner, refs),
         load_s=load_s,
     )
     return ds._with_resident(resident)

@@ -25,6 +25,8 @@ class Runner:
     """
 
     def __init__(self, client: Any):
+        self.gathered: list[Any] = []
+        self._temp: list[str] = []
         self.synchronous = isinstance(client, str) and client == "synchronous"
         if isinstance(client, str) and not self.synchronous:
             raise ParameterError(
@@ -81,11 +83,24 @@ class Runner:
         return list(futures)
 
     def run(self, passes: list[LoweredPass], *, progress: bool) -> list[ChunkPartial]:
-        """Run passes and return their combined partials."""
+        """Run passes and return their combined partials.
+
+        Pixels a pass gathers (``spec.gather``) are written chunk by chunk,
+        as chunks finish, into :attr:`gathered` (one ``(n_pixels, R_r, R_c)``
+        array per pass, disk-backed beyond ``config.get("gather_memory_mib")``).
+        """
+        self.gathered = [self._sink(p) for p in passes]
+        owner = {k: i for i, p in enumerate(passes) for k in p.chunk_keys}
         if self.client is None:
             from dask.local import get_sync
 
-            return [get_sync(dict(p.graph), p.output_key) for p in passes]
+            out = []
+            for i, p in enumerate(passes):
+                values = get_sync(dict(p.graph), [p.output_key, *p.chunk_keys])
+                for part in values[1:]:
+                    self._store(i, part)
+                out.append(values[0])
+            return out
         from dask.highlevelgraph import HighLevelGraph
         from distributed import as_completed
 
@@ -95,17 +110,65 @@ class Runner:
         futures = self.client.get(graph, [*out_keys, *chunk_keys], sync=False)
         out_futures, chunk_futures = futures[: len(out_keys)], futures[len(out_keys) :]
         try:
-            if progress and chunk_futures:
+            watch = progress or any(s is not None for s in self.gathered)
+            if watch and chunk_futures:
                 from tqdm import tqdm
 
                 with (
                     self.client.as_current(),
-                    tqdm(total=len(chunk_futures), unit="chunk", file=sys.stderr) as bar,
+                    tqdm(
+                        total=len(chunk_futures),
+                        unit="chunk",
+                        file=sys.stderr,
+                        disable=not progress,
+                    ) as bar,
                 ):
-                    for _f in as_completed(chunk_futures):
+                    for f in as_completed(chunk_futures):
+                        i = owner[f.key]
+                        if self.gathered[i] is not None:
+                            self._store(i, f.result())
+                        f.release()
                         bar.update(1)
             results: list[ChunkPartial] = self.client.gather(out_futures)
         finally:
             for f in futures:
                 f.release()
         return results
+
+    def _sink(self, lowered: LoweredPass) -> Any:
+        spec = lowered.spec
+        if spec.gather is None:
+            return None
+        import os
+        import tempfile
+
+        import numpy as np
+
+        from .. import config
+
+        R, C = spec.dataset.scan_shape
+        shape = (int(spec.gather.size), R, C)
+        dtype = spec.dataset.dtype
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        if nbytes <= float(config.get("gather_memory_mib")) * 2**20:
+            return np.zeros(shape, dtype=dtype)
+        folder = tempfile.mkdtemp(prefix="quantem-flow-gather-")
+        self._temp.append(folder)
+        path = os.path.join(folder, "gathered.dat")
+        return np.memmap(path, mode="w+", dtype=dtype, shape=shape)
+
+    def _store(self, i: int, part: ChunkPartial) -> None:
+        sink = self.gathered[i]
+        if sink is None:
+            return
+        for (r0, r1), values in part.gathered:
+            sink[:, r0:r1, :] = values
+
+    def cleanup(self) -> None:
+        """Delete disk-backed gathered arrays (after the results are finished)."""
+        import shutil
+
+        self.gathered = []
+        for folder in self._temp:
+            shutil.rmtree(folder, ignore_errors=True)
+        self._temp = []

@@ -44,6 +44,9 @@ class PassSpec:
         Pattern reductions to accumulate.
     runtime
         Runtime name the kernels run on.
+    gather
+        Sorted unique flat pixel indices to extract per scan position, or
+        ``None``.
     """
 
     dataset: Dataset4D
@@ -51,6 +54,7 @@ class PassSpec:
     want_sum: bool
     want_max: bool
     runtime: str
+    gather: np.ndarray | None = None
 
 
 @dataclasses.dataclass
@@ -61,6 +65,9 @@ class ChunkPartial:
     pattern_sum: np.ndarray | None
     pattern_max: np.ndarray | None
     records: list[dict[str, Any]]
+    #: ``[((r0, r1), (n_pixels, rows, cols) values)]`` of the gathered pixels;
+    #: only chunk partials carry them (the client collects them chunk by chunk)
+    gathered: list[tuple[tuple[int, int], np.ndarray]] = dataclasses.field(default_factory=list)
 
 
 def _where() -> dict[str, Any]:
@@ -88,6 +95,12 @@ def _kernels(
 ) -> ChunkPartial:
     """Run every requested kernel on one loaded payload and package the partial."""
     runtime = get_runtime(spec.runtime)
+    gathered: list[tuple[tuple[int, int], np.ndarray]] = []
+    if spec.gather is not None:
+        values = runtime.run_gather(spec.dataset.representation, payload, spec.gather)
+        gathered.append(
+            (rows, np.ascontiguousarray(values.T).reshape(len(spec.gather), shape[0], shape[1]))
+        )
     out = runtime.run_frame_pass(
         spec.dataset.representation,
         payload,
@@ -116,6 +129,7 @@ def _kernels(
         pattern_sum=out.pattern_sum,
         pattern_max=out.pattern_max,
         records=[record],
+        gathered=gathered,
     )
 
 

@@ -67,6 +67,10 @@ class ChunkPlan:
         estimate) for provenance.
     finalize
         Turns the pass outputs into the typed result.
+    gather
+        Flat detector pixel indices whose values the pass should extract
+        for every scan position (for example the bright-field pixels SSB
+        needs), or ``None``.
     """
 
     weights: dict[str, np.ndarray]
@@ -74,6 +78,7 @@ class ChunkPlan:
     want_max: bool
     parameters: dict[str, Any]
     finalize: Callable[[PassOutputs], Result]
+    gather: np.ndarray | None = None
 
 
 @dataclasses.dataclass
@@ -102,6 +107,11 @@ class PassOutputs:
     n_frames: int
     execution: dict[str, Any]
     timings: dict[str, float]
+    #: ``(n_pixels, R_r, R_c)`` extracted pixel values in the data's dtype
+    #: (a disk-backed memory map when large), for :attr:`ChunkPlan.gather`.
+    gathered: Any = None
+    #: the sorted unique flat pixel indices of ``gathered``'s first axis
+    gather_indices: np.ndarray | None = None
 
 
 class PlanContext:

@@ -133,6 +133,40 @@ class Runtime(abc.ABC):
         result: FramePassResult = kernel(payload, weights, want_sum=want_sum, want_max=want_max)
         return result
 
+    def run_gather(self, representation: str, payload: Any, indices: np.ndarray) -> np.ndarray:
+        """Extract the values of flat detector pixels ``indices`` for every frame.
+
+        Returns a host array ``(n_frames, len(indices))`` in the data's dtype.
+        Dense payloads are indexed directly and paired payloads scatter their
+        events; other representations are decoded one chunk at a time (the
+        gathered pixels are the operator's output, not a dense copy kept).
+        """
+        idx = np.asarray(indices, dtype=np.int64)
+        if representation == "dense":
+            arr = np.asarray(self.to_host_array(payload))
+            n = int(arr.shape[0]) * int(arr.shape[1])
+            return np.ascontiguousarray(arr.reshape(n, -1)[:, idx])
+        if representation == "paired":
+            n = int(payload.indptr.shape[0]) - 1
+            out = np.zeros((n, idx.size), dtype=payload.dtype)
+            column = np.full(int(np.prod(payload.frame_shape)), -1, dtype=np.int64)
+            column[idx] = np.arange(idx.size)
+            frame_of = np.repeat(np.arange(n), np.diff(np.asarray(payload.indptr)))
+            col = column[np.asarray(payload.indices, dtype=np.int64)]
+            keep = col >= 0
+            out[frame_of[keep], col[keep]] = np.asarray(payload.counts)[keep]
+            return out
+        from ..representations import get_representation
+
+        dense = get_representation(representation).to_dense(payload)
+        n = int(dense.shape[0]) * int(dense.shape[1])
+        return np.ascontiguousarray(dense.reshape(n, -1)[:, idx])
+
+    def to_host_array(self, array: Any) -> Any:
+        """Return ``array`` as a host array (identity on host runtimes)."""
+        to_host = getattr(self, "to_host", None)
+        return to_host(array) if to_host is not None else array
+
     def describe(self) -> dict[str, Any]:
         """Return a JSON-ready description for provenance."""
         return {"runtime": self.name}
