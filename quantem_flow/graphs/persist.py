@@ -93,7 +93,7 @@ class ResidentChunks:
         }
 
 
-def _held_nbytes(dask_scheduler: Any, keys: list[Any]) -> int:
+def _held_nbytes(keys: list[Any], dask_scheduler: Any = None) -> int:
     return int(
         sum(max(dask_scheduler.tasks[k].nbytes, 0) for k in keys if k in dask_scheduler.tasks)
     )
