@@ -1,4 +1,4 @@
-"""The ``quantem-flow`` command line: ``info``, ``run``, ``demo``, ``worker``, ``version``.
+"""The ``quantem-flow`` command line: ``info``, ``run``, ``demo``, ``convert``, ``worker``...
 
 Errors of quantem-flow (bad parameters, missing files, unknown formats...)
 print one line to stderr and exit with status 2; anything else is a bug and
@@ -327,6 +327,74 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- convert ------------------------------------------------------------------------------
+def _convert(args: argparse.Namespace) -> int:
+    from .convert import convert
+    from .io.base import path_size
+
+    options: dict[str, Any] = {}
+    if args.format is not None:
+        options["format"] = args.format
+    if args.dataset_path is not None:
+        options["dataset_path"] = args.dataset_path
+    if args.scan_shape is not None:
+        options["scan_shape"] = tuple(args.scan_shape)
+    if args.to == "counted":
+        given = [
+            flag
+            for flag, value in (
+                ("--codec", args.codec),
+                ("--level", args.level),
+                ("--frames-per-chunk", args.frames_per_chunk),
+            )
+            if value is not None
+        ]
+        if given:
+            raise ParameterError(
+                f"{', '.join(given)} apply to --to zarr only; a counted file stores events"
+            )
+        kwargs: dict[str, Any] = {}
+    else:
+        kwargs = {
+            "codec": args.codec or "bitshuffle-lz4",
+            "level": args.level,
+            "frames_per_chunk": args.frames_per_chunk,
+        }
+    from . import open as open_dataset
+
+    ds = open_dataset(args.input, **options)
+    R, C, kr, kc = ds.shape
+    _say(
+        f"input:     {getattr(ds.source, 'path', args.input)} ({ds.source.format}, "
+        f"({R}, {C}, {kr}, {kc}) {ds.dtype}, {_mib(ds.nbytes)} decoded)",
+        f"writing:   {args.to} ...",
+    )
+    out = convert(ds, args.output, to=args.to, overwrite=args.overwrite, **kwargs)
+    stored = path_size(out)
+    if args.to == "zarr":
+        import zarr
+
+        attrs: dict[str, Any] = dict(zarr.open_array(store=str(out), mode="r").attrs)
+        prov: dict[str, Any] = attrs["quantem_flow"]["provenance"]
+        codecs = " + ".join(["bytes"] + [c["name"] for c in prov["zarr_codecs"]])
+        chunk = " x ".join(str(v) for v in prov["chunks"])
+        check = prov["exactness"]
+        _say(
+            f"wrote:     {out} (Zarr v3, array ({R}, {C}, {kr}, {kc}) {ds.dtype} at the root, "
+            f"chunks {chunk}, codec {prov['codec']}: {codecs})",
+            f"exact:     {check['chunks_verified']} stored chunks ({check['frames_verified']} "
+            "frames) read back, decoded and compared byte for byte",
+        )
+    else:
+        _say(f"wrote:     {out} (electron-counted HDF5)")
+    ratio = ds.nbytes / stored if stored else math.inf
+    _say(
+        f"size:      {_mib(ds.nbytes)} decoded -> {_mib(stored)} stored; "
+        f"compression ratio {ratio:.2f}"
+    )
+    return 0
+
+
 # -- worker -------------------------------------------------------------------------------
 def _worker_command(args: argparse.Namespace) -> list[str]:
     """Return the ``dask worker`` command line that ``quantem-flow worker`` runs."""
@@ -486,6 +554,42 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--overwrite", action="store_true", help="replace an earlier demo's files")
     p.set_defaults(func=_demo)
+
+    p = sub.add_parser(
+        "convert",
+        help="write a dataset losslessly to a compressed Zarr v3 store or a counted file",
+    )
+    p.add_argument("input", metavar="INPUT", help="data file or Zarr store")
+    p.add_argument("output", metavar="OUTPUT", help="Zarr store (directory) or .h5 file to write")
+    p.add_argument("--format", help="reader name (default: guessed from the name)")
+    p.add_argument("--dataset-path", help="dataset inside an HDF5 file, e.g. /data")
+    p.add_argument(
+        "--scan-shape",
+        nargs=2,
+        type=int,
+        metavar=("R", "C"),
+        help="scan rows and columns, for files of flat frames",
+    )
+    p.add_argument(
+        "--to", choices=("zarr", "counted"), default="zarr", help="output kind (default zarr)"
+    )
+    p.add_argument(
+        "--codec",
+        choices=("zstd", "lz4", "bitshuffle-lz4", "bitshuffle-zstd"),
+        help="Zarr compression (default bitshuffle-lz4); every chunk also gets a CRC-32C",
+    )
+    p.add_argument(
+        "--level",
+        type=int,
+        help="zstd level (default 3), or blosc clevel 0-9 for the other codecs",
+    )
+    p.add_argument(
+        "--frames-per-chunk",
+        type=int,
+        help="frames per stored Zarr chunk (default: whole frames filling ~1 MiB)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.set_defaults(func=_convert)
 
     p = sub.add_parser(
         "worker",

@@ -445,6 +445,9 @@ class Dataset4D:
             if verify != "none":
                 made["check"] = rep.check(block, payload, full=verify == "full")
         made["payload_bytes"] = int(payload.nbytes)
+        describe = getattr(payload, "describe", None)
+        if callable(describe):
+            made["payload"] = describe()  # codec, layout: recorded in provenance
         return payload, made
 
     def _with_resident(self, resident: Any) -> Dataset4D:

@@ -64,8 +64,11 @@ def test_asking_for_cuda_without_a_gpu_names_what_is_available() -> None:
         pytest.skip("this machine has CUDA")
     with pytest.raises(RuntimeUnavailableError, match=r"cuda.*available.*'cpu'"):
         probe_capabilities(runtimes=["cpu", "cuda"])
+    # cuda is a registered runtime: the client may lack the GPU its workers have, so
+    # availability is checked on the worker (at setup), never on the client
+    QuantemFlowWorkerPlugin(runtimes=["cuda"])
     with pytest.raises(RuntimeUnavailableError, match="cpu"):
-        QuantemFlowWorkerPlugin(runtimes=["cuda"])
+        QuantemFlowWorkerPlugin(runtimes=["warp"])
 
 
 @pytest.mark.parametrize(

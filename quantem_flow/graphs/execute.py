@@ -153,6 +153,11 @@ def _outputs(
     payload_bytes = int(sum(r.get("payload_bytes", 0) for r in records))
     made = sorted({str(r.get("made", "")) for r in records if r.get("made")})
     checks = sorted({str(r["check"]["check"]) for r in records if isinstance(r.get("check"), dict)})
+    layouts: list[Any] = []
+    for r in records:  # the payload layout (codec...) once per distinct value
+        lay = r.pop("payload", None)
+        if lay is not None and lay not in layouts:
+            layouts.append(lay)
     runtimes = sorted({r["runtime"] for r in records})
     backend_record = backend.to_dict()
     if ds.is_persisted:
@@ -175,6 +180,7 @@ def _outputs(
         "dense_bytes": ds.nbytes,
         "payloads_made_by": made,
         "conversion_checks": checks,
+        "payload_layouts": layouts,
         "workers": sorted({r["worker"] for r in records}),
         "runtimes": runtimes,
         "runtime_details": details,

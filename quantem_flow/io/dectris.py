@@ -28,6 +28,7 @@ from ..errors import (
     FormatError,
     ShapeError,
     SourceNotFoundError,
+    UnsupportedOperationError,
 )
 from .base import (
     FrameSource,
@@ -97,6 +98,12 @@ class DectrisSource(FrameSource):
 
     Data files are opened directly (not through the master's external
     links), one handle per file, on first read in each process.
+
+    The ``encoded`` representation is read natively when every data file is
+    chunked by whole frames with the bitshuffle + LZ4 filter the detector
+    writes (or another filter :func:`~quantem_flow.io.encoded_chunks.hdf5_codec`
+    takes): :meth:`read_payload` keeps the stored chunks, read with
+    ``read_direct_chunk``, compressed.
 
     """
 
@@ -184,6 +191,116 @@ class DectrisSource(FrameSource):
         raise FormatError(
             f"{_DATA_GROUP}/{name} in {str(self._path)!r} is a {type(link).__name__}; expected an "
             "external link to a data file"
+        )
+
+    # -- native encoded reads ---------------------------------------------------
+    def _encoded_codec(self) -> tuple[str, dict[str, Any]]:
+        """The codec shared by every data file's chunks, or raise why there is none."""
+        from .encoded_chunks import hdf5_codec
+
+        found: tuple[str, dict[str, Any]] | None = None
+        for (file_path, dset_path), layout in zip(self._parts, self._layouts, strict=True):
+            where = f"dataset {dset_path!r} of data file {str(file_path)!r}"
+            codec, config = hdf5_codec(layout, self._frame_shape, 3, where)
+            if found is not None and found[0] != codec:
+                raise UnsupportedOperationError(
+                    f"the data files of {str(self._path)!r} use different codecs ({found[0]} and "
+                    f"{codec} in {str(file_path)!r}); native encoded reads need one; convert the "
+                    "acquisition with `quantem-flow convert`"
+                )
+            found = found or (codec, {k: v for k, v in config.items() if k != "chunks"})
+        assert found is not None
+        return found
+
+    @property
+    def payload_representations(self) -> frozenset[str]:  # type: ignore[override]
+        """``{"encoded"}`` when the stored chunks can be kept compressed, else empty."""
+        try:
+            self._encoded_codec()
+        except UnsupportedOperationError:
+            return frozenset()
+        return frozenset({"encoded"})
+
+    def read_payload(
+        self, representation: str, rows: tuple[int, int], cols: tuple[int, int], **options: Any
+    ) -> Any:
+        """Read a scan block as the stored compressed chunks (``"encoded"``), not decoding.
+
+        Every chunk holding a frame of the block is read with
+        ``read_direct_chunk`` (no HDF5 filter pipeline) from its data file
+        and kept as it is; the runs skip the frames of a chunk outside the
+        block (column sub-ranges, ``frame_offset``, chunks of several frames).
+
+        Raises
+        ------
+        UnsupportedOperationError
+            If a data file's layout or filter cannot be kept compressed (the
+            message names the filter and says to convert).
+        CorruptChunkError
+            If a chunk cannot be read.
+        """
+        if representation != "encoded":
+            return super().read_payload(representation, rows, cols, **options)
+        from ..representations.encoded import build_payload
+        from .encoded_chunks import (
+            PieceTable,
+            check_native_options,
+            flat_frame_ranges,
+            flat_runs,
+            read_hdf5_chunk,
+        )
+
+        self.check_block(rows, cols)
+        codec, config = self._encoded_codec()
+        check_native_options(options, codec, config)
+        table = PieceTable()
+        origins = tuple(
+            f"dataset {d!r} of data file {str(p)!r} (master {str(self._path)!r})"
+            for p, d in self._parts
+        )
+        fills: set[Any] = set()
+        stored: set[str] = set()
+        C = self._scan.shape[1]
+        for start, stop in flat_frame_ranges(rows, cols, C, self._scan.frame_offset):
+            pos = start
+            while pos < stop:
+                i = bisect.bisect_right(self._starts, pos) - 1
+                first_frame = self._starts[i]
+                end = min(stop, first_frame + self._counts[i])
+                dset = self._dset(i)
+                n = int(self._layouts[i]["chunks"][0])
+                fills.add(np.asarray(dset.fillvalue).item())
+                stored.add(np.dtype(dset.dtype).str)
+                for k, first, count in flat_runs(pos - first_frame, end - first_frame, n):
+
+                    def fetch(
+                        i: int = i, k: int = k, n: int = n, dset: Any = dset
+                    ) -> tuple[bytes, int, tuple[int, ...]]:
+                        what = (
+                            f"stored chunk {k} (frames [{k * n}, {(k + 1) * n}) of the file) of "
+                            f"{origins[i]}"
+                        )
+                        return read_hdf5_chunk(dset, (k * n, 0, 0), what), n, (i, k)
+
+                    table.add((i, k), first, count, fetch)
+                pos = end
+        if len(stored) != 1:
+            raise FormatError(
+                f"the data files of {str(self._path)!r} store frames as {sorted(stored)}; one "
+                "acquisition must use one dtype and byte order"
+            )
+        return build_payload(
+            scan_shape=(rows[1] - rows[0], cols[1] - cols[0]),
+            frame_shape=self._frame_shape,
+            value_dtype=np.dtype(stored.pop()),
+            codec=codec,
+            codec_config={**config, "made": "native Dectris read (read_direct_chunk)"},
+            pieces=table.pieces,
+            piece_frames=table.frames,
+            runs=table.runs,
+            origins=origins,
+            piece_origin=table.origin,
+            fill_value=fills.pop() if len(fills) == 1 else 0,
         )
 
     # -- lazily opened handles ---------------------------------------------------

@@ -16,6 +16,7 @@ from ..errors import (
     FormatError,
     ScanShapeError,
     ShapeError,
+    UnsupportedOperationError,
 )
 from .base import FrameSource, SourceIdentity, check_exists, header_digest
 
@@ -75,6 +76,16 @@ class Hdf5Source(FrameSource):
         ``"square"`` or ``None`` (JSON sidecar).
     frame_offset
         Leading frames to skip (3-D datasets only).
+
+    Notes
+    -----
+    When the dataset is chunked by whole frames (``(n, k_r, k_c)`` or
+    ``(a, b, k_r, k_c)``) and compressed with bitshuffle + LZ4 or Zstandard
+    (filter 32008), Zstandard (32015) or deflate (1) alone, the ``encoded``
+    representation is read natively: :meth:`read_payload` takes the stored
+    chunks with ``read_direct_chunk``, without the filter pipeline, and
+    :attr:`payload_representations` lists ``"encoded"``.  Otherwise it lists
+    nothing and ``to_representation("encoded")`` encodes from dense.
     """
 
     format: ClassVar[str] = "hdf5"
@@ -153,6 +164,94 @@ class Hdf5Source(FrameSource):
                 f"{dataset_path!r} in {str(self._path)!r} has shape {shape}; expected "
                 "(R_r, R_c, k_r, k_c) or (frames, k_r, k_c)"
             )
+
+    def _encoded_codec(self) -> tuple[str, dict[str, Any]]:
+        """The codec of the stored chunks, or raise why they cannot be kept compressed."""
+        from .encoded_chunks import hdf5_codec
+
+        where = f"dataset {self._dataset_path!r} of {str(self._path)!r}"
+        return hdf5_codec(self._layout, self._frame_shape, len(self._stored_shape), where)
+
+    @property
+    def payload_representations(self) -> frozenset[str]:  # type: ignore[override]
+        """``{"encoded"}`` when the stored chunks can be kept compressed, else empty."""
+        try:
+            self._encoded_codec()
+        except UnsupportedOperationError:
+            return frozenset()
+        return frozenset({"encoded"})
+
+    def read_payload(
+        self, representation: str, rows: tuple[int, int], cols: tuple[int, int], **options: Any
+    ) -> Any:
+        """Read a scan block as its stored compressed chunks (``"encoded"``), not decoding.
+
+        Chunks are read with ``read_direct_chunk`` (no HDF5 filter pipeline)
+        and kept as they are.  Column sub-ranges read the stored chunks that
+        hold them whole and skip the other frames; chunks never written read
+        as the dataset's fill value.
+
+        Raises
+        ------
+        UnsupportedOperationError
+            If the layout or filter cannot be kept compressed (the message
+            names the filter and says to convert).
+        CorruptChunkError
+            If a chunk cannot be read.
+        """
+        if representation != "encoded":
+            return super().read_payload(representation, rows, cols, **options)
+        from ..representations.encoded import build_payload
+        from .encoded_chunks import (
+            PieceTable,
+            check_native_options,
+            flat_frame_ranges,
+            flat_runs,
+            grid_runs,
+            read_hdf5_chunk,
+        )
+
+        self.check_block(rows, cols)
+        codec, config = self._encoded_codec()
+        check_native_options(options, codec, config)
+        dset = self._dset()
+        chunks = [int(c) for c in self._layout["chunks"]]
+        where = f"dataset {self._dataset_path!r} of {str(self._path)!r}"
+        table = PieceTable()
+        if len(self._stored_shape) == 3:
+            n = chunks[0]
+            C = self._scan.shape[1]
+            for a, b in flat_frame_ranges(rows, cols, C, self._scan.frame_offset):
+                for k, first, count in flat_runs(a, b, n):
+
+                    def fetch(k: int = k) -> tuple[bytes, int, tuple[int, ...]]:
+                        what = f"stored chunk {k} (frames [{k * n}, {(k + 1) * n})) of {where}"
+                        return read_hdf5_chunk(dset, (k * n, 0, 0), what), n, (0, k)
+
+                    table.add(k, first, count, fetch)
+        else:
+            ca, cb = chunks[0], chunks[1]
+            for (i, j), first, count in grid_runs(rows, cols, ca, cb):
+
+                def fetch_grid(i: int = i, j: int = j) -> tuple[bytes, int, tuple[int, ...]]:
+                    what = f"stored chunk ({i}, {j}, 0, 0) of {where}"
+                    return read_hdf5_chunk(dset, (i * ca, j * cb, 0, 0), what), ca * cb, (0, i, j)
+
+                table.add((i, j), first, count, fetch_grid)
+        fill = np.asarray(dset.fillvalue).item()
+        return build_payload(
+            scan_shape=(rows[1] - rows[0], cols[1] - cols[0]),
+            frame_shape=self._frame_shape,
+            value_dtype=np.dtype(dset.dtype),
+            codec=codec,
+            codec_config={**config, "made": "native HDF5 read (read_direct_chunk)"},
+            pieces=table.pieces,
+            piece_frames=table.frames,
+            runs=table.runs,
+            origins=(where,),
+            piece_origin=table.origin,
+            fill_value=fill,
+        )
 
     def _dset(self) -> Any:
         if self._handle_dset is None:

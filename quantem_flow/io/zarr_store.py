@@ -10,7 +10,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..calibration import Calibration
-from ..errors import CorruptChunkError, DatasetPathError, DtypeError, FormatError, ShapeError
+from ..errors import (
+    CorruptChunkError,
+    DatasetPathError,
+    DtypeError,
+    FormatError,
+    ShapeError,
+    UnsupportedOperationError,
+)
 from .base import (
     FrameSource,
     SourceIdentity,
@@ -66,6 +73,14 @@ class ZarrSource(FrameSource):
     Chunks missing from the store read as the array's fill value, as Zarr
     defines; a store that was not completely written is not detected.
 
+    A Zarr v3 array chunked by whole frames (``(n, k_r, k_c)`` or
+    ``(a, b, k_r, k_c)``, no sharding) whose codecs are ``bytes`` then
+    blosc, zstd, gzip, crc32c or ``numcodecs.*`` is read natively in the
+    ``encoded`` representation: :meth:`read_payload` takes the chunk files
+    (named by the array's chunk key encoding) as they are, not decoding.
+    Calibration is read from a JSON sidecar, else from the array attribute
+    ``quantem_flow.calibration`` that ``quantem-flow convert`` writes.
+
     """
 
     format: ClassVar[str] = "zarr"
@@ -106,6 +121,10 @@ class ZarrSource(FrameSource):
                 {"compressor": meta.get("compressor")},
             ]
         self._fill_value = meta.get("fill_value")
+        self._native_fill = np.asarray(arr.metadata.fill_value).item()
+        self._stored_meta = {
+            k: meta.get(k) for k in ("chunk_grid", "storage_transformers", "data_type")
+        }
         self._handle_array = arr
         where = f"{self._array_path!r} in " if self._array_path else ""
         if dtype.kind not in "uif":
@@ -228,8 +247,132 @@ class ZarrSource(FrameSource):
 
     @property
     def calibration(self) -> Calibration | None:
-        """Calibration from a JSON sidecar next to the store, if any."""
-        return sidecar_calibration(self._path)
+        """Calibration from a JSON sidecar, else from the ``quantem_flow`` attribute, if any."""
+        cal = sidecar_calibration(self._path)
+        if cal is not None:
+            return cal
+        stored = self._attrs.get("quantem_flow") if isinstance(self._attrs, dict) else None
+        if isinstance(stored, dict) and isinstance(stored.get("calibration"), dict):
+            return Calibration.from_dict(stored["calibration"])
+        return None
+
+    # -- native encoded reads ---------------------------------------------------
+    def _where(self) -> str:
+        where = f"array {self._array_path!r} of " if self._array_path else ""
+        return f"{where}Zarr store {str(self._path)!r}"
+
+    def _encoded_codec(self) -> tuple[np.dtype[Any], dict[str, Any]]:
+        """Stored dtype and codec of the chunk files, or raise why they cannot be kept."""
+        from .encoded_chunks import zarr_codec
+
+        where = self._where()
+        hint = "convert it with `quantem-flow convert INPUT OUTPUT.zarr`"
+        if self._zarr_format < 3:
+            raise UnsupportedOperationError(
+                f"{where} is Zarr v{self._zarr_format}; native encoded reads take Zarr v3; {hint}"
+            )
+        if self._shards is not None or self._stored_meta.get("storage_transformers"):
+            raise UnsupportedOperationError(
+                f"{where} is sharded or uses storage transformers; native encoded reads take "
+                f"one chunk per file; {hint}"
+            )
+        if tuple(self._chunks[-2:]) != self._frame_shape:
+            raise UnsupportedOperationError(
+                f"{where} is chunked {tuple(self._chunks)}, which splits frames of "
+                f"{self._frame_shape}; native encoded reads need chunks of whole frames; {hint}"
+            )
+        return zarr_codec(self._codecs, np.dtype(self._stored_dtype), where)
+
+    @property
+    def payload_representations(self) -> frozenset[str]:  # type: ignore[override]
+        """``{"encoded"}`` when the chunk files can be kept compressed, else empty."""
+        try:
+            self._encoded_codec()
+        except UnsupportedOperationError:
+            return frozenset()
+        return frozenset({"encoded"})
+
+    def _chunk_file(self, coords: tuple[int, ...]) -> Path:
+        key = str(self._array().metadata.encode_chunk_key(coords))
+        node = self._path / self._array_path if self._array_path else self._path
+        return node / key
+
+    def read_payload(
+        self, representation: str, rows: tuple[int, int], cols: tuple[int, int], **options: Any
+    ) -> Any:
+        """Read a scan block as the stored chunk files (``"encoded"``), not decoding.
+
+        The chunk files holding the block's frames are read whole, as they
+        lie in the store (named by the array's chunk key encoding); runs
+        skip frames outside the block.  A chunk file absent from the store
+        reads as the array's fill value.
+
+        Raises
+        ------
+        UnsupportedOperationError
+            If the array's layout or codecs cannot be kept compressed.
+        CorruptChunkError
+            If a chunk file cannot be read.
+        """
+        if representation != "encoded":
+            return super().read_payload(representation, rows, cols, **options)
+        from ..representations.encoded import build_payload
+        from .encoded_chunks import (
+            PieceTable,
+            check_native_options,
+            flat_frame_ranges,
+            flat_runs,
+            grid_runs,
+        )
+
+        self.check_block(rows, cols)
+        stored, config = self._encoded_codec()
+        check_native_options(options, "numcodecs", config)
+        where = self._where()
+
+        def read_chunk(coords: tuple[int, ...]) -> bytes:
+            path = self._chunk_file(coords)
+            try:
+                return path.read_bytes()
+            except FileNotFoundError:
+                return b""  # never written: the fill value, as Zarr defines
+            except OSError as exc:
+                raise CorruptChunkError(
+                    f"could not read chunk {coords} (file {str(path)!r}) of {where}: {exc}"
+                ) from exc
+
+        table = PieceTable()
+        if len(self._stored_shape) == 3:
+            n = self._chunks[0]
+            C = self._scan.shape[1]
+            for a, b in flat_frame_ranges(rows, cols, C, self._scan.frame_offset):
+                for k, first, count in flat_runs(a, b, n):
+
+                    def fetch(k: int = k) -> tuple[bytes, int, tuple[int, ...]]:
+                        return read_chunk((k, 0, 0)), n, (0, k, 0, 0)
+
+                    table.add(k, first, count, fetch)
+        else:
+            ca, cb = self._chunks[0], self._chunks[1]
+            for (i, j), first, count in grid_runs(rows, cols, ca, cb):
+
+                def fetch_grid(i: int = i, j: int = j) -> tuple[bytes, int, tuple[int, ...]]:
+                    return read_chunk((i, j, 0, 0)), ca * cb, (0, i, j, 0, 0)
+
+                table.add((i, j), first, count, fetch_grid)
+        return build_payload(
+            scan_shape=(rows[1] - rows[0], cols[1] - cols[0]),
+            frame_shape=self._frame_shape,
+            value_dtype=stored,
+            codec="numcodecs",
+            codec_config={**config, "made": "native Zarr v3 read (chunk files)"},
+            pieces=table.pieces,
+            piece_frames=table.frames,
+            runs=table.runs,
+            origins=(where,),
+            piece_origin=table.origin,
+            fill_value=self._native_fill,
+        )
 
     # -- reading -------------------------------------------------------------------
     def _read(self, selection: tuple[slice, ...], what: str) -> np.ndarray:
