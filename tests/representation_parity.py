@@ -55,8 +55,9 @@ def assert_operator_parity(
         if x.data.dtype.kind in "iu":
             np.testing.assert_array_equal(x.data, y.data, err_msg=x.name)
         else:
-            np.testing.assert_allclose(x.data, y.data, rtol=1e-12, atol=1e-12, equal_nan=True,
-                                       err_msg=x.name)
+            np.testing.assert_allclose(
+                x.data, y.data, rtol=1e-12, atol=1e-12, equal_nan=True, err_msg=x.name
+            )
     rep = b[0].provenance.execution["representation"]
     assert rep == other.representation
     assert b[0].provenance.dataset["representation"] == other.representation

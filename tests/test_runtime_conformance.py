@@ -459,7 +459,13 @@ def test_integer_sums_widen_over_many_frames(op: str, rep: str, name: str, varia
         if rep != "dense" and info.min < 0:
             continue  # counted layouts hold no negative values (admission is tested elsewhere)
         _run_checked(
-            runtime, name, frames, weights, True, True, f"{name}/{variant} {rep} {dtype} n={n}",
+            runtime,
+            name,
+            frames,
+            weights,
+            True,
+            True,
+            f"{name}/{variant} {rep} {dtype} n={n}",
             rep,
         )
 
