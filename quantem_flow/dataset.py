@@ -250,6 +250,17 @@ class Dataset4D:
         if self._scan_block != (0, R, 0, C):
             out.append({"transform": "scan_region", "region": list(self._scan_block)})
         out.extend(op.to_dict() for op in self._detector_ops)
+        threshold = self._representation_options.get("threshold")
+        if threshold is not None:
+            out.append(
+                {
+                    "transform": "threshold",
+                    "threshold": threshold,
+                    "representation": self._representation,
+                    "lossless": False,
+                    "rule": "values below the threshold set to 0",
+                }
+            )
         return out
 
     @property
@@ -258,7 +269,13 @@ class Dataset4D:
         kinds = {t["transform"] for t in self.transforms}
         cropped = bool(kinds & {"scan_region", "detector_region"})
         binned = "bin_detector" in kinds
-        return {"native": not (cropped or binned), "cropped": cropped, "binned": binned}
+        thresholded = "threshold" in kinds
+        return {
+            "native": not (cropped or binned or thresholded),
+            "cropped": cropped,
+            "binned": binned,
+            "thresholded": thresholded,
+        }
 
     @property
     def chunk_rows(self) -> int:
@@ -439,7 +456,7 @@ class Dataset4D:
             payload = rep.apply_detector_ops(payload, self._detector_ops)
             made: dict[str, Any] = {"made": f"native {self._source.format} read"}
         else:
-            block = self.load_block(rows)
+            block = self.load_block(rows, apply_threshold=False)
             payload = rep.from_dense(block, **opts)
             made = {"made": "converted from dense"}
             if verify != "none":
@@ -518,6 +535,7 @@ class Dataset4D:
         cols: tuple[int, int] | None = None,
         *,
         buffer: np.ndarray | None = None,
+        apply_threshold: bool = True,
     ) -> np.ndarray:
         """Read and transform a block of scan positions (eager).
 
@@ -529,6 +547,9 @@ class Dataset4D:
         buffer
             Optional staging array of :meth:`raw_block_shape` and the source
             dtype to decode into (see :meth:`Source.read`).
+        apply_threshold
+            Apply a representation's ``threshold=`` option (values below it
+            read as 0), so the dense view matches the payloads.
 
         Returns
         -------
@@ -544,6 +565,10 @@ class Dataset4D:
         block = self._source.read((b[0] + r0, b[0] + r1), (b[2] + c0, b[2] + c1), buffer=buffer)
         for op in self._detector_ops:
             block = op.apply(block)
+        threshold = self._representation_options.get("threshold")
+        if threshold is not None and apply_threshold:
+            # the dense view of a thresholded dataset shows what its payloads hold
+            block = np.where(block >= threshold, block, np.zeros((), dtype=block.dtype))
         return np.ascontiguousarray(block, dtype=self._dtype)
 
     def frame(self, row: int, col: int) -> np.ndarray:

@@ -187,7 +187,7 @@ def test_binning_keeps_partial_edge_bins_and_widens(rng: np.random.Generator) ->
     (pat,) = qf.compute(qf.sum_diffraction(ds), **SYNC)
     np.testing.assert_array_equal(pat.data, expected.sum(axis=(0, 1), dtype=np.int64))
     p = pat.provenance
-    assert p.flags == {"native": False, "cropped": False, "binned": True}
+    assert p.flags == {"native": False, "cropped": False, "binned": True, "thresholded": False}
     assert p.transforms[0]["transform"] == "bin_detector"
     assert p.transforms[0]["factor"] == [4, 3]
 

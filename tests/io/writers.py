@@ -27,6 +27,7 @@ __all__ = [
     "write_npy",
     "write_raw",
     "write_sidecar",
+    "write_stempy",
     "write_zarr",
 ]
 
@@ -412,4 +413,77 @@ def write_mib(
     if hdr is not None:
         lines = ["HDR,\t"] + [f"{k}:\t{v}" for k, v in hdr.items()] + ["End\t"]
         Path(path).with_suffix(".hdr").write_text("\n".join(lines) + "\n")
+    return Path(path)
+
+
+# -- electron-counted (NCEM 4D Camera / stempy) ---------------------------------------------
+
+
+def write_stempy(
+    path: Path,
+    events_per_frame: Sequence[np.ndarray],
+    scan_shape: Sequence[int],
+    frame_shape: Sequence[int],
+    positions: Sequence[int] | np.ndarray | None = None,
+    *,
+    attrs: str = "NxNy",
+    version: int | None = None,
+    positions_dtype: str = "int32",
+) -> Path:
+    """Write an electron-counted HDF5 file in the stempy layout.
+
+    Parameters
+    ----------
+    path
+        Output file.
+    events_per_frame
+        One 1-D array of flat pixel indices ``r * k_c + c`` per frame entry
+        (one element per electron; a repeated index is a count > 1).
+    scan_shape, frame_shape
+        ``(rows, cols)`` of the scan and the detector.
+    positions
+        Flat scan index of each frame entry; ``None`` writes
+        ``arange(len(events_per_frame))``.
+    attrs
+        ``"NxNy"`` (``Nx`` = width, ``Ny`` = height on both datasets),
+        ``"dimensions"`` (``frame_dimensions`` / ``scan_dimensions`` =
+        (width, height)) or ``"none"``.
+    version
+        Root ``version`` attribute, if any.
+    positions_dtype
+        Dtype of ``scan_positions``.
+
+    Returns
+    -------
+    Path
+        The file.
+    """
+    import h5py
+
+    R, C = (int(v) for v in scan_shape)
+    kr, kc = (int(v) for v in frame_shape)
+    n = len(events_per_frame)
+    pos = np.arange(n) if positions is None else np.asarray(positions)
+    with h5py.File(path, "w") as f:
+        if version is not None:
+            f.attrs["version"] = version
+        group = f.create_group("electron_events")
+        sp = group.create_dataset("scan_positions", data=pos.astype(positions_dtype))
+        frames = group.create_dataset("frames", shape=(n,), dtype=h5py.vlen_dtype(np.uint32))
+        obj = np.empty(n, dtype=frames.dtype)  # vlen dtype: equal lengths stay 1-D
+        for i, ev in enumerate(events_per_frame):
+            obj[i] = np.asarray(ev, dtype=np.uint32)
+        if n:
+            frames.write_direct(obj)
+        if attrs == "NxNy":
+            frames.attrs["Nx"] = kc
+            frames.attrs["Ny"] = kr
+            sp.attrs["Nx"] = C
+            sp.attrs["Ny"] = R
+        elif attrs == "dimensions":
+            frames.attrs["frame_dimensions"] = np.array([kc, kr])
+            sp.attrs["scan_dimensions"] = np.array([C, R])
+        elif attrs != "none":
+            raise ValueError(f"attrs must be 'NxNy', 'dimensions' or 'none', got {attrs!r}")
+        f.create_group("stem").create_dataset("images", data=np.zeros((1, R, C), np.uint64))
     return Path(path)

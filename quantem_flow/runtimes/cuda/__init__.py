@@ -75,7 +75,9 @@ class CudaRuntime(Runtime):
     kernels: ClassVar[frozenset[tuple[str, str]]] = frozenset(
         {("frame_pass", "dense"), ("frame_pass", "paired")}
     )
-    payload_kernels: ClassVar[dict[str, str]] = {}
+    payload_kernels: ClassVar[dict[str, str]] = {
+        "paired": "quantem_flow.runtimes.cuda.paired:frame_pass_paired_cuda",
+    }
 
     def __init__(self) -> None:
         self._local = threading.local()
