@@ -17,6 +17,7 @@ import importlib.metadata
 
 from . import config, errors
 from .calibration import Axis, Calibration
+from .convert import convert
 from .dataset import Dataset4D, open
 from .graphs import close_embedded_cluster, compute, embedded_client
 from .io.results_store import load_results, results_to_json, save_results
@@ -30,6 +31,7 @@ from .operators import (
     idpc,
     max_diffraction,
     mean_diffraction,
+    ssb,
     sum_diffraction,
     virtual_abf,
     virtual_adf,
@@ -67,6 +69,7 @@ __all__ = [
     "close_embedded_cluster",
     "compute",
     "config",
+    "convert",
     "dpc",
     "embedded_client",
     "errors",
@@ -83,6 +86,7 @@ __all__ = [
     "run_pipeline",
     "save_png",
     "save_results",
+    "ssb",
     "sum_diffraction",
     "synthetic_dataset",
     "virtual_abf",

@@ -44,6 +44,7 @@ virtual_abf        inner, outer, units, center
 virtual_adf        inner, outer, units, center
 virtual_annular    inner (required), outer (required), units, center
 virtual_mask       mask (required: a ``.npy`` file shaped like the detector as loaded)
+ssb                voltage_kV, semiangle_mrad (required), scan_step_A, defocus_A, ...
 center_of_mass     center, mask_radius, mask_units, units
 dpc                input, rotation_deg, transpose, subtract
 idpc               input, rotation_deg, transpose, subtract, highpass
@@ -118,10 +119,31 @@ OPERATIONS: dict[str, tuple[str, ...]] = {
     "mean_diffraction": (),
     "max_diffraction": (),
     "sum_diffraction": (),
+    "ssb": (
+        "voltage_kV",
+        "semiangle_mrad",
+        "scan_step_A",
+        "detector_sampling_mrad",
+        "rotation_deg",
+        "transpose",
+        "defocus_A",
+        "astigmatism_A",
+        "astigmatism_angle_deg",
+        "aberrations",
+        "bf_threshold",
+        "bf_radius_factor",
+        "center",
+        "pad_to",
+        "fit_aberrations",
+        "pixel_block",
+        "backend",
+        "allow_complex64",
+    ),
 }
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "virtual_annular": ("inner", "outer"),
     "virtual_mask": ("mask",),
+    "ssb": ("voltage_kV", "semiangle_mrad"),
 }
 _FIELD_INPUTS = {"dpc": ("center_of_mass",), "idpc": ("center_of_mass", "dpc")}
 
@@ -677,7 +699,55 @@ def _parse_param(chk: _Checker, op: str, key: str, value: Any, where: str, base:
     if key == "mask":
         p = Path(chk.text(value, where)).expanduser()
         return str(p if p.is_absolute() else base / p)
+    if op == "ssb":
+        return _parse_ssb_param(chk, key, value, where)
     raise chk.fail(where, f"unknown parameter of {op}")  # pragma: no cover - keys checked
+
+
+_SSB_NUMBERS = (
+    "voltage_kV",
+    "semiangle_mrad",
+    "defocus_A",
+    "astigmatism_A",
+    "astigmatism_angle_deg",
+    "bf_threshold",
+    "bf_radius_factor",
+)
+
+
+def _parse_ssb_param(chk: _Checker, key: str, value: Any, where: str) -> Any:
+    if key in _SSB_NUMBERS:
+        return chk.number(value, where)
+    if key == "scan_step_A":
+        if value is None:
+            return None
+        if isinstance(value, list):
+            return [chk.number(v, where) for v in value]
+        return chk.number(value, where)
+    if key == "detector_sampling_mrad":
+        if value is None or value in ("calibration", "bf_disk"):
+            return value
+        if isinstance(value, list):
+            return [chk.number(v, where) for v in value]
+        return chk.number(value, where)
+    if key in ("pad_to",):
+        return None if value is None else list(chk.integers(value, where, 2))
+    if key == "pixel_block":
+        return int(chk.number(value, where))
+    if key in ("backend",):
+        return chk.text(value, where)
+    if key == "allow_complex64":
+        return chk.boolean(value, where)
+    if key == "fit_aberrations":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(value)
+        raise chk.fail(where, f"expected true, false or a list of names, got {_describe(value)}")
+    if key == "aberrations":
+        m = chk.mapping(value, where)
+        return {str(k): chk.number(v, f"{where}.{k}") for k, v in m.items()}
+    raise chk.fail(where, "unknown parameter of ssb")  # pragma: no cover - keys checked
 
 
 def _parse_display(chk: _Checker, raw: Any, where: str) -> dict[str, Any]:

@@ -847,8 +847,11 @@ def test_threshold_is_a_recorded_lossy_transform() -> None:
     ds = qf.open(data).to_representation("paired", threshold=2)
     assert ds.flags["native"] is False and ds.flags["thresholded"] is True
     assert ds.transforms[-1] == {
-        "transform": "threshold", "threshold": 2, "representation": "paired",
-        "lossless": False, "rule": "values below the threshold set to 0",
+        "transform": "threshold",
+        "threshold": 2,
+        "representation": "paired",
+        "lossless": False,
+        "rule": "values below the threshold set to 0",
     }
     expected = np.where(data >= 2, data, 0)
     np.testing.assert_array_equal(ds.load_block((0, 4)), expected)  # dense view agrees

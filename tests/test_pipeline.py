@@ -26,7 +26,13 @@ from quantem_flow.pipeline import (
     load_pipeline,
     run_pipeline,
 )
-from quantem_flow.results import DiffractionImage, PhaseImage, ScanImage, VectorField
+from quantem_flow.results import (
+    ComplexObject,
+    DiffractionImage,
+    PhaseImage,
+    ScanImage,
+    VectorField,
+)
 from quantem_flow.synthetic import synthetic_dataset, synthetic_truth, write_synthetic
 
 SYNTH = {"scan_shape": (12, 16), "detector_shape": (32, 36), "probe_radius_px": 5.0, "seed": 1}
@@ -75,6 +81,7 @@ ALL_OUTPUTS: dict[str, Any] = {
     "mean": {"op": "mean_diffraction"},
     "max": {"op": "max_diffraction"},
     "sum": {"op": "sum_diffraction", "display": {"log": False}},
+    "ptycho": {"op": "ssb", "voltage_kV": 300, "semiangle_mrad": 20.0, "scan_step_A": 0.5},
 }
 
 
@@ -107,6 +114,7 @@ def test_every_op_in_one_compute(base: Path, monkeypatch: pytest.MonkeyPatch) ->
         "mean": DiffractionImage,
         "max": DiffractionImage,
         "sum": DiffractionImage,
+        "ptycho": ComplexObject,
     }
     for name, result in results.items():
         assert isinstance(result, kinds[name]), name

@@ -111,9 +111,11 @@ def _kernels() -> list[tuple[str, str]]:
     return sorted({(str(k[0]), str(k[1])) for e in MANIFEST.values() for k in e["kernels"]})
 
 
-def _runtime_cases() -> list[Any]:
+def _runtime_cases(operation: str = "frame_pass") -> list[Any]:
     cases = []
     for op, rep in _kernels():
+        if op != operation:
+            continue
         for name in sorted(set(MANIFEST) | set(AUTO_ORDER)):
             for variant in ("default", *VARIANTS.get(name, {})):
                 cases.append(
@@ -490,9 +492,11 @@ def test_poison_catches_an_unwritten_element(rng: np.random.Generator) -> None:
 
 
 def test_every_registered_runtime_is_a_conformance_case() -> None:
-    ids = {p.id for p in _runtime_cases()}
+    ids = {p.id for op in ("frame_pass", "ssb") for p in _runtime_cases(op)}
+    ops_with_a_driver = {"frame_pass", "ssb"}
     for name, entry in MANIFEST.items():
         for op, rep in entry["kernels"]:
+            assert op in ops_with_a_driver, f"no conformance driver for operation {op!r}"
             assert f"{op}-{rep}-{name}-default" in ids
     assert any("-cuda-" in i for i in ids), "a CUDA case must always appear (and say why it skips)"
 
@@ -643,3 +647,55 @@ def test_compute_through_the_engine_on_mps_matches_cpu(rng: np.random.Generator)
         assert len(ex["chunks"]) == len(ds.chunks) == 3
         assert all(r["runtime"] == "mps" for r in ex["chunks"])
         assert b.provenance.execution["runtimes"] == ["cpu"]
+
+
+# ----------------------------------------------------------------------------- SSB stage
+
+#: SSB stage tolerances: relative to the largest magnitude of the reference sums.
+SSB_TOLERANCE = {
+    "complex128": 1e-10,  # FFTs and sums of ~1e4 terms in float64, any order
+    "complex64": 1e-4,  # MLX: complex64 FFT only, allowed explicitly (allow_complex64)
+}
+
+
+@pytest.mark.parametrize(("op", "rep", "name", "variant"), _runtime_cases("ssb"))
+def test_ssb_stage_matches_cpu_reference(
+    op: str, rep: str, name: str, variant: str, rng: np.random.Generator
+) -> None:
+    """The SSB FFT + trotter accumulation on fresh random bright-field data, every runtime."""
+    from quantem_flow.runtimes import ssb_kernels as sk
+
+    _skip_or_runtime(op, rep, name, variant)
+    ops = sk.make_ops(name)
+    ref_ops = sk.make_ops("cpu")
+    scan = (21, 26)  # rectangular, odd and even
+    n_pix = 37
+    alpha = 0.02
+    lam = 0.0197
+    grid = sk.QGrid.build(scan, (0.35, 0.41), lam, alpha)
+    theta = rng.uniform(0, 2 * np.pi, n_pix)
+    radius = alpha * np.sqrt(rng.uniform(0, 0.95, n_pix))
+    v_r, v_c = radius * np.cos(theta), radius * np.sin(theta)
+    block = rng.poisson(50.0, (n_pix, *scan)).astype(np.uint16)
+    inv_mean = 1.0 / block.reshape(n_pix, -1).mean(axis=1)
+    ab = sk.Aberrations(
+        {
+            (1, 0): (float(rng.uniform(-80, 80)), 0.0),
+            (1, 2): (float(rng.uniform(0, 20)), float(rng.uniform(0, np.pi))),
+        }
+    )
+    ref = sk.accumulate(
+        ref_ops, sk.spectra(ref_ops, block, inv_mean, grid), v_r, v_c, grid, ab, lam
+    )
+    got = sk.accumulate(ops, sk.spectra(ops, block, inv_mean, grid), v_r, v_c, grid, ab, lam)
+    tol = SSB_TOLERANCE["complex64" if name == "mps" else "complex128"]
+    for field in ("s1", "s2", "e1", "e2"):
+        a, b = getattr(got, field), getattr(ref, field)
+        scale = float(np.max(np.abs(b))) or 1.0
+        assert np.max(np.abs(a - b)) <= tol * scale, (name, field)
+    np.testing.assert_array_equal(got.n1, ref.n1)  # trotter membership is exact geometry
+    np.testing.assert_array_equal(got.n2, ref.n2)
+    c_got, rec_got = sk.assemble(got, grid)
+    c_ref, rec_ref = sk.assemble(ref, grid)
+    assert np.max(np.abs(c_got - c_ref)) <= tol * 10 * (float(np.max(np.abs(c_ref))) or 1.0)
+    assert abs(rec_got["loss"] - rec_ref["loss"]) <= tol * 10

@@ -5,6 +5,7 @@ from .com import center_of_mass
 from .dpc import dpc, idpc
 from .patterns import max_diffraction, mean_diffraction, sum_diffraction
 from .probe import ProbeEstimate, estimate_probe, find_probe
+from .ssb import ssb
 from .virtual import (
     virtual_abf,
     virtual_adf,
@@ -27,6 +28,7 @@ __all__ = [
     "idpc",
     "max_diffraction",
     "mean_diffraction",
+    "ssb",
     "sum_diffraction",
     "virtual_abf",
     "virtual_adf",

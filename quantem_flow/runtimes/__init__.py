@@ -36,15 +36,16 @@ MANIFEST: dict[str, dict[str, Any]] = {
             ("frame_pass", "paired"),
             ("frame_pass", "packed"),
             ("frame_pass", "encoded"),
+            ("ssb", "gathered"),
         ],
     },
     "cuda": {
         "class": "quantem_flow.runtimes.cuda:CudaRuntime",
-        "kernels": [("frame_pass", "dense"), ("frame_pass", "paired")],
+        "kernels": [("frame_pass", "dense"), ("frame_pass", "paired"), ("ssb", "gathered")],
     },
     "mps": {
         "class": "quantem_flow.runtimes.mps:MpsRuntime",
-        "kernels": [("frame_pass", "dense")],
+        "kernels": [("frame_pass", "dense"), ("ssb", "gathered")],
     },
 }
 

@@ -1,0 +1,1093 @@
+r"""Single-sideband (SSB) ptychography, out of core.
+
+Physics and conventions
+-----------------------
+Data are ``I[R_r, R_c, k_r, k_c]``.  The probe is
+``psi_p(r) = IFT[A(k) exp(-i chi(k))]`` with the top-hat aperture
+``A(k) = 1`` for ``lambda |k| < alpha`` (``alpha`` = ``semiangle_mrad``) and
+the aberration phase, in the polar notation of Krivanek (``theta = lambda |k|``
+in rad, ``phi = atan2(k_r, k_c)``: the azimuth measured from the scan column
+axis toward the scan row axis)::
+
+    chi(k) = (2 pi / lambda) * [ C10 theta^2 / 2
+                                 + C12 theta^2 / 2 * cos(2 (phi - phi12))
+                                 + sum C_nm theta^(n+1) / (n+1) * cos(m (phi - phi_nm)) ]
+
+with ``C10 = defocus_A`` and ``C12 = astigmatism_A``, ``phi12 =
+astigmatism_angle_deg`` (all lengths in Å, angles in degrees at the API).
+With this sign, a positive ``C10`` adds a positive quadratic phase to
+``chi`` (abTEM's ``defocus`` is ``-C10``).  The exit wave at probe position
+``R`` is ``psi_p(r - R) O(r)``, its far field
+``Psi(k) = sum_r psi(r) exp(-2 pi i k.r)`` and ``I = |Psi|^2``.
+
+Transforming over the scan, ``G(Q, k) = sum_R I(R, k) exp(-2 pi i Q.R)``
+(a scan frequency ``Q`` in 1/Å corresponds to the angle ``lambda Q``), and
+keeping the terms linear in ``O - 1`` (the weak-object model)::
+
+    G(Q, k) ~ A*(k) A(k - Q) exp(..) c(Q) + A(k) A*(k + Q) exp(..) conj(c(-Q))
+
+where ``c`` are the Fourier coefficients of ``O - 1`` and the ``A`` include
+``exp(-i chi)``.  In trotter T1 (the disk overlaps its copy shifted by
+``+Q`` but not by ``-Q``) only the first term lives, in T2 only the second.
+Per frequency, ``c(Q)`` is the aberration-corrected average of
+``G / A*(k)A(k-Q)`` over T1 together with the conjugate of the T2 average at
+``-Q``; ``O = 1 + IFT(c)``.  The *double-overlap loss* is
+``sum |G - model|^2 / sum |G|^2`` over both trotters of every frequency: 0
+for data that follow the model exactly, and it rises when the aberrations
+(for example the defocus) are wrong.
+
+Detector-to-scan mapping: a detector-frame angle ``(g_r, g_c)`` (pixel
+offset from the centre times the detector sampling) is transposed first
+when ``transpose`` is set (``(g_c, g_r)``) and then rotated, as in
+:mod:`quantem_flow.operators.dpc`::
+
+    v_r = cos(theta) g_r - sin(theta) g_c
+    v_c = sin(theta) g_r + cos(theta) g_c
+
+Out of core
+-----------
+Pass 1 is an ordinary one-pass plan (:class:`~.base.ChunkPlan` with
+``gather`` = the bright-field pixel indices), so SSB shares its pass with
+every other operator over the dataset.  The finalize then reads the gathered
+``(n_pixels, R_r, R_c)`` array (a disk-backed memory map when large) in
+blocks of ``pixel_block`` pixels, transforms each block over the scan on the
+chosen runtime and accumulates per-frequency sums: memory holds one block of
+spectra plus a few scan-sized arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import sys
+import time
+import tracemalloc
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..calibration import Axis, Calibration, electron_wavelength_angstrom, length_scale
+from ..dataset import Dataset4D
+from ..errors import CalibrationError, DtypeError, ParameterError
+from ..provenance import array_identity
+from ..results import ComplexObject
+from ..runtimes.ssb_kernels import (
+    ELEMENTWISE_ELEMENTS,
+    Aberrations,
+    ArrayOps,
+    PartialSums,
+    QGrid,
+    accumulate,
+    assemble,
+    make_ops,
+    resolve_ssb_backend,
+    spectra,
+)
+from .base import (
+    ChunkOperator,
+    ChunkPlan,
+    LazyResult,
+    PassOutputs,
+    PlanContext,
+    make_provenance,
+)
+from .geometry import detector_distance, resolve_center
+from .probe import ProbeEstimate, find_probe
+
+__all__ = ["SSB", "SSBGeometry", "ssb"]
+
+#: Names accepted by ``fit_aberrations`` and their canonical coefficient.
+FIT_NAMES: dict[str, str] = {
+    "C10": "C10",
+    "defocus_A": "C10",
+    "C12": "C12",
+    "astigmatism_A": "C12",
+    "phi12": "phi12",
+    "astigmatism_angle_deg": "phi12",
+}
+
+_COEFF = re.compile(r"^C(\d)(\d)$")
+_ANGLE = re.compile(r"^phi(\d)(\d)_deg$")
+_RTOL = 1e-6
+
+Pair = float | tuple[float, float] | Sequence[float]
+
+
+def _pair(value: Pair, name: str) -> tuple[float, float]:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        out = (float(value), float(value))
+    else:
+        try:
+            seq = [float(v) for v in value]  # type: ignore[union-attr]
+        except (TypeError, ValueError) as exc:
+            raise ParameterError(f"{name} must be one number or (row, col), got {value!r}") from exc
+        if len(seq) != 2:
+            raise ParameterError(f"{name} must be one number or (row, col), got {value!r}")
+        out = (seq[0], seq[1])
+    if not all(math.isfinite(v) and v > 0 for v in out):
+        raise ParameterError(f"{name} must be finite and > 0, got {value!r}")
+    return out
+
+
+def _finite(value: float, name: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError) as exc:
+        raise ParameterError(f"{name} must be a number, got {value!r}") from exc
+    if not math.isfinite(v):
+        raise ParameterError(f"{name} must be finite, got {value!r}")
+    return v
+
+
+def _close(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return all(math.isclose(x, y, rel_tol=_RTOL) for x, y in zip(a, b, strict=True))
+
+
+def _parse_aberrations(
+    aberrations: Mapping[str, float] | None,
+) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]]:
+    """Validate extra aberrations: ``{"C30": Å, "phi32_deg": deg, ...}``."""
+    coeffs: dict[tuple[int, int], float] = {}
+    angles: dict[tuple[int, int], float] = {}
+    if aberrations is None:
+        return coeffs, angles
+    if not isinstance(aberrations, Mapping):
+        raise ParameterError(
+            f"aberrations must be a mapping like {{'C30': 1.2e4}}, got {type(aberrations).__name__}"
+        )
+    for key, value in aberrations.items():
+        mc, ma = _COEFF.match(str(key)), _ANGLE.match(str(key))
+        m = mc or ma
+        if m is None:
+            raise ParameterError(
+                f"unknown aberration {key!r}; expected 'Cnm' (Å, e.g. 'C30', 'C23') or "
+                "'phinm_deg' (degrees, e.g. 'phi23_deg')"
+            )
+        n, mm = int(m.group(1)), int(m.group(2))
+        if not (n >= 1 and mm <= n + 1 and (n + 1 - mm) % 2 == 0):
+            raise ParameterError(
+                f"{key!r} is not an axial aberration: C_nm needs n >= 1, m <= n + 1 and "
+                "n + 1 - m even (C10, C12, C21, C23, C30, C32, C34, ...)"
+            )
+        if (n, mm) in ((1, 0), (1, 2)):
+            raise ParameterError(
+                f"{key!r} is set by defocus_A / astigmatism_A / astigmatism_angle_deg; pass it "
+                "there, not in aberrations="
+            )
+        if (n, mm) == (0, 1) or (n == 1 and mm == 1):
+            raise ParameterError(f"{key!r}: image shifts (C01) are not aberrations of SSB")
+        v = _finite(value, f"aberrations[{key!r}]")
+        if ma is not None:
+            if mm == 0:
+                raise ParameterError(f"{key!r}: a round aberration (m = 0) has no angle")
+            angles[(n, mm)] = v
+        else:
+            coeffs[(n, mm)] = v
+    orphan = sorted(set(angles) - set(coeffs))
+    if orphan:
+        raise ParameterError(
+            f"angle(s) given without a coefficient: {[f'phi{n}{m}_deg' for n, m in orphan]}; "
+            "add the matching 'Cnm'"
+        )
+    return coeffs, angles
+
+
+def _fit_names(fit: bool | Sequence[str]) -> tuple[str, ...]:
+    if isinstance(fit, bool):
+        return ("C10", "C12", "phi12") if fit else ()
+    if isinstance(fit, str):
+        fit = [fit]
+    names: list[str] = []
+    for name in fit:
+        canon = FIT_NAMES.get(str(name))
+        if canon is None:
+            raise ParameterError(
+                f"cannot fit {name!r}; fit_aberrations takes True, False or names among "
+                f"{sorted(FIT_NAMES)}"
+            )
+        if canon not in names:
+            names.append(canon)
+    return tuple(n for n in ("C10", "C12", "phi12") if n in names)
+
+
+@dataclasses.dataclass
+class SSBGeometry:
+    """Everything SSB resolved at plan time (pixels, angles, units).
+
+    Attributes
+    ----------
+    indices
+        Sorted flat detector indices of the bright-field pixels used.
+    v_r, v_c
+        Their scan-frame angles (rad).
+    wavelength_A
+        Electron wavelength.
+    alpha_rad
+        Aperture semiangle.
+    scan_step_A
+        Scan step (row, col) in Å.
+    detector_mrad
+        Detector pixel size (row, col) in mrad.
+    record
+        Provenance of every choice.
+    """
+
+    indices: np.ndarray
+    v_r: np.ndarray
+    v_c: np.ndarray
+    wavelength_A: float
+    alpha_rad: float
+    scan_step_A: tuple[float, float]
+    detector_mrad: tuple[float, float]
+    record: dict[str, Any]
+
+
+class SSB(ChunkOperator):
+    """Single-sideband ptychography; see :func:`ssb` for the parameters."""
+
+    name: ClassVar[str] = "ssb"
+
+    def __init__(
+        self,
+        *,
+        voltage_kV: float,
+        semiangle_mrad: float,
+        scan_step_A: Pair | None = None,
+        detector_sampling_mrad: Pair | str | None = None,
+        rotation_deg: float = 0.0,
+        transpose: bool = False,
+        defocus_A: float = 0.0,
+        astigmatism_A: float = 0.0,
+        astigmatism_angle_deg: float = 0.0,
+        aberrations: Mapping[str, float] | None = None,
+        bf_threshold: float = 0.5,
+        bf_radius_factor: float = 1.0,
+        center: str | Sequence[float] = "auto",
+        probe: ProbeEstimate | None = None,
+        pad_to: Sequence[int] | None = None,
+        fit_aberrations: bool | Sequence[str] = False,
+        fit_max_pixels: int = 128,
+        fit_max_evaluations: int = 200,
+        pixel_block: int = 256,
+        backend: str = "auto",
+        allow_complex64: bool = False,
+    ):
+        kv = _finite(voltage_kV, "voltage_kV")
+        if not kv > 0:
+            raise ParameterError(
+                f"voltage_kV must be > 0 (the accelerating voltage, e.g. 300), got {voltage_kV!r}"
+            )
+        alpha = _finite(semiangle_mrad, "semiangle_mrad")
+        if not alpha > 0:
+            raise ParameterError(
+                f"semiangle_mrad must be > 0 (the probe-forming aperture's semiangle, e.g. 20), "
+                f"got {semiangle_mrad!r}"
+            )
+        self.voltage_kV = kv
+        self.semiangle_mrad = alpha
+        self.scan_step_A = None if scan_step_A is None else _pair(scan_step_A, "scan_step_A")
+        if isinstance(detector_sampling_mrad, str):
+            if detector_sampling_mrad not in ("auto", "calibration", "bf_disk"):
+                raise ParameterError(
+                    "detector_sampling_mrad must be a size in mrad, (row, col) sizes, None/'auto', "
+                    f"'calibration' or 'bf_disk', got {detector_sampling_mrad!r}"
+                )
+            self.detector_sampling: tuple[float, float] | str = detector_sampling_mrad
+        elif detector_sampling_mrad is None:
+            self.detector_sampling = "auto"
+        else:
+            self.detector_sampling = _pair(detector_sampling_mrad, "detector_sampling_mrad")
+        self.rotation_deg = _finite(rotation_deg, "rotation_deg")
+        if not isinstance(transpose, (bool, np.bool_)):
+            raise ParameterError(f"transpose must be True or False, got {transpose!r}")
+        self.transpose = bool(transpose)
+        self.defocus_A = _finite(defocus_A, "defocus_A")
+        self.astigmatism_A = _finite(astigmatism_A, "astigmatism_A")
+        if self.astigmatism_A < 0:
+            raise ParameterError(
+                f"astigmatism_A is a magnitude (>= 0), got {astigmatism_A!r}; a negative "
+                "astigmatism is the positive one turned by 90 degrees (add 90 to "
+                "astigmatism_angle_deg)"
+            )
+        self.astigmatism_angle_deg = _finite(astigmatism_angle_deg, "astigmatism_angle_deg")
+        self.extra_coeffs, self.extra_angles = _parse_aberrations(aberrations)
+        self.aberrations_given = dict(aberrations or {})
+        if not 0 < float(bf_threshold) < 1:
+            raise ParameterError(f"bf_threshold must be in (0, 1), got {bf_threshold!r}")
+        self.bf_threshold = float(bf_threshold)
+        if not (math.isfinite(float(bf_radius_factor)) and float(bf_radius_factor) > 0):
+            raise ParameterError(f"bf_radius_factor must be > 0, got {bf_radius_factor!r}")
+        self.bf_radius_factor = float(bf_radius_factor)
+        self.center = center
+        if probe is not None and not isinstance(probe, ProbeEstimate):
+            raise ParameterError(
+                f"probe must be a ProbeEstimate (from find_probe), got {type(probe).__name__}"
+            )
+        self.probe = probe
+        if pad_to is None:
+            self.pad_to: tuple[int, int] | None = None
+        else:
+            p = list(pad_to)
+            if len(p) != 2 or not all(isinstance(v, (int, np.integer)) and v > 0 for v in p):
+                raise ParameterError(
+                    f"pad_to must be (rows, cols) positive integers, got {pad_to!r}"
+                )
+            self.pad_to = (int(p[0]), int(p[1]))
+        self.fit_names = _fit_names(fit_aberrations)
+        for label, value in (
+            ("fit_max_pixels", fit_max_pixels),
+            ("fit_max_evaluations", fit_max_evaluations),
+            ("pixel_block", pixel_block),
+        ):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise ParameterError(f"{label} must be an integer >= 1, got {value!r}")
+        self.fit_max_pixels = int(fit_max_pixels)
+        self.fit_max_evaluations = int(fit_max_evaluations)
+        self.pixel_block = int(pixel_block)
+        self.allow_complex64 = bool(allow_complex64)
+        self.backend = backend
+        self.choice = resolve_ssb_backend(backend, allow_complex64=self.allow_complex64)
+
+    # -- parameters as given -------------------------------------------------------------
+    def parameters(self) -> dict[str, Any]:
+        """Parameters as given, with units."""
+        return {
+            "voltage_kV": self.voltage_kV,
+            "semiangle_mrad": self.semiangle_mrad,
+            "scan_step_A": None if self.scan_step_A is None else list(self.scan_step_A),
+            "detector_sampling_mrad": self.detector_sampling
+            if isinstance(self.detector_sampling, str)
+            else list(self.detector_sampling),
+            "rotation_deg": self.rotation_deg,
+            "transpose": self.transpose,
+            "defocus_A": self.defocus_A,
+            "astigmatism_A": self.astigmatism_A,
+            "astigmatism_angle_deg": self.astigmatism_angle_deg,
+            "aberrations": self.aberrations_given,
+            "bf_threshold": self.bf_threshold,
+            "bf_radius_factor": self.bf_radius_factor,
+            "center": self.center
+            if isinstance(self.center, str)
+            else [float(v) for v in self.center],
+            "pad_to": None if self.pad_to is None else list(self.pad_to),
+            "fit_aberrations": list(self.fit_names),
+            "fit_max_pixels": self.fit_max_pixels,
+            "fit_max_evaluations": self.fit_max_evaluations,
+            "pixel_block": self.pixel_block,
+            "backend": self.backend,
+            "allow_complex64": self.allow_complex64,
+        }
+
+    # -- resolution ----------------------------------------------------------------------
+    def aberrations(self, c10: float, c12: float, phi12_deg: float) -> Aberrations:
+        """The aberrations with the given C10, C12 (Å) and phi12 (deg), plus the extras."""
+        terms: dict[tuple[int, int], tuple[float, float]] = {
+            (1, 0): (c10, 0.0),
+            (1, 2): (c12, math.radians(phi12_deg)),
+        }
+        for key, value in self.extra_coeffs.items():
+            terms[key] = (value, math.radians(self.extra_angles.get(key, 0.0)))
+        return Aberrations(terms)
+
+    def _check_voltage(self, cal: Calibration) -> None:
+        kv = cal.accelerating_voltage_kV
+        if kv is not None and not math.isclose(kv, self.voltage_kV, rel_tol=_RTOL):
+            raise CalibrationError(
+                f"voltage_kV={self.voltage_kV} disagrees with the dataset calibration's "
+                f"accelerating_voltage_kV={kv}; give one consistent value (fix the calibration "
+                "with ds.with_calibration(accelerating_voltage_kV=...) or pass the same voltage)"
+            )
+
+    def _scan_step(self, cal: Calibration) -> tuple[tuple[float, float], dict[str, Any]]:
+        cal_A: tuple[float, float] | None = None
+        if cal.scan_is_calibrated:
+            f = length_scale(cal.scan_units, "Å")
+            cal_A = (cal.scan_sampling[0] * f, cal.scan_sampling[1] * f)
+        if self.scan_step_A is not None:
+            if cal_A is not None and not _close(self.scan_step_A, cal_A):
+                raise CalibrationError(
+                    f"scan_step_A={list(self.scan_step_A)} Å disagrees with the dataset's scan "
+                    f"calibration {list(cal.scan_sampling)} {cal.scan_units} (= {list(cal_A)} Å); "
+                    "pass scan_step_A=None to use the calibration, or fix the calibration"
+                )
+            how = "given (agrees with the calibration)" if cal_A is not None else "given"
+            return self.scan_step_A, {"scan_step_from": how}
+        if cal_A is None:
+            raise CalibrationError(
+                "SSB needs the scan step as a length, but the dataset's scan is uncalibrated "
+                f"(scan_units='px', sampling {list(cal.scan_sampling)}): a scan index is not a "
+                "length. Pass scan_step_A=(row, col) in Å, or open the data with "
+                "Calibration(scan_sampling=..., scan_units='Å')"
+            )
+        return cal_A, {
+            "scan_step_from": f"calibration ({list(cal.scan_sampling)} {cal.scan_units})"
+        }
+
+    def _calibrated_mrad(self, cal: Calibration) -> tuple[float, float] | None:
+        if cal.detector_units == "mrad":
+            return cal.detector_sampling
+        if cal.detector_units == "1/Å":
+            lam = electron_wavelength_angstrom(self.voltage_kV)
+            s = cal.detector_sampling
+            return (s[0] * lam * 1e3, s[1] * lam * 1e3)
+        return None
+
+    def _check_detector(self, cal: Calibration) -> None:
+        cal_mrad = self._calibrated_mrad(cal)
+        if isinstance(self.detector_sampling, tuple):
+            if cal_mrad is not None and not _close(self.detector_sampling, cal_mrad):
+                raise CalibrationError(
+                    f"detector_sampling_mrad={list(self.detector_sampling)} mrad disagrees with "
+                    f"the dataset's detector calibration {list(cal.detector_sampling)} "
+                    f"{cal.detector_units} (= {[round(v, 6) for v in cal_mrad]} mrad at "
+                    f"{self.voltage_kV} kV); pass detector_sampling_mrad=None to use the "
+                    "calibration, or fix the calibration"
+                )
+        elif self.detector_sampling == "calibration" and cal_mrad is None:
+            raise CalibrationError(
+                "detector_sampling_mrad='calibration' needs a calibrated detector, but its pixels "
+                "are uncalibrated (detector_units='px'), and an uncalibrated pixel is never mrad. "
+                "Give detector_sampling_mrad=<mrad per pixel>, calibrate the detector "
+                "(Calibration(detector_sampling=..., detector_units='mrad')), or let SSB derive "
+                "it from the bright-field disk (detector_sampling_mrad=None or 'bf_disk': "
+                "semiangle_mrad / disk radius in px, recorded as derived)"
+            )
+
+    def validate(self, ds: Dataset4D) -> None:
+        """Check units and shapes against the dataset (reads nothing)."""
+        if ds.dtype.kind not in "uif":
+            raise DtypeError(f"SSB needs real intensities (integer or float), got dtype {ds.dtype}")
+        cal = ds.calibration
+        self._check_voltage(cal)
+        self._scan_step(cal)
+        self._check_detector(cal)
+        if self.pad_to is not None:
+            R, C = ds.scan_shape
+            if self.pad_to[0] < R or self.pad_to[1] < C:
+                raise ParameterError(
+                    f"pad_to={list(self.pad_to)} is smaller than the scan {[R, C]}; padding "
+                    "never crops: give pad_to >= the scan shape on both axes (or None)"
+                )
+
+    def _detector_mrad(
+        self, cal: Calibration, radius_px: float
+    ) -> tuple[tuple[float, float], dict[str, Any], list[str]]:
+        cal_mrad = self._calibrated_mrad(cal)
+        derive = self.detector_sampling == "bf_disk" or (
+            self.detector_sampling == "auto" and cal_mrad is None
+        )
+        if isinstance(self.detector_sampling, tuple):
+            how = "given" + (" (agrees with the calibration)" if cal_mrad is not None else "")
+            return self.detector_sampling, {"detector_sampling_from": how}, []
+        if not derive:
+            assert cal_mrad is not None
+            how = f"calibration ({list(cal.detector_sampling)} {cal.detector_units}"
+            how += f", at {self.voltage_kV} kV)" if cal.detector_units == "1/Å" else ")"
+            return cal_mrad, {"detector_sampling_from": how}, []
+        s = self.semiangle_mrad / radius_px
+        rule = "semiangle_mrad / bright-field disk radius (px)"
+        note = (
+            f"detector sampling DERIVED from the bright-field disk: {self.semiangle_mrad} mrad / "
+            f"{radius_px:.4g} px = {s:.6g} mrad/px (isotropic); give detector_sampling_mrad= or "
+            "a calibrated detector to use a measured value"
+        )
+        if cal_mrad is not None:
+            note += f"; the detector calibration ({list(cal_mrad)} mrad) was not used"
+        return (
+            (s, s),
+            {
+                "detector_sampling_from": "derived from the bright-field disk",
+                "detector_sampling_rule": rule,
+                "bf_disk_radius_px": radius_px,
+            },
+            [note],
+        )
+
+    def geometry(self, ctx: PlanContext) -> tuple[SSBGeometry, list[str]]:
+        """Resolve the probe, units and bright-field pixels."""
+        ds = ctx.dataset
+        cal = ds.calibration
+        self._check_voltage(cal)
+        step, step_rec = self._scan_step(cal)
+        self._check_detector(cal)
+        if self.probe is not None:
+            est = self.probe
+            probe_from = "given"
+        else:
+            shared = ctx.probe()
+            if math.isclose(shared.threshold, self.bf_threshold):
+                est, probe_from = shared, "shared probe estimate of the pass"
+            else:
+                est = find_probe(ds, threshold=self.bf_threshold)
+                probe_from = f"found with threshold {self.bf_threshold} (sampled frames)"
+        center, center_rec = resolve_center(self.center, ctx, est)
+        det_mrad, det_rec, notes = self._detector_mrad(cal, float(est.radius))
+        lam = electron_wavelength_angstrom(self.voltage_kV)
+        alpha = self.semiangle_mrad * 1e-3
+        shape = ds.detector_shape
+        select_radius = self.bf_radius_factor * float(est.radius)
+        d_px = detector_distance(shape, center, (1.0, 1.0))
+        selected = d_px < select_radius
+        g_r = (np.arange(shape[0], dtype=np.float64) - center[0])[:, None] * det_mrad[0] * 1e-3
+        g_c = (np.arange(shape[1], dtype=np.float64) - center[1])[None, :] * det_mrad[1] * 1e-3
+        g_r, g_c = np.broadcast_arrays(g_r, g_c)
+        if self.transpose:
+            g_r, g_c = g_c, g_r
+        th = math.radians(self.rotation_deg)
+        v_r = math.cos(th) * g_r - math.sin(th) * g_c
+        v_c = math.sin(th) * g_r + math.cos(th) * g_c
+        inside = v_r**2 + v_c**2 < alpha**2
+        used = selected & inside
+        n_sel, n_used = int(selected.sum()), int(used.sum())
+        if n_used == 0:
+            raise ParameterError(
+                f"no bright-field pixel is both within {select_radius:.4g} px of the centre "
+                f"{list(center)} and inside the {self.semiangle_mrad} mrad aperture at "
+                f"{list(det_mrad)} mrad/px; check semiangle_mrad, the detector sampling and "
+                "bf_radius_factor"
+            )
+        flat = np.flatnonzero(used.ravel())
+        record: dict[str, Any] = {
+            "voltage_kV": self.voltage_kV,
+            "wavelength_A": lam,
+            "semiangle_mrad": self.semiangle_mrad,
+            "scan_step_A": list(step),
+            **step_rec,
+            "detector_sampling_mrad": list(det_mrad),
+            **det_rec,
+            "rotation_deg": self.rotation_deg,
+            "transpose": self.transpose,
+            "rotation_convention": "transpose (g_r, g_c) -> (g_c, g_r) first, then "
+            "v_r = cos g_r - sin g_c, v_c = sin g_r + cos g_c (as dpc)",
+            "bright_field": {
+                "probe": est.to_dict(),
+                "probe_from": probe_from,
+                "threshold": self.bf_threshold,
+                "radius_px": float(est.radius),
+                "radius_factor": self.bf_radius_factor,
+                "selection_radius_px": select_radius,
+                "center_px": [float(center[0]), float(center[1])],
+                **center_rec,
+                "n_selected": n_sel,
+                "n_inside_aperture": int(inside.sum()),
+                "n_used": n_used,
+                "rule": "distance from the centre < radius_factor x probe radius (px) AND "
+                "inside the aperture (|v| < semiangle); only these pixels are gathered",
+                "mask": array_identity(used),
+            },
+        }
+        if n_used < n_sel:
+            notes.append(
+                f"{n_sel - n_used} selected bright-field pixel(s) lie outside the "
+                f"{self.semiangle_mrad} mrad aperture and were not used"
+            )
+        geo = SSBGeometry(
+            indices=flat,
+            v_r=v_r.ravel()[flat],
+            v_c=v_c.ravel()[flat],
+            wavelength_A=lam,
+            alpha_rad=alpha,
+            scan_step_A=step,
+            detector_mrad=det_mrad,
+            record=record,
+        )
+        return geo, notes
+
+    def plan(self, ctx: PlanContext) -> ChunkPlan:
+        """Gather the bright-field pixels in the shared pass; reconstruct in the finalize."""
+        ds = ctx.dataset
+        geo, notes = self.geometry(ctx)
+        params = {"given": self.parameters(), **geo.record}
+
+        def finalize(out: PassOutputs) -> ComplexObject:
+            return self._finalize(ds, geo, params, list(notes), out)
+
+        return ChunkPlan(
+            weights={},
+            want_sum=False,
+            want_max=False,
+            parameters=params,
+            finalize=finalize,
+            gather=geo.indices,
+        )
+
+    # -- the reconstruction --------------------------------------------------------------
+    def _finalize(
+        self,
+        ds: Dataset4D,
+        geo: SSBGeometry,
+        params: dict[str, Any],
+        notes: list[str],
+        out: PassOutputs,
+    ) -> ComplexObject:
+        t0 = time.perf_counter()
+        started_tracing = not tracemalloc.is_tracing()
+        if started_tracing:
+            tracemalloc.start()
+        else:
+            tracemalloc.reset_peak()
+        traced0 = tracemalloc.get_traced_memory()[0]
+        try:
+            result = self._reconstruct(ds, geo, params, notes, out)
+        finally:
+            traced_peak = tracemalloc.get_traced_memory()[1]
+            if started_tracing:
+                tracemalloc.stop()
+        rss_bytes: int | None = None
+        try:
+            import resource  # Unix only
+
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            rss_bytes = int(rss if sys.platform == "darwin" else rss * 1024)
+        except ImportError:  # pragma: no cover - Windows
+            pass
+        result.provenance.parameters["memory"] = {
+            **result.provenance.parameters.get("memory", {}),
+            "ssb_stage_peak_traced_bytes": int(traced_peak - traced0),
+            "tracemalloc": "host allocations traced during the SSB stage (NumPy/SciPy buffers; "
+            "memory-mapped pages and device memory are not counted)"
+            + ("" if started_tracing else "; tracing was already on, its peak was reset"),
+            "process_peak_rss_bytes": rss_bytes,
+            "process_peak_rss": "resource.getrusage(RUSAGE_SELF).ru_maxrss: the process's "
+            "lifetime peak, an upper bound",
+        }
+        result.provenance.timings["ssb_stage_s"] = time.perf_counter() - t0
+        return result
+
+    def _reconstruct(
+        self,
+        ds: Dataset4D,
+        geo: SSBGeometry,
+        params: dict[str, Any],
+        notes: list[str],
+        out: PassOutputs,
+    ) -> ComplexObject:
+        if out.gathered is None or out.gather_indices is None:
+            raise ParameterError("internal error: the pass returned no gathered pixels for SSB")
+        gidx = np.asarray(out.gather_indices)
+        rows = np.searchsorted(gidx, geo.indices)
+        if rows.size and (rows.max() >= gidx.size or np.any(gidx[rows] != geo.indices)):
+            raise ParameterError("internal error: the gathered pixels do not hold SSB's pixels")
+        gathered = out.gathered
+        R, C = ds.scan_shape
+        fft_shape = self.pad_to or (R, C)
+        grid = QGrid.build(fft_shape, geo.scan_step_A, geo.wavelength_A, geo.alpha_rad)
+        ops = make_ops(self.choice.chosen)
+        timings: dict[str, float] = {"ssb_read_s": 0.0, "ssb_fft_accumulate_s": 0.0}
+
+        # per-pixel scan means come with each block; a pixel whose mean is not > 0 is dead
+        def load(sel: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            t = time.perf_counter()
+            if sel.size and sel[-1] - sel[0] + 1 == sel.size:
+                block = np.asarray(gathered[int(sel[0]) : int(sel[-1]) + 1])
+            else:
+                block = np.asarray(gathered[sel])
+            means = block.reshape(block.shape[0], -1).mean(axis=1, dtype=np.float64)
+            good = np.isfinite(means) & (means > 0)
+            timings["ssb_read_s"] += time.perf_counter() - t
+            return block, means, good
+
+        c10, c12, phi12 = self.defocus_A, self.astigmatism_A, self.astigmatism_angle_deg
+        fit_record: dict[str, Any] | None = None
+        if self.fit_names:
+            t = time.perf_counter()
+            c10, c12, phi12, fit_record = self._fit(ops, grid, geo, rows, load)
+            timings["ssb_fit_s"] = time.perf_counter() - t
+        ab = self.aberrations(c10, c12, phi12)
+
+        sums = PartialSums.zeros(grid.band_shape)
+        n_dead = 0
+        n_blocks = 0
+        for b0 in range(0, rows.size, self.pixel_block):
+            sel = rows[b0 : b0 + self.pixel_block]
+            block, means, good = load(sel)
+            v_r, v_c = geo.v_r[b0 : b0 + self.pixel_block], geo.v_c[b0 : b0 + self.pixel_block]
+            if not good.all():
+                n_dead += int((~good).sum())
+                block, means, v_r, v_c = block[good], means[good], v_r[good], v_c[good]
+            if block.shape[0] == 0:
+                continue
+            t = time.perf_counter()
+            with ops.lock():
+                spec = spectra(ops, block, 1.0 / means, grid)
+                part = accumulate(ops, spec, v_r, v_c, grid, ab, geo.wavelength_A)
+                del spec
+            timings["ssb_fft_accumulate_s"] += time.perf_counter() - t
+            sums.add(part)
+            n_blocks += 1
+            del block
+        if n_dead:
+            notes.append(
+                f"{n_dead} bright-field pixel(s) had a scan mean <= 0 (dead) and were left out"
+            )
+        t = time.perf_counter()
+        coeff, loss = assemble(sums, grid)
+        obj_full = 1.0 + np.fft.ifft2(coeff) * (fft_shape[0] * fft_shape[1])
+        obj = np.ascontiguousarray(obj_full[:R, :C], dtype=np.complex128)
+        timings["ssb_assemble_s"] = time.perf_counter() - t
+
+        lam = geo.wavelength_A
+        band_A = 2 * geo.alpha_rad / lam
+        nyquist = [1 / (2 * s) for s in geo.scan_step_A]
+        if min(nyquist) < band_A:
+            notes.append(
+                f"the scan undersamples the SSB band: Nyquist {[round(v, 4) for v in nyquist]} "
+                f"1/Å < 2 alpha / lambda = {band_A:.4f} 1/Å; object frequencies beyond Nyquist "
+                "alias (a smaller scan step avoids it)"
+            )
+        params = {
+            **params,
+            "aberrations_used": {
+                "C10_A": c10,
+                "C12_A": c12,
+                "phi12_deg": phi12,
+                **{f"C{n}{m}_A": v for (n, m), v in self.extra_coeffs.items()},
+                **{f"phi{n}{m}_deg": v for (n, m), v in self.extra_angles.items()},
+                "convention": "chi = (2 pi / lambda) sum C_nm theta^(n+1)/(n+1) cos(m (phi - "
+                "phi_nm)), phi = atan2(k_r, k_c); probe = IFT[A exp(-i chi)]",
+                "source": "fitted" if fit_record else "given",
+                "phase_path": "none (all zero)"
+                if ab.is_zero
+                else (
+                    "quadratic (C10, C12): separable per-pixel phase ramp x exp(i chi(q))"
+                    if ab.is_quadratic
+                    else "general: chi evaluated at every (pixel, frequency)"
+                ),
+            },
+            "padding": {
+                "pad_to": None if self.pad_to is None else list(self.pad_to),
+                "fft_shape": list(fft_shape),
+                "scan_shape": [R, C],
+                "mode": "none (FFT over the scan as it is; periodic boundary)"
+                if self.pad_to is None
+                else "each pixel's normalised series (I / mean - 1, zero mean) padded with "
+                "zeros at the end of each axis (= padding with the pixel's mean intensity); "
+                "the object is returned on the scan's own [0, R) x [0, C) grid, the padded "
+                "margin (no data) is discarded",
+            },
+            "normalisation": "each pixel's series divided by its scan mean; O = 1 + IFT(c), "
+            "c(0) = 0 (the mean of O - 1 is not measured by SSB)",
+            "frequencies": {
+                "band_limit_1_per_A": band_A,
+                "band_rule": "trotters exist for 0 < lambda |Q| < 2 alpha; rows/columns with "
+                "|lambda Q_r| or |lambda Q_c| >= 2 alpha are skipped",
+                "band_rows": int(grid.rows.size),
+                "band_cols_half_plane": int(grid.cols.size),
+                "scan_nyquist_1_per_A": nyquist,
+                "estimated": loss["frequencies_estimated"],
+                "total": loss["frequencies_total"],
+            },
+            "double_overlap_loss": loss["loss"],
+            "loss_definition": "sum |F - model|^2 / sum |F|^2 over both trotters of every "
+            "frequency (F: normalised scan spectra)",
+            "fit": fit_record,
+            "ssb_backend": {
+                **self.choice.to_dict(),
+                **ops.describe(),
+                "elementwise_sub_block_elements": ELEMENTWISE_ELEMENTS,
+            },
+            "blocks": {
+                "pixel_block": self.pixel_block,
+                "n_blocks": n_blocks,
+                "n_pixels": int(geo.indices.size),
+                "n_dead_pixels": n_dead,
+            },
+            "gathered": {
+                "storage": "disk-backed memory map"
+                if isinstance(gathered, np.memmap)
+                else "in memory",
+                "shape": list(np.shape(gathered)),
+                "dtype": str(np.asarray(gathered[:0]).dtype),
+                "nbytes": int(np.prod(np.shape(gathered))) * ds.dtype.itemsize,
+            },
+            "memory": {
+                "bound": "one block of spectra + O(scan) arrays",
+                "block_spectra_bytes": int(
+                    min(self.pixel_block, geo.indices.size)
+                    * grid.half_shape[0]
+                    * grid.half_shape[1]
+                    * 16
+                ),
+            },
+        }
+        if self.choice.chosen == "mps":
+            notes.append(
+                "SSB FFT stage ran in complex64 on MLX (allow_complex64=True); sums across "
+                "blocks in complex128"
+            )
+        prov = make_provenance(
+            ds,
+            operator="ssb",
+            parameters=params,
+            outputs=out,
+            accumulation_dtype="complex128"
+            if self.choice.chosen != "mps"
+            else "complex64 within blocks (MLX), complex128 across blocks",
+            notes=notes,
+        )
+        prov.timings.update(timings)
+        axes = (
+            Axis("scan_row", R, geo.scan_step_A[0], "Å", 0.0),
+            Axis("scan_col", C, geo.scan_step_A[1], "Å", 0.0),
+        )
+        return ComplexObject(data=obj, units="1", axes=axes, provenance=prov)
+
+    # -- aberration fit ------------------------------------------------------------------
+    def _fit(
+        self,
+        ops: ArrayOps,
+        grid: QGrid,
+        geo: SSBGeometry,
+        rows: np.ndarray,
+        load: Any,
+    ) -> tuple[float, float, float, dict[str, Any]]:
+        from scipy.optimize import minimize
+
+        n = rows.size
+        take = np.unique(np.linspace(0, n - 1, num=min(self.fit_max_pixels, n)).round()).astype(
+            np.int64
+        )
+        block, means, good = load(rows[take])
+        take = take[good]
+        block, means = block[good], means[good]
+        v_r, v_c = geo.v_r[take], geo.v_c[take]
+        with ops.lock():
+            spec = spectra(ops, block, 1.0 / means, grid)
+        del block
+        lam, alpha = geo.wavelength_A, geo.alpha_rad
+        dof = lam / alpha**2  # depth of field scale (Å)
+        names = self.fit_names
+        both_astig = "C12" in names and "phi12" in names
+        x0: list[float] = []
+        steps: list[float] = []
+        labels: list[str] = []
+        if "C10" in names:
+            x0.append(self.defocus_A)
+            steps.append(dof)
+            labels.append("C10_A")
+        if both_astig:
+            phi = math.radians(2 * self.astigmatism_angle_deg)
+            x0 += [self.astigmatism_A * math.cos(phi), self.astigmatism_A * math.sin(phi)]
+            steps += [dof / 2, dof / 2]
+            labels += ["C12a_A (C12 cos 2 phi12)", "C12b_A (C12 sin 2 phi12)"]
+        elif "C12" in names:
+            x0.append(self.astigmatism_A)
+            steps.append(dof / 2)
+            labels.append("C12_A")
+        elif "phi12" in names:
+            x0.append(self.astigmatism_angle_deg)
+            steps.append(30.0)
+            labels.append("phi12_deg")
+
+        def unpack(x: np.ndarray) -> tuple[float, float, float]:
+            i = 0
+            c10, c12, phi12 = self.defocus_A, self.astigmatism_A, self.astigmatism_angle_deg
+            if "C10" in names:
+                c10 = float(x[i])
+                i += 1
+            if both_astig:
+                a, b = float(x[i]), float(x[i + 1])
+                c12 = math.hypot(a, b)
+                phi12 = (math.degrees(math.atan2(b, a)) / 2) % 180.0
+            elif "C12" in names:
+                c12 = float(x[i])
+                if c12 < 0:
+                    c12, phi12 = -c12, (phi12 + 90.0) % 180.0
+            elif "phi12" in names:
+                phi12 = float(x[i]) % 180.0
+            return c10, c12, phi12
+
+        evaluations: list[float] = []
+
+        def loss(x: np.ndarray) -> float:
+            ab = self.aberrations(*unpack(x))
+            with ops.lock():
+                sums = accumulate(ops, spec, v_r, v_c, grid, ab, lam)
+            value = float(assemble(sums, grid)[1]["loss"])
+            evaluations.append(value)
+            return value
+
+        start = np.asarray(x0, dtype=np.float64)
+        simplex = np.vstack([start] + [start + s * np.eye(len(x0))[i] for i, s in enumerate(steps)])
+        loss_start = loss(start)
+        res = minimize(
+            loss,
+            start,
+            method="Nelder-Mead",
+            options={
+                "initial_simplex": simplex,
+                "maxfev": self.fit_max_evaluations,
+                "xatol": 1e-3 * dof,
+                "fatol": 1e-12,
+            },
+        )
+        c10, c12, phi12 = unpack(np.asarray(res.x))
+        record = {
+            "fitted": list(names),
+            "method": "scipy.optimize.minimize(method='Nelder-Mead') with a fixed initial "
+            "simplex (deterministic), minimising the double-overlap loss",
+            "parameters": labels,
+            "start": [float(v) for v in start],
+            "initial_simplex": simplex.tolist(),
+            "simplex_steps": steps,
+            "depth_of_field_A": dof,
+            "options": {"maxfev": self.fit_max_evaluations, "xatol": 1e-3 * dof, "fatol": 1e-12},
+            "loss_start": loss_start,
+            "loss_end": float(res.fun),
+            "x": [float(v) for v in np.atleast_1d(res.x)],
+            "success": bool(res.success),
+            "message": str(res.message),
+            "nit": int(res.nit),
+            "nfev": int(res.nfev),
+            "result": {"C10_A": c10, "C12_A": c12, "phi12_deg": phi12},
+            "subset": {
+                "n_pixels": int(take.size),
+                "of_pixels": int(n),
+                "rule": "pixels evenly spaced (by flat index) over the bright-field pixels used",
+                "frequencies": "all frequencies of the band",
+            },
+        }
+        if not res.success:
+            record["warning"] = "the optimiser stopped before converging; see message"
+        return c10, c12, phi12, record
+
+
+def ssb(
+    ds: Dataset4D,
+    *,
+    voltage_kV: float,
+    semiangle_mrad: float,
+    scan_step_A: Pair | None = None,
+    detector_sampling_mrad: Pair | str | None = None,
+    rotation_deg: float = 0.0,
+    transpose: bool = False,
+    defocus_A: float = 0.0,
+    astigmatism_A: float = 0.0,
+    astigmatism_angle_deg: float = 0.0,
+    aberrations: Mapping[str, float] | None = None,
+    bf_threshold: float = 0.5,
+    bf_radius_factor: float = 1.0,
+    center: str | Sequence[float] = "auto",
+    probe: ProbeEstimate | None = None,
+    pad_to: Sequence[int] | None = None,
+    fit_aberrations: bool | Sequence[str] = False,
+    fit_max_pixels: int = 128,
+    fit_max_evaluations: int = 200,
+    pixel_block: int = 256,
+    backend: str = "auto",
+    allow_complex64: bool = False,
+    name: str | None = None,
+) -> LazyResult:
+    r"""Single-sideband ptychography: the complex transmission function over the scan.
+
+    The model, signs and conventions are in the module docstring
+    (:mod:`quantem_flow.operators.ssb`): the aberration phase is
+    ``chi(k) = (2 pi / lambda) [C10 theta^2 / 2 + C12 theta^2 / 2 cos(2 (phi -
+    phi12)) + ...]`` (``theta = lambda |k|`` in rad, ``phi = atan2(k_r, k_c)``),
+    and the probe is ``IFT[A(k) exp(-i chi(k))]``.
+
+    Parameters
+    ----------
+    ds
+        The dataset ``I[R_r, R_c, k_r, k_c]`` (real intensities).
+    voltage_kV
+        Accelerating voltage (kV, > 0); must agree with the calibration's when
+        it has one.
+    semiangle_mrad
+        Probe-forming aperture semiangle ``alpha`` (mrad, > 0).
+    scan_step_A
+        Scan step (row, col) or one number, in Å.  ``None``: from the
+        dataset's scan calibration, which must be a length (a ``px`` scan is
+        a :class:`~quantem_flow.errors.CalibrationError`).  Given and
+        calibrated values must agree.
+    detector_sampling_mrad
+        Detector pixel size in mrad (one number or (row, col)); ``None`` /
+        ``"auto"``: from a calibrated detector (mrad, or 1/Å converted with
+        ``voltage_kV``), else DERIVED from the bright-field disk as
+        ``semiangle_mrad / radius_px`` (recorded as derived, with a note);
+        ``"calibration"``: require the calibration; ``"bf_disk"``: always
+        derive.  A given value that disagrees with the calibration raises.
+    rotation_deg, transpose
+        Detector-to-scan mapping (transpose first, then rotate; as
+        :func:`~quantem_flow.operators.dpc.dpc`).
+    defocus_A
+        ``C10`` in Å (sign as in the module docstring).
+    astigmatism_A, astigmatism_angle_deg
+        Two-fold astigmatism ``C12`` (Å, a magnitude >= 0) and its angle
+        ``phi12`` (degrees, from the scan column axis toward the row axis).
+    aberrations
+        More axial aberrations: ``{"C30": Å, "C23": Å, "phi23_deg": deg, ...}``.
+    bf_threshold
+        Segmentation threshold of the probe estimate (see
+        :func:`~quantem_flow.operators.probe.estimate_probe`).
+    bf_radius_factor
+        Bright-field pixels are those within ``bf_radius_factor`` x the probe
+        radius of the centre AND inside the aperture; only they are gathered.
+    center
+        ``"auto"``, ``"probe"``, ``"calibration"`` or ``(row, col)`` px.
+    probe
+        A precomputed :class:`~quantem_flow.operators.probe.ProbeEstimate`.
+    pad_to
+        FFT size ``(rows, cols)`` over the scan (>= the scan shape), padding
+        each pixel's zero-mean series at the end; recorded.  Default: no
+        padding (any scan shape works).
+    fit_aberrations
+        ``True`` (C10, C12 and phi12), ``False``, or names among ``"C10"``/
+        ``"defocus_A"``, ``"C12"``/``"astigmatism_A"``, ``"phi12"``/
+        ``"astigmatism_angle_deg"``: minimise the double-overlap loss with
+        Nelder-Mead from the given values (fixed initial simplex, steps of
+        ``lambda / alpha^2``), on ``fit_max_pixels`` evenly spaced pixels and
+        at most ``fit_max_evaluations`` loss evaluations.
+    fit_max_pixels, fit_max_evaluations
+        Bounds of the fit's cost (recorded).
+    pixel_block
+        Detector pixels transformed together (memory: one block of
+        ``pixel_block x R x (C/2 + 1)`` complex spectra).
+    backend
+        Runtime of the FFT/accumulation stage: ``"auto"`` (cuda, else cpu;
+        mps only with ``allow_complex64``), ``"cpu"``, ``"cuda"`` or ``"mps"``.
+    allow_complex64
+        Allow a runtime without complex128 FFT (MLX) to compute in complex64.
+    name
+        Label of the result (default ``"ssb"``).
+
+    Returns
+    -------
+    LazyResult
+        A lazy :class:`~quantem_flow.results.ComplexObject`: complex128
+        ``(R_r, R_c)``, units ``"1"`` (transmission function), axes in Å;
+        ``.phase`` in rad and ``.amplitude``.  Its provenance holds every
+        input with units, how the detector sampling was obtained, the
+        bright-field selection, rotation/transpose, padding, the
+        double-overlap loss, the fit, peak memory and timings.
+    """
+    if not isinstance(ds, Dataset4D):
+        raise ParameterError(
+            f"expected a Dataset4D (from quantem_flow.open), got {type(ds).__name__}"
+        )
+    op = SSB(
+        voltage_kV=voltage_kV,
+        semiangle_mrad=semiangle_mrad,
+        scan_step_A=scan_step_A,
+        detector_sampling_mrad=detector_sampling_mrad,
+        rotation_deg=rotation_deg,
+        transpose=transpose,
+        defocus_A=defocus_A,
+        astigmatism_A=astigmatism_A,
+        astigmatism_angle_deg=astigmatism_angle_deg,
+        aberrations=aberrations,
+        bf_threshold=bf_threshold,
+        bf_radius_factor=bf_radius_factor,
+        center=center,
+        probe=probe,
+        pad_to=pad_to,
+        fit_aberrations=fit_aberrations,
+        fit_max_pixels=fit_max_pixels,
+        fit_max_evaluations=fit_max_evaluations,
+        pixel_block=pixel_block,
+        backend=backend,
+        allow_complex64=allow_complex64,
+    )
+    return LazyResult(op, dataset=ds, name=name or "ssb")
