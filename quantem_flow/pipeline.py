@@ -63,10 +63,8 @@ mass is used.  Every output may also hold ``display:`` options for its PNG
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import importlib.resources
 import json
-import math
 import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -82,6 +80,7 @@ from .errors import FormatError, ParameterError, QuantemFlowError
 from .io import READERS
 from .io.base import check_exists
 from .operators.base import LazyResult
+from .provenance import jsonable
 from .results import Result
 
 __all__ = [
@@ -435,7 +434,7 @@ class Pipeline:
         return {
             "origin": self.origin,
             "base_dir": str(self.base_dir),
-            "spec": _jsonable(self.spec),
+            "spec": jsonable(self.spec),
         }
 
 
@@ -469,22 +468,6 @@ def _load_mask(path: Path) -> np.ndarray:
     if not isinstance(mask, np.ndarray):
         raise FormatError(f"mask {str(p)!r} holds several arrays; give a .npy with one 2-D array")
     return mask
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, np.generic):
-        return _jsonable(value.item())
-    if value is None or isinstance(value, (str, int, bool)):
-        return value
-    if isinstance(value, (_dt.date, _dt.datetime)):
-        return value.isoformat()
-    return str(value)
 
 
 # -- loading ------------------------------------------------------------------------------
@@ -590,7 +573,7 @@ def load_pipeline(
         save=save,
         base_dir=base,
         origin=origin,
-        spec=_jsonable(top),
+        spec=jsonable(top),
         description=description,
     )
 
@@ -848,7 +831,7 @@ def _connect(client: Any) -> tuple[Any, bool]:
 
 
 def _write_json(path: Path, doc: Mapping[str, Any]) -> None:
-    text = json.dumps(_jsonable(doc), indent=2, ensure_ascii=False, allow_nan=False)
+    text = json.dumps(jsonable(doc), indent=2, ensure_ascii=False, allow_nan=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:

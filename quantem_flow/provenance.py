@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Provenance", "array_identity", "package_versions"]
+__all__ = ["Provenance", "array_identity", "jsonable", "package_versions"]
 
 _VERSIONED = (
     "quantem-flow",
@@ -59,22 +59,32 @@ def array_identity(array: np.ndarray) -> dict[str, Any]:
     return {"shape": list(a.shape), "dtype": str(a.dtype), "sha256": digest.hexdigest()}
 
 
-def _jsonable(value: Any) -> Any:
-    """Convert numpy scalars, tuples and nested containers to JSON types."""
+def jsonable(value: Any) -> Any:
+    """Return ``value`` as JSON types (mappings, lists, str, numbers, bool, None).
+
+    NumPy arrays and scalars become lists and numbers; tuples and sets lists;
+    bytes text; non-finite floats the strings ``"nan"``, ``"inf"``, ``"-inf"``;
+    complex numbers ``{"real", "imag"}``; dates ISO strings; anything else its
+    ``str``.  The one conversion every module uses for provenance and metadata.
+    """
     if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
+        return jsonable(value.tolist())
     if isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, float) and not np.isfinite(value):
         return str(value)
     if isinstance(value, complex):
-        return {"real": _jsonable(value.real), "imag": _jsonable(value.imag)}
+        return {"real": jsonable(value.real), "imag": jsonable(value.imag)}
     if isinstance(value, (set, frozenset)):
-        return [_jsonable(v) for v in sorted(value, key=repr)]
+        return [jsonable(v) for v in sorted(value, key=repr)]
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, (_dt.date, _dt.datetime)):
+        return value.isoformat()
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return str(value)
@@ -143,7 +153,7 @@ class Provenance:
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
-        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {f.name: jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     def to_json(self, *, indent: int | None = 2) -> str:
         """Return the provenance as a JSON document."""

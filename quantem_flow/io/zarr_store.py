@@ -18,6 +18,7 @@ from ..errors import (
     ShapeError,
     UnsupportedOperationError,
 )
+from ..provenance import jsonable
 from .base import (
     FrameSource,
     SourceIdentity,
@@ -111,8 +112,8 @@ class ZarrSource(FrameSource):
         self._chunks = [int(c) for c in arr.chunks]
         shards = getattr(arr, "shards", None)
         self._shards = [int(c) for c in shards] if shards else None
-        meta = _jsonable(arr.metadata.to_dict())
-        self._attrs = _jsonable(dict(arr.attrs))
+        meta = jsonable(arr.metadata.to_dict())
+        self._attrs = jsonable(dict(arr.attrs))
         if self._zarr_format >= 3:
             self._codecs = meta.get("codecs", [])
         else:
@@ -414,22 +415,3 @@ class ZarrSource(FrameSource):
     def close(self) -> None:
         """Drop the array handle."""
         self._handle_array = None
-
-
-def _jsonable(value: Any) -> Any:
-    """Return ``value`` with tuples, NumPy scalars and bytes made JSON-ready."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
-    if isinstance(value, np.generic):
-        return _jsonable(value.item())
-    if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    if isinstance(value, float) and not np.isfinite(value):
-        return str(value)
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return str(value)
