@@ -66,7 +66,7 @@ from ..representations.paired import (
     pairs_from_events,
 )
 from .base import FrameSource, SourceIdentity, check_exists, header_digest
-from .hdf5 import open_h5
+from .hdf5 import attribute_value, open_h5
 
 if TYPE_CHECKING:
     from ..dataset import Dataset4D
@@ -85,16 +85,6 @@ class _PositionIndex:
 
     ptr: np.ndarray  # int64 (R*C + 1,)
     entries: np.ndarray  # int64 entry ids grouped by position, in file order within one
-
-
-def _attr(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    if isinstance(value, np.ndarray):
-        return value.tolist() if value.size <= 64 else f"<array {value.shape} {value.dtype}>"
-    if isinstance(value, np.generic):
-        return value.item()
-    return value if isinstance(value, (str, int, float, bool)) else repr(value)
 
 
 def _shape_from_attrs(
@@ -188,14 +178,14 @@ class CountedSource(FrameSource):
                 )
             self._event_dtype = str(np.dtype(base))
             self._n_entries = int(frames.shape[0])
-            frame_attrs = {k: _attr(v) for k, v in frames.attrs.items()}
+            frame_attrs = {k: attribute_value(v) for k, v in frames.attrs.items()}
             pos_obj = f.get(COUNTED_POSITIONS)
             pos_attrs: dict[str, Any] = {}
             positions: np.ndarray | None = None
             if pos_obj is not None:
                 if not isinstance(pos_obj, h5py.Dataset) or pos_obj.ndim != 1:
                     raise FormatError(f"{COUNTED_POSITIONS!r} in {where!r} must be a 1-D dataset")
-                pos_attrs = {k: _attr(v) for k, v in pos_obj.attrs.items()}
+                pos_attrs = {k: attribute_value(v) for k, v in pos_obj.attrs.items()}
                 try:
                     positions = np.asarray(pos_obj[()], dtype=np.int64)
                 except (OSError, ValueError, TypeError) as exc:
@@ -203,8 +193,8 @@ class CountedSource(FrameSource):
                         f"could not read {COUNTED_POSITIONS!r} of {where!r}: {exc}"
                     ) from exc
             version = f.attrs.get("version")
-            self._version = None if version is None else _attr(version)
-            root_attrs = {k: _attr(v) for k, v in f.attrs.items()}
+            self._version = None if version is None else attribute_value(version)
+            root_attrs = {k: attribute_value(v) for k, v in f.attrs.items()}
         self._frame_attrs = frame_attrs
         self._pos_attrs = pos_attrs
         self._root_attrs = root_attrs

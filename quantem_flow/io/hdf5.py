@@ -20,7 +20,7 @@ from ..errors import (
 )
 from .base import FrameSource, SourceIdentity, check_exists, header_digest
 
-__all__ = ["Hdf5Source", "list_candidate_datasets", "open_h5"]
+__all__ = ["Hdf5Source", "attribute_value", "list_candidate_datasets", "open_h5"]
 
 
 def open_h5(path: Path) -> Any:
@@ -128,7 +128,7 @@ class Hdf5Source(FrameSource):
             shape = tuple(int(s) for s in obj.shape)
             dtype = obj.dtype
             self._layout = dataset_filters(obj)
-            attrs = {k: _attr(v) for k, v in obj.attrs.items()}
+            attrs = {k: attribute_value(v) for k, v in obj.attrs.items()}
         if dtype.kind not in "uif":
             raise DtypeError(
                 f"{dataset_path!r} in {str(self._path)!r} has dtype {dtype}; expected integer or "
@@ -358,7 +358,8 @@ class Hdf5Source(FrameSource):
         self._handle_dset = None
 
 
-def _attr(value: Any) -> Any:
+def attribute_value(value: Any) -> Any:
+    """Return an HDF5 attribute value as a small JSON-ready value (large arrays summarised)."""
     if isinstance(value, bytes):
         return value.decode(errors="replace")
     if isinstance(value, np.ndarray):

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DtypeError, FormatError, ParameterError, QuantemFlowError
+from ..provenance import jsonable
 from ..results import RESULT_TYPES, Result, result_from_parts
 from .base import check_exists
 
@@ -65,21 +66,8 @@ def _package_version() -> str:
         return "unknown"
 
 
-def _json_fallback(value: Any) -> Any:
-    """Make the odd non-JSON value in provenance storable rather than fail the save."""
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, complex):
-        return {"real": value.real, "imag": value.imag}
-    if isinstance(value, (set, frozenset)):
-        return sorted(value, key=repr)
-    return str(value)
-
-
 def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=_json_fallback)
+    return json.dumps(value, ensure_ascii=False, default=jsonable)
 
 
 def _check_name(name: str, where: str) -> None:
