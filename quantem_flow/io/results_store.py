@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import json
-import math
 import os
 import shutil
 import uuid
@@ -541,25 +540,12 @@ def load_results(path: str | os.PathLike[str]) -> dict[str, Result]:
 
 
 # -- JSON export ---------------------------------------------------------------------------
-def _strict(value: Any) -> Any:
-    """Replace non-finite floats by ``"nan"``/``"inf"``/``"-inf"`` so the JSON is strict."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, Mapping):
-        return {str(k): _strict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict(v) for v in value]
-    if value is None or isinstance(value, (str, int)):
-        return value
-    return _strict(_json_fallback(value))
-
-
 def _data_json(data: np.ndarray) -> Any:
     if data.dtype.kind == "c":
         return {"real": _data_json(data.real), "imag": _data_json(data.imag)}
     values = data.tolist()
     if data.dtype.kind == "f" and not bool(np.isfinite(data).all()):
-        values = _strict(values)
+        values = jsonable(values)
     return values
 
 
@@ -605,7 +591,7 @@ def results_to_json(
         _PACKAGE_ATTR: _package_version(),
         "results": dict(_iter_entries(items, include_data)),
     }
-    text = json.dumps(_strict(doc), indent=2, ensure_ascii=False, allow_nan=False)
+    text = json.dumps(jsonable(doc), indent=2, ensure_ascii=False, allow_nan=False)
     if path is not None:
         target = Path(path).expanduser().absolute()
         if target.is_dir():
