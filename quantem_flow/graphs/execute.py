@@ -249,6 +249,9 @@ def compute(
         raise ParameterError("compute() needs at least one lazy result")
     order = _collect(targets)
     datasets = [n.dataset for n in order if n.dataset is not None]
+    for ds in datasets:  # a persisted dataset decides its runtime: check before resolving
+        if ds.is_persisted:
+            _pass_runtime(ds, BackendChoice(backend, backend, ""), backend)
     choice = resolve_backend(backend)
     runner = Runner(_choose_client(client, datasets))
     if progress is None:
