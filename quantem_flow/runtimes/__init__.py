@@ -41,7 +41,12 @@ MANIFEST: dict[str, dict[str, Any]] = {
     },
     "cuda": {
         "class": "quantem_flow.runtimes.cuda:CudaRuntime",
-        "kernels": [("frame_pass", "dense"), ("frame_pass", "paired"), ("ssb", "gathered")],
+        "kernels": [
+            ("frame_pass", "dense"),
+            ("frame_pass", "paired"),
+            ("frame_pass", "packed"),
+            ("ssb", "gathered"),
+        ],
     },
     "mps": {
         "class": "quantem_flow.runtimes.mps:MpsRuntime",

@@ -10,6 +10,9 @@ Kernels (``kernels/*.cu``; CI compiles each with ``nvcc -arch=sm_90 -cubin``):
     raw kernel with no weights.
 ``paired.cu``
     The same outputs on electron-counted pairs, O(events), one warp per frame.
+``packed.cu``
+    Unpacks per-block bit widths on the device, one thread per value, a
+    group of frames at a time into a reusable buffer the fused pass reads.
 
 Host data reach the device through a pinned staging buffer and a
 non-blocking stream per thread, so a worker thread can upload and compute
@@ -73,10 +76,11 @@ class CudaRuntime(Runtime):
 
     name: ClassVar[str] = "cuda"
     kernels: ClassVar[frozenset[tuple[str, str]]] = frozenset(
-        {("frame_pass", "dense"), ("frame_pass", "paired")}
+        {("frame_pass", "dense"), ("frame_pass", "paired"), ("frame_pass", "packed")}
     )
     payload_kernels: ClassVar[dict[str, str]] = {
         "paired": "quantem_flow.runtimes.cuda.paired:frame_pass_paired_cuda",
+        "packed": "quantem_flow.runtimes.cuda.grouped:frame_pass_packed_cuda",
     }
 
     def __init__(self) -> None:
