@@ -45,6 +45,7 @@ MANIFEST: dict[str, dict[str, Any]] = {
             ("frame_pass", "dense"),
             ("frame_pass", "paired"),
             ("frame_pass", "packed"),
+            ("frame_pass", "encoded"),
             ("ssb", "gathered"),
         ],
     },

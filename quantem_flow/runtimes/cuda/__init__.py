@@ -13,6 +13,9 @@ Kernels (``kernels/*.cu``; CI compiles each with ``nvcc -arch=sm_90 -cubin``):
 ``packed.cu``
     Unpacks per-block bit widths on the device, one thread per value, a
     group of frames at a time into a reusable buffer the fused pass reads.
+``bslz4.cu``
+    Decodes bitshuffle+LZ4 pieces (Dectris chunks) on the device: LZ4 blocks
+    one thread each, then bit-unshuffling one thread per byte.
 
 Host data reach the device through a pinned staging buffer and a
 non-blocking stream per thread, so a worker thread can upload and compute
@@ -76,11 +79,17 @@ class CudaRuntime(Runtime):
 
     name: ClassVar[str] = "cuda"
     kernels: ClassVar[frozenset[tuple[str, str]]] = frozenset(
-        {("frame_pass", "dense"), ("frame_pass", "paired"), ("frame_pass", "packed")}
+        {
+            ("frame_pass", "dense"),
+            ("frame_pass", "paired"),
+            ("frame_pass", "packed"),
+            ("frame_pass", "encoded"),
+        }
     )
     payload_kernels: ClassVar[dict[str, str]] = {
         "paired": "quantem_flow.runtimes.cuda.paired:frame_pass_paired_cuda",
         "packed": "quantem_flow.runtimes.cuda.grouped:frame_pass_packed_cuda",
+        "encoded": "quantem_flow.runtimes.cuda.bslz4:frame_pass_encoded_cuda",
     }
 
     def __init__(self) -> None:
