@@ -132,6 +132,33 @@ def main() -> int:
         sync,
     )
     add("32 stacked masks via cuBLAS (1/8 of the data)", s, nbytes / 8)
+    # other representations on a subset, parity with the CPU runtime first
+    from quantem_flow.representations import get_representation
+
+    sub_n = min(n, 16384)
+    host = cupy.asnumpy(frames[:sub_n]).reshape(1, sub_n, args.det, args.det)
+    low = (host > 40).astype(np.uint16) * host  # sparse: the bright-field disk only
+    cpu = CpuRuntime()
+    for rep_name, block in (("paired", low), ("packed", host), ("encoded", host)):
+        rep = get_representation(rep_name)
+        payload = (
+            rep.from_dense(block)
+            if rep_name != "encoded"
+            else rep.from_dense(block, codec="bitshuffle-lz4")
+        )
+        want = cpu.run_frame_pass(rep_name, payload, masks, want_sum=True, want_max=True)
+        have = rt.run_frame_pass(rep_name, payload, masks, want_sum=True, want_max=True)
+        np.testing.assert_allclose(have.per_frame, want.per_frame, rtol=1e-12)
+        np.testing.assert_array_equal(have.pattern_sum, want.pattern_sum)
+        np.testing.assert_array_equal(have.pattern_max, want.pattern_max)
+
+        def run(rep_name: str = rep_name, payload: Any = payload) -> Any:
+            return rt.run_frame_pass(rep_name, payload, masks, want_sum=False, want_max=False)
+
+        s, _ = timed(run, args.repeat, sync)
+        add(f"BF + ADF + CoM on {rep_name} ({sub_n} frames, host payload)", s, float(block.nbytes))
+    print("parity of paired, packed, encoded with the CPU runtime: OK", flush=True)
+
     field = cupy.asarray(np.random.default_rng(2).standard_normal((2, args.scan, args.scan)))
 
     def idpc() -> Any:
