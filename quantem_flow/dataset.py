@@ -432,8 +432,18 @@ class Dataset4D:
             _representation_options={**options, "verify": verify},
         )
 
-    def load_payload(self, rows: tuple[int, int]) -> tuple[Any, dict[str, Any]]:
+    def load_payload(
+        self, rows: tuple[int, int], *, buffer: np.ndarray | None = None
+    ) -> tuple[Any, dict[str, Any]]:
         """Load one chunk in the dataset's representation (eager).
+
+        Parameters
+        ----------
+        rows
+            Half-open scan-row range in this dataset's coordinates.
+        buffer
+            For dense data: a staging array of :meth:`raw_block_shape` and
+            the source dtype to decode into (see :meth:`load_block`).
 
         Returns
         -------
@@ -445,7 +455,7 @@ class Dataset4D:
         opts = dict(self._representation_options)
         verify = str(opts.pop("verify", "full"))
         if self._representation == "dense":
-            block = self.load_block(rows)
+            block = self.load_block(rows, buffer=buffer)
             return block, {"made": "dense read", "payload_bytes": int(block.nbytes)}
         C = self.scan_shape[1]
         b = self._scan_block

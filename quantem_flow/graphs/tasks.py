@@ -142,12 +142,12 @@ def run_chunk_pass(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial
     t0 = time.perf_counter()
     ds = spec.dataset
     shape = (r1 - r0, ds.shape[1])
-    if ds.representation == "dense":
-        buffer = staging_buffer(ds.raw_block_shape((r0, r1)), ds.source.dtype)
-        payload: Any = ds.load_block((r0, r1), buffer=buffer)
-        made: dict[str, Any] = {"made": "dense read", "payload_bytes": int(payload.nbytes)}
-    else:
-        payload, made = ds.load_payload((r0, r1))
+    buffer = (
+        staging_buffer(ds.raw_block_shape((r0, r1)), ds.source.dtype)
+        if ds.representation == "dense"
+        else None
+    )
+    payload, made = ds.load_payload((r0, r1), buffer=buffer)
     t1 = time.perf_counter()
     return _kernels(
         spec,
