@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Install what the tests need besides Python packages: Debian packages (as root) and the
+# web/ worker's npm packages and build.  Safe to run again; prints what it does.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  chromium                    # headless page host for the WebGPU worker (SwiftShader)
+  mesa-vulkan-drivers         # lavapipe (Vulkan on the CPU)
+  libvulkan-dev glslc         # Vulkan loader/headers and the GLSL compiler
+  libegl1 libegl-mesa0 libgles2  # EGL + GLES: Dawn's OpenGL ES backend in Node
+)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-toolchains: need root to install ${missing[*]} (or install them yourself)" >&2
+    exit 1
+  fi
+  echo "install-toolchains: apt-get install ${missing[*]}"
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if [ -f web/package.json ]; then
+  echo "install-toolchains: npm ci && npm run build in web/"
+  (cd web && npm ci --no-audit --no-fund && npm run build)
+fi
