@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   chromium                    # headless page host for the WebGPU worker (SwiftShader)
   mesa-vulkan-drivers         # lavapipe (Vulkan on the CPU)
-  libvulkan-dev glslc         # Vulkan loader/headers and the GLSL compiler
+  libvulkan-dev glslc cmake   # Vulkan loader/headers, the GLSL compiler, CMake (android/)
   libegl1 libegl-mesa0 libgles2  # EGL + GLES: Dawn's OpenGL ES backend in Node
 )
 
