@@ -14,14 +14,19 @@ __all__ = [
     "CorruptChunkError",
     "DatasetPathError",
     "DtypeError",
+    "ExternalWorkerError",
+    "ExternalWorkerLostError",
+    "ExternalWorkerTimeoutError",
     "FormatError",
     "ParameterError",
     "PlacementError",
+    "ProtocolError",
     "QuantemFlowError",
     "RuntimeUnavailableError",
     "ScanShapeError",
     "ShapeError",
     "SourceNotFoundError",
+    "StaleHandleError",
     "UnitsError",
     "UnsupportedOperationError",
 ]
@@ -92,3 +97,115 @@ class ConversionError(QuantemFlowError, ValueError):
 
 class PlacementError(QuantemFlowError, RuntimeError):
     """A task could not be placed on any worker (capability, admission, conflict)."""
+
+
+class _ExternalContext:
+    """What an external-worker error names: worker, message type, handle, code."""
+
+    code: str | None
+    worker: str | None
+    message_type: str | None
+    handle: int | None
+
+    def _set_context(
+        self,
+        code: str | None,
+        worker: str | None,
+        message_type: str | None,
+        handle: int | None,
+    ) -> None:
+        self.code = code
+        self.worker = worker
+        self.message_type = message_type
+        self.handle = handle
+
+
+class ProtocolError(_ExternalContext, QuantemFlowError, ValueError):
+    """A ``qf-worker/1`` frame or message breaks the protocol (docs/protocol.md).
+
+    Attributes
+    ----------
+    code
+        The protocol error code: ``frame``, ``truncated``, ``too_large``,
+        ``version`` or ``bad_request``.
+    worker, message_type, handle
+        The worker, the message type and the handle concerned, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str = "frame",
+        worker: str | None = None,
+        message_type: str | None = None,
+        handle: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self._set_context(code, worker, message_type, handle)
+
+
+class ExternalWorkerError(_ExternalContext, QuantemFlowError, RuntimeError):
+    """An external (native or browser) worker refused or failed a request.
+
+    Attributes
+    ----------
+    code
+        The worker's error code (``unknown_handle``, ``budget``,
+        ``unsupported``, ``device``, ``internal``...) or ``None``.
+    worker, message_type, handle
+        The worker, the request type and the handle concerned, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        worker: str | None = None,
+        message_type: str | None = None,
+        handle: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self._set_context(code, worker, message_type, handle)
+
+
+class ExternalWorkerLostError(ExternalWorkerError):
+    """The external worker's process or page went away (crash, kill, closed socket).
+
+    Attributes
+    ----------
+    exit_code
+        The process's exit status (negative: killed by that signal), or
+        ``None`` for a page or a process still being reaped.
+    stderr_tail
+        The last lines the process wrote to stderr.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = "lost",
+        worker: str | None = None,
+        message_type: str | None = None,
+        handle: int | None = None,
+        exit_code: int | None = None,
+        stderr_tail: str = "",
+    ) -> None:
+        super().__init__(
+            message, code=code, worker=worker, message_type=message_type, handle=handle
+        )
+        self.exit_code = exit_code
+        self.stderr_tail = stderr_tail
+
+
+class ExternalWorkerTimeoutError(ExternalWorkerError, TimeoutError):
+    """An external worker did not answer a request in time."""
+
+
+class StaleHandleError(ExternalWorkerError):
+    """A handle belongs to an external worker session that has ended (the process restarted).
+
+    The payload must be put again (re-placed) before it can be used.
+    """
