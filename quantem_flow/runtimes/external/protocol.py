@@ -553,12 +553,15 @@ class FrameDecoder:
         self.max_message_bytes = max_message_bytes
         self.max_header_bytes = max_header_bytes
         self._head = bytearray()
+        self._need = PREFIX_BYTES
         self._frame: bytearray | None = None
         self._filled = 0
         self._total = 0
         self._h = 0
         self._body = 0
-        self._checked_header = False
+        self._magic_ok = False
+        self._header: dict[str, Any] = {}
+        self._lengths: list[int] = []
         self._failed: ProtocolError | None = None
 
     @property
@@ -595,61 +598,74 @@ class FrameDecoder:
         try:
             while pos < end:
                 if self._frame is None:
-                    take = min(PREFIX_BYTES - len(self._head), end - pos)
+                    # prefix, header and header padding: small, checked before any body
+                    take = min(self._need - len(self._head), end - pos)
                     self._head += mv[pos : pos + take]
                     pos += take
-                    _check_magic_start(self._head)
-                    if len(self._head) < PREFIX_BYTES:
+                    if not self._magic_ok:
+                        _check_magic_start(self._head)
+                    if len(self._head) < self._need:
                         continue
-                    h, b = _check_prefix(self._head, max_header_bytes=self.max_header_bytes)
-                    total = pad8(PREFIX_BYTES + h) + b
-                    if self.max_message_bytes is not None and total > self.max_message_bytes:
-                        raise _fail(
-                            f"a frame of {total} bytes exceeds max_message_bytes "
-                            f"{self.max_message_bytes}; split the payload into smaller chunks",
-                            code="too_large",
-                        )
-                    self._h, self._body, self._total = h, b, total
-                    self._frame = bytearray(total)
-                    self._frame[:PREFIX_BYTES] = self._head
-                    self._filled = PREFIX_BYTES
-                    self._head = bytearray()
-                    self._checked_header = False
+                    if self._need == PREFIX_BYTES:
+                        self._start_frame()
+                        if len(self._head) < self._need:
+                            continue
+                    message = self._header_done()
                 else:
                     take = min(self._total - self._filled, end - pos)
                     self._frame[self._filled : self._filled + take] = mv[pos : pos + take]
                     self._filled += take
                     pos += take
-                message = self._progress()
+                    message = self._body_done() if self._filled == self._total else None
                 if message is not None:
-                    out.append(message)
-            if self._frame is not None and self._filled == self._total:
-                message = self._progress()  # pragma: no cover - handled in the loop
-                if message is not None:  # pragma: no cover
                     out.append(message)
         except ProtocolError as exc:
             raise self._raise(exc) from None
         return out
 
-    def _progress(self) -> Message | None:
-        frame = self._frame
-        if frame is None:
-            return None
-        head_end = pad8(PREFIX_BYTES + self._h)
-        view = memoryview(frame)
-        if not self._checked_header and self._filled >= head_end:
-            self._header, self._lengths, _ = _header_and_layout(view, self._h, self._body)
-            self._checked_header = True
-        if self._filled < self._total:
-            return None
-        if not self._checked_header:  # pragma: no cover - head_end <= total
-            self._header, self._lengths, _ = _header_and_layout(view, self._h, self._body)
-        buffers = _split_body(view, self._header, self._lengths, head_end)
-        message = Message(self._header, list(buffers))
+    def _start_frame(self) -> None:
+        h, b = _check_prefix(self._head, max_header_bytes=self.max_header_bytes)
+        total = pad8(PREFIX_BYTES + h) + b
+        if self.max_message_bytes is not None and total > self.max_message_bytes:
+            raise _fail(
+                f"a frame of {total} bytes exceeds max_message_bytes "
+                f"{self.max_message_bytes}; split the payload into smaller chunks",
+                code="too_large",
+            )
+        self._h, self._body, self._total = h, b, total
+        self._need = pad8(PREFIX_BYTES + h)
+        self._magic_ok = True  # the magic is known good
+
+    def _header_done(self) -> Message | None:
+        head = memoryview(self._head)
+        self._header, self._lengths, head_end = _header_and_layout(head, self._h, self._body)
+        if self._body == 0:
+            message = Message(
+                self._header, _split_body(head, self._header, self._lengths, head_end)
+            )
+            self._reset()
+            return message
+        # only now, with a header whose buffers agree with body_length, allocate the frame
+        self._frame = bytearray(self._total)
+        self._frame[:head_end] = head
+        self._filled = head_end
+        return None
+
+    def _body_done(self) -> Message:
+        assert self._frame is not None
+        view = memoryview(self._frame)
+        buffers = _split_body(view, self._header, self._lengths, pad8(PREFIX_BYTES + self._h))
+        message = Message(self._header, buffers)
+        self._reset()
+        return message
+
+    def _reset(self) -> None:
+        self._head = bytearray()
+        self._need = PREFIX_BYTES
         self._frame = None
         self._filled = 0
-        self._checked_header = False
-        return message
+        self._total = 0
+        self._magic_ok = False
 
     def close(self) -> None:
         """Signal the end of the stream.
@@ -663,7 +679,7 @@ class FrameDecoder:
             return
         if self.in_frame:
             got = self.pending
-            want = self._total if self._frame is not None else PREFIX_BYTES
+            want = self._total if self._total else PREFIX_BYTES
             exc = _fail(
                 f"the stream ended inside a frame: {got} of {want} bytes received",
                 code="truncated",
