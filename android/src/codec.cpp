@@ -41,14 +41,6 @@ bool all_zero(const uint8_t *p, size_t n) {
     if (p[i]) return false;
   return true;
 }
-void skip(Source &src, uint64_t n) {
-  uint8_t buf[65536];
-  while (n) {
-    size_t k = static_cast<size_t>(std::min<uint64_t>(n, sizeof(buf)));
-    read_exact(src, buf, k, "body");
-    n -= k;
-  }
-}
 } // namespace
 
 bool read_frame(Source &src, Frame &out, uint64_t max_message_bytes) {
@@ -65,23 +57,17 @@ bool read_frame(Source &src, Frame &out, uint64_t max_message_bytes) {
     throw CodecError("frame", "header_length " + std::to_string(hlen) + " exceeds the 16 MiB limit");
   }
   uint64_t head_total = pad8(16 + static_cast<uint64_t>(hlen));
+  if (max_message_bytes != 0 && (blen > max_message_bytes || head_total + blen > max_message_bytes)) {
+    throw CodecError("too_large", "frame of " + std::to_string(head_total + blen) +
+                                      " bytes exceeds max_message_bytes " + std::to_string(max_message_bytes) +
+                                      ": send smaller chunks");
+  }
   std::vector<uint8_t> head(static_cast<size_t>(head_total - 16));
-  bool too_large = max_message_bytes != 0 && (blen > max_message_bytes || head_total + blen > max_message_bytes);
   read_exact(src, head.data(), head.size(), "header");
   std::string text(reinterpret_cast<const char *>(head.data()), hlen);
   json::Value header;
   std::string err;
-  bool parsed = json::parse(text, header, err);
-  if (too_large) {
-    skip(src, blen);
-    json::Value id;
-    if (parsed && header.get("id") && header.get("id")->is_int()) id = *header.get("id");
-    throw CodecError("too_large", "frame of " + std::to_string(head_total + blen) +
-                                      " bytes exceeds max_message_bytes " + std::to_string(max_message_bytes) +
-                                      ": send smaller chunks", id);
-  }
-  if (!all_zero(head.data() + hlen, head.size() - hlen)) throw CodecError("frame", "header padding is not zero");
-  if (!parsed) throw CodecError("frame", "header is not valid JSON: " + err);
+  if (!json::parse(text, header, err)) throw CodecError("frame", "header is not valid JSON: " + err);
   if (header.type != json::Type::object) throw CodecError("frame", "header is not a JSON object");
   const json::Value *type = header.get("type");
   if (!type || !type->is_str()) throw CodecError("frame", "header has no string \"type\"");
@@ -93,6 +79,7 @@ bool read_frame(Source &src, Frame &out, uint64_t max_message_bytes) {
       lens.push_back(static_cast<uint64_t>(x.i));
     }
   }
+  if (!all_zero(head.data() + hlen, head.size() - hlen)) throw CodecError("frame", "header padding is not zero");
   uint64_t want = 0;
   for (uint64_t l : lens) want += pad8(l);
   if (want != blen) {
@@ -109,6 +96,16 @@ bool read_frame(Source &src, Frame &out, uint64_t max_message_bytes) {
     out.buffers.push_back(std::move(buf));
   }
   return true;
+}
+
+Frame decode_bytes(const uint8_t *p, size_t n) {
+  MemorySource src(p, n);
+  Frame f;
+  if (!read_frame(src, f)) throw CodecError("truncated", "no bytes");
+  if (src.remaining() != 0) {
+    throw CodecError("frame", std::to_string(src.remaining()) + " bytes follow the frame's end");
+  }
+  return f;
 }
 
 std::vector<uint8_t> encode_frame(const json::Value &header, const std::vector<std::vector<uint8_t>> &buffers) {

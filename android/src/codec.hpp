@@ -58,8 +58,10 @@ inline uint64_t pad8(uint64_t n) { return (n + 7) & ~uint64_t(7); }
 
 // Reads one frame.  Returns false on a clean end of stream before its first
 // byte; throws CodecError otherwise.  max_message_bytes = 0: no limit.  After
-// a too_large error the frame has been consumed and the stream stays usable.
+// any error the connection is closed (the frame boundary is lost).
 bool read_frame(Source &src, Frame &out, uint64_t max_message_bytes = 0);
+// Decodes exactly one frame from a byte string (bytes after its end: frame).
+Frame decode_bytes(const uint8_t *p, size_t n);
 // Encodes header (emitted as canonical JSON as given; it must carry "buffers"
 // when there are buffers) and buffers.
 std::vector<uint8_t> encode_frame(const json::Value &header, const std::vector<std::vector<uint8_t>> &buffers);

@@ -1,6 +1,8 @@
 #include "json.hpp"
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 namespace qfv::json {
 
@@ -150,8 +152,26 @@ struct Parser {
       ++p;
     }
     if (p < t.size() && (t[p] == '.' || t[p] == 'e' || t[p] == 'E')) {
-      p = s;
-      return fail("non-integer number (qf-worker/1 headers hold integers only)");
+      // A fraction or exponent is accepted only when the value is an integer
+      // (1.0, 1e2), as JavaScript's JSON.parse sees it; emitters never write one.
+      if (t[p] == '.') {
+        ++p;
+        if (p >= t.size() || t[p] < '0' || t[p] > '9') return fail("invalid number");
+        while (p < t.size() && t[p] >= '0' && t[p] <= '9') ++p;
+      }
+      if (p < t.size() && (t[p] == 'e' || t[p] == 'E')) {
+        ++p;
+        if (p < t.size() && (t[p] == '+' || t[p] == '-')) ++p;
+        if (p >= t.size() || t[p] < '0' || t[p] > '9') return fail("invalid number");
+        while (p < t.size() && t[p] >= '0' && t[p] <= '9') ++p;
+      }
+      double d = std::strtod(t.substr(s, p - s).c_str(), nullptr);
+      if (!(std::fabs(d) <= static_cast<double>(kMaxSafe)) || std::floor(d) != d) {
+        p = s;
+        return fail("number whose value is not an integer within +-(2**53 - 1)");
+      }
+      v = Value(static_cast<int64_t>(d));
+      return true;
     }
     if (big) {
       p = s;

@@ -452,8 +452,7 @@ int serve(int in_fd, int out_fd, const qfv_options &opts) {
     } catch (const CodecError &e) {
       std::fprintf(stderr, "qf-vulkan-worker: %s: %s\n", e.code.c_str(), e.what());
       write_all(out_fd, encode_message(error_header(e.id, e.code, e.what(), Value()), {}));
-      if (e.code == "too_large") continue;
-      return 2;
+      return 2; // the frame boundary is lost (too_large: the body is not skipped)
     }
     Reply r;
     try {

@@ -6,8 +6,8 @@
 
 namespace qfv {
 // Serves requests from in_fd, replies on out_fd, logs on stderr.  Returns the
-// process exit code: 0 after bye or EOF, 2 after a frame/truncated error or a
-// version mismatch (the connection is closed then).
+// process exit code: 0 after bye or EOF, 2 after a frame/truncated/too_large
+// error or a version mismatch (the connection is closed then).
 int serve(int in_fd, int out_fd, const qfv_options &opts);
 extern const char *const kImplementation;
 } // namespace qfv
