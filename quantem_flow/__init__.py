@@ -42,6 +42,7 @@ from .operators import (
 )
 from .operators.display import normalize, save_png
 from .pipeline import load_pipeline, run_pipeline
+from .plotting import plot
 from .provenance import Provenance
 from .results import ComplexObject, DiffractionImage, PhaseImage, Result, ScanImage, VectorField
 from .synthetic import synthetic_dataset, write_synthetic
@@ -82,6 +83,7 @@ __all__ = [
     "mean_diffraction",
     "normalize",
     "open",
+    "plot",
     "results_to_json",
     "run_pipeline",
     "save_png",

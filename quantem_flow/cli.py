@@ -223,11 +223,49 @@ def _report_files(targets: Any, extra: Sequence[tuple[str, Path]] = ()) -> None:
         _say(f"  {'images' if i == 0 else '':<11} {png}")
 
 
+def _figures_dir(targets: Any, given: str | None) -> Path | None:
+    """Where ``run``/``demo`` write figures: ``given``, else ``figures/`` beside the outputs."""
+    if given is not None:
+        return Path(given).expanduser().absolute()
+    if targets.png_dir is not None:
+        return Path(targets.png_dir).parent / "figures"
+    for path in (targets.results, targets.json):
+        if path is not None:
+            return Path(path).parent / "figures"
+    return None
+
+
+def _check_figures(names: Sequence[str], folder: Path | None, overwrite: bool) -> None:
+    """Refuse, before anything is computed, to replace figures without --overwrite."""
+    if folder is None or overwrite:
+        return
+    from .plotting import figure_paths
+
+    existing = [p for p in figure_paths(names, folder).values() if p.exists()]
+    if existing:
+        raise ParameterError(
+            f"figure file(s) already exist: {[str(p) for p in existing[:4]]}; pass --overwrite, "
+            "--figures DIR, or --no-figures"
+        )
+
+
+def _write_figures(results: Mapping[str, Any], folder: Path | None) -> None:
+    if folder is None:
+        return
+    from .plotting import write_figures
+
+    paths = write_figures(results, folder, overwrite=True)
+    _say(f"figures:   {folder} ({len(paths)} PNG: {', '.join(p.name for p in paths.values())})")
+
+
 def _run(args: argparse.Namespace) -> int:
     from .pipeline import load_pipeline, run_pipeline
 
     pipe = load_pipeline(args.pipeline)
     targets = pipe.save_targets(args.output_dir)
+    figures = None if args.no_figures else _figures_dir(targets, args.figures)
+    replace = bool(args.overwrite or (pipe.save is not None and pipe.save.overwrite))
+    _check_figures(list(pipe.outputs), figures, replace)
     client, where = _start_client(args.scheduler)
     try:
         _say(f"pipeline:  {pipe.origin}", f"input:     {pipe.input.path}", f"scheduler: {where}")
@@ -243,6 +281,7 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         _finish_client(client, args.scheduler)
     _report_results(results)
+    _write_figures(results, figures)
     if targets.results is None and targets.json is None and not targets.png_files:
         _say("files: none written (the pipeline has no save section; pass --output-dir DIR)")
     else:
@@ -274,7 +313,9 @@ def _demo(args: argparse.Namespace) -> int:
     if not args.overwrite:
         import yaml
 
-        planned = load_pipeline(yaml.safe_load(template), base_dir=out).save_targets()
+        planned_pipe = load_pipeline(yaml.safe_load(template), base_dir=out)
+        _check_figures(list(planned_pipe.outputs), out / "figures", False)
+        planned = planned_pipe.save_targets()
         existing = [p for p in (data_path, yaml_path) if p.exists()] + planned.existing()
         if existing:
             raise ParameterError(
@@ -322,6 +363,7 @@ def _demo(args: argparse.Namespace) -> int:
         f"rotation found {rot.get('rotation_deg_found', float('nan')):.2f} deg "
         "(the truth is 0 deg, no transpose)",
     )
+    _write_figures(results, out / "figures")
     _report_files(targets, extra=[("data", data_path), ("pipeline", yaml_path)])
     _say(f"rerun:     quantem-flow run {yaml_path} --overwrite")
     return 0
@@ -533,6 +575,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    p.add_argument(
+        "--figures",
+        metavar="DIR",
+        help="folder for the figures (default: figures/ beside the saved outputs)",
+    )
+    p.add_argument("--no-figures", action="store_true", help="write no matplotlib figures")
     p.set_defaults(func=_run)
 
     p = sub.add_parser("demo", help="write a synthetic dataset and analyse it end to end")

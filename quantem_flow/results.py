@@ -89,6 +89,52 @@ class Result:
             "provenance": self.provenance.to_dict(),
         }
 
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """Return ``data`` for ``np.asarray(result)`` (a copy only when asked or cast)."""
+        if copy:
+            return np.array(self.data, dtype=dtype, copy=True)
+        if dtype is None or np.dtype(dtype) == self.data.dtype:
+            return self.data
+        if copy is False:
+            raise ValueError(
+                f"casting {self.data.dtype} to {np.dtype(dtype)} needs a copy, but copy=False"
+            )
+        return self.data.astype(dtype)
+
+    def to_xarray(self) -> Any:
+        """Return an ``xarray.DataArray`` with coordinates, units and provenance.
+
+        Needs the optional package ``xarray`` (``pip install quantem-flow[xarray]``).
+
+        Returns
+        -------
+        xarray.DataArray
+            The data (not copied) with one dimension per axis (``scan_row``,
+            ``scan_col``, ``k_row``, ``k_col`` or ``component``), calibrated
+            coordinates whose ``attrs["units"]`` is the axis unit, and
+            ``attrs`` holding ``units``, ``kind``, ``operator`` and the
+            provenance as a JSON string (``attrs["provenance"]``).
+        """
+        return _to_xarray(self)
+
+    def plot(self, **options: Any) -> Any:
+        """Draw the result with matplotlib (see :func:`quantem_flow.plotting.plot_result`).
+
+        Parameters
+        ----------
+        **options
+            Keyword options of :func:`~quantem_flow.plotting.plot_result`
+            (``ax``, ``arrows``, ``detectors``, ``scalebar``, ``cmap``...).
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+            The figure drawn in.
+        """
+        from .plotting import plot_result
+
+        return plot_result(self, **options)
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(name={self.name!r}, shape={self.shape}, "
@@ -167,6 +213,42 @@ class ComplexObject(Result):
     def phase(self) -> np.ndarray:
         """Argument of the object, in rad."""
         return np.asarray(np.angle(self.data))
+
+
+def _to_xarray(result: Result) -> Any:
+    import json
+
+    try:
+        import xarray as xr
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "to_xarray needs the optional package xarray: pip install 'quantem-flow[xarray]'"
+        ) from exc
+    coords: dict[str, Any] = {}
+    for axis in result.axes:
+        if axis.name == "component":
+            coords[axis.name] = ("component", ["row", "col"])
+        else:
+            coords[axis.name] = (
+                axis.name,
+                np.asarray(axis.coordinates()),
+                {"units": axis.units, "sampling": axis.sampling, "origin": axis.origin},
+            )
+    attrs = {
+        "units": result.units,
+        "kind": result.kind,
+        "name": result.name,
+        "operator": result.provenance.operator,
+        "native": str(result.provenance.native),
+        "provenance": json.dumps(result.provenance.to_dict(), ensure_ascii=False),
+    }
+    return xr.DataArray(
+        result.data,
+        dims=[a.name for a in result.axes],
+        coords=coords,
+        name=result.name or result.kind,
+        attrs=attrs,
+    )
 
 
 RESULT_TYPES: dict[str, type[Result]] = {

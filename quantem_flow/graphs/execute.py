@@ -9,7 +9,6 @@ small gathered results.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -32,7 +31,7 @@ from ..operators.probe import ProbeEstimate, estimate_probe, sample_positions, s
 from ..results import Result
 from ..runtimes import BackendChoice, resolve_backend
 from .lowering import LoweredPass, lower_pass
-from .runner import Runner
+from .runner import Runner, progress_default
 from .tasks import ChunkPartial
 
 __all__ = ["compute"]
@@ -255,7 +254,7 @@ def compute(
     choice = resolve_backend(backend)
     runner = Runner(_choose_client(client, datasets))
     if progress is None:
-        progress = bool(config.get("progress")) and sys.stderr.isatty()
+        progress = progress_default()
 
     # plan: group chunk operators by the pass they share
     groups: dict[tuple[Any, ...], list[LazyResult]] = {}

@@ -10,7 +10,23 @@ from .lowering import LoweredLoad, LoweredPass
 from .scheduler_plugin import ensure_placement
 from .tasks import ChunkPartial
 
-__all__ = ["Runner"]
+__all__ = ["Runner", "progress_default"]
+
+
+def progress_default() -> bool:
+    """Whether ``progress=None`` shows a bar: ``config.get("progress")`` and a terminal or notebook.
+
+    Turn bars off with ``qf.config.set(progress=False)`` or the environment
+    variable ``QUANTEM_FLOW_PROGRESS=0``.  In a Jupyter kernel the bar is a
+    notebook widget (``tqdm.auto``; text when ipywidgets is missing).
+    """
+    from .. import config
+
+    if not config.get("progress"):
+        return False
+    if "ipykernel" in sys.modules:
+        return True
+    return bool(sys.stderr.isatty())
 
 
 class Runner:
@@ -112,7 +128,7 @@ class Runner:
         try:
             watch = progress or any(s is not None for s in self.gathered)
             if watch and chunk_futures:
-                from tqdm import tqdm
+                from tqdm.auto import tqdm
 
                 with (
                     self.client.as_current(),
