@@ -230,7 +230,7 @@ function escapeString(s: string): string {
     else if (c === 0x0a) out += "\\n";
     else if (c === 0x0d) out += "\\r";
     else if (c === 0x09) out += "\\t";
-    else if (c < 0x20 || c > 0x7e) out += "\\u" + c.toString(16).padStart(4, "0");
+    else if (c < 0x20 || c > 0x7f) out += "\\u" + c.toString(16).padStart(4, "0");
     else out += s[k];
   }
   return out + '"';
