@@ -1,4 +1,11 @@
-"""NumPy ``.npy`` files, memory-mapped."""
+"""NumPy ``.npy`` files, read with ``pread`` (never kept memory-mapped).
+
+A C-ordered file's frames are contiguous bytes after the header, read
+straight into the buffer being filled (see :mod:`quantem_flow.io.fileio`).
+A Fortran-ordered file spreads each frame over the whole file; it is read
+through a memory map opened for that one read and closed right after, so
+no mapped page outlives the read.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ import numpy as np
 
 from ..errors import DtypeError, FormatError, ScanShapeError, ShapeError
 from .base import FrameSource, SourceIdentity, check_exists, header_digest
+from .fileio import PositionalFile
 
 __all__ = ["NpySource"]
 
@@ -39,7 +47,7 @@ class NpySource(FrameSource):
         frame_offset: int = 0,
     ):
         self._path = check_exists(path)
-        self._handle_mm: np.ndarray | None = None
+        self._handle_file: PositionalFile | None = None
         try:
             probe = np.load(self._path, mmap_mode="r")
         except (ValueError, OSError) as exc:
@@ -48,6 +56,8 @@ class NpySource(FrameSource):
             raise FormatError(f"{str(self._path)!r} does not hold a single array")
         shape, dtype = probe.shape, probe.dtype
         fortran = bool(probe.flags.f_contiguous and not probe.flags.c_contiguous)
+        self._data_offset = int(probe.offset)
+        self._fortran = fortran
         with open(self._path, "rb") as f:
             self._header = (f.read(int(probe.offset)), shape, fortran, str(dtype))
         del probe
@@ -85,11 +95,10 @@ class NpySource(FrameSource):
         self._file_dtype = np.dtype(dtype)
         self._stored_shape = tuple(int(s) for s in shape)
 
-    def _mm(self) -> np.ndarray:
-        # never reshape: a Fortran-ordered file would be copied whole into memory
-        if self._handle_mm is None:
-            self._handle_mm = np.load(self._path, mmap_mode="r")
-        return self._handle_mm
+    def _file(self) -> PositionalFile:
+        if self._handle_file is None:
+            self._handle_file = PositionalFile(self._path)
+        return self._handle_file
 
     @property
     def path(self) -> Path:
@@ -116,48 +125,57 @@ class NpySource(FrameSource):
         }
 
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
-        """Copy frames out of the memory map (byte-swapped to native order)."""
-        mm = self._mm()
-        if mm.ndim == 3:
-            if out is not None:
-                np.copyto(out, mm[start:stop], casting="same_kind")
-                return out
-            return np.array(mm[start:stop], dtype=self._dtype, order="C")
-        C = self._stored_shape[1]
-        r0, r1 = start // C, -(-stop // C)
-        block = np.array(mm[r0:r1], dtype=self._dtype, order="C").reshape(-1, *self._frame_shape)
-        frames = block[start - r0 * C : stop - r0 * C]
+        """Read frames ``[start, stop)`` (flat scan order) in native byte order.
+
+        C-ordered files are read with ``pread`` into ``out`` (or a new
+        array); nothing stays mapped.
+        """
+        n_frames = int(np.prod(self._stored_shape[:-2]))
+        if not 0 <= start <= stop <= n_frames:
+            raise ShapeError(
+                f"frames [{start}, {stop}) are outside the {n_frames} frames of {str(self._path)!r}"
+            )
+        if self._fortran:
+            return self._read_fortran(start, stop, out)
+        shape = (stop - start, *self._frame_shape)
+        target = out
+        if target is None or not (
+            target.shape == shape and target.dtype == self._dtype and target.flags.c_contiguous
+        ):
+            target = np.empty(shape, dtype=self._dtype)
+        frame_bytes = int(np.prod(self._frame_shape)) * self._file_dtype.itemsize
+        self._file().readinto(
+            self._data_offset + start * frame_bytes,
+            target,
+            what=f"frames {start}..{stop - 1}",
+        )
+        if not self._file_dtype.isnative and self._file_dtype.itemsize > 1:
+            target.byteswap(inplace=True)
+        if out is not None and target is not out:
+            np.copyto(out, target, casting="same_kind")
+            return out
+        return target
+
+    def _read_fortran(self, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
+        # never reshape the map: a Fortran-ordered file would be copied whole into memory
+        mm = np.load(self._path, mmap_mode="r")
+        try:
+            if mm.ndim == 3:
+                frames = np.array(mm[start:stop], dtype=self._dtype, order="C")
+            else:
+                C = self._stored_shape[1]
+                r0, r1 = start // C, -(-stop // C)
+                block = np.array(mm[r0:r1], dtype=self._dtype, order="C")
+                frames = block.reshape(-1, *self._frame_shape)[start - r0 * C : stop - r0 * C]
+        finally:
+            del mm  # unmap now: the pages leave this process's resident set
         if out is not None:
-            out[...] = frames
+            np.copyto(out, frames, casting="same_kind")
             return out
         return frames
 
-    def read(
-        self, rows: tuple[int, int], cols: tuple[int, int], *, buffer: np.ndarray | None = None
-    ) -> np.ndarray:
-        """Read a scan block; 4-D files are sliced directly.
-
-        Whole C-ordered rows in native byte order come back as a read-only
-        view of the memory map (zero copy: kernels read the page cache
-        directly); anything else is copied.
-        """
-        self.check_block(rows, cols)
-        mm = self._mm()
-        if mm.ndim == 3:
-            C = self._scan.shape[1]
-            if cols == (0, C) and mm.flags.c_contiguous and mm.dtype.isnative:
-                off = self._scan.frame_offset
-                view = mm[off + rows[0] * C : off + rows[1] * C]
-                return view.reshape(rows[1] - rows[0], C, *self._frame_shape)
-            return super().read(rows, cols, buffer=buffer)
-        block = mm[slice(*rows), slice(*cols)]
-        if block.flags.c_contiguous and block.dtype.isnative:
-            return np.asarray(block)
-        if buffer is not None and buffer.shape == block.shape and buffer.dtype == self._dtype:
-            np.copyto(buffer, block, casting="same_kind")
-            return buffer
-        return np.array(block, dtype=self._dtype, order="C")
-
     def close(self) -> None:
-        """Drop the memory map."""
-        self._handle_mm = None
+        """Close the file (it reopens on the next read)."""
+        if self._handle_file is not None:
+            self._handle_file.close()
+        self._handle_file = None

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import DtypeError, FormatError, ParameterError, ShapeError
 from .base import FrameSource, SourceIdentity, check_exists, header_digest
+from .fileio import PositionalFile
 
 __all__ = ["RawSource"]
 
@@ -59,7 +60,7 @@ class RawSource(FrameSource):
         frame_offset: int = 0,
     ):
         self._path = check_exists(path)
-        self._handle_mm: np.ndarray | None = None
+        self._handle_file: PositionalFile | None = None
         self._file_dtype = np.dtype(dtype)
         if self._file_dtype.kind not in "uif":
             raise DtypeError(f"raw dtype must be integer or real, got {self._file_dtype}")
@@ -100,22 +101,10 @@ class RawSource(FrameSource):
             frame_offset=frame_offset,
         )
 
-    def _mm(self) -> np.ndarray:
-        if self._handle_mm is None:
-            rec = np.dtype(
-                [
-                    ("head", f"V{self._head}" if self._head else "V0"),
-                    ("frame", self._file_dtype, self._frame_shape),
-                    ("foot", f"V{self._foot}" if self._foot else "V0"),
-                ]
-            )
-            if rec.itemsize != self._record:  # zero-size voids collapse
-                raise FormatError("internal record layout mismatch")
-            mm = np.memmap(
-                self._path, dtype=rec, mode="r", offset=self._offset, shape=(self._n_frames,)
-            )
-            self._handle_mm = mm["frame"]
-        return self._handle_mm
+    def _file(self) -> PositionalFile:
+        if self._handle_file is None:
+            self._handle_file = PositionalFile(self._path)
+        return self._handle_file
 
     @property
     def path(self) -> Path:
@@ -154,12 +143,38 @@ class RawSource(FrameSource):
         }
 
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
-        """Copy frames out of the memory map in native byte order."""
-        if out is None:
-            return np.array(self._mm()[start:stop], dtype=self._dtype)
-        np.copyto(out, self._mm()[start:stop], casting="same_kind")
-        return out
+        """Read frames ``[start, stop)`` with ``pread`` (into ``out``), in native byte order.
+
+        The file is never memory-mapped: mapped pages would stay resident in
+        the worker and count against its memory limit.
+        """
+        if not 0 <= start <= stop <= self._n_frames:
+            raise ShapeError(
+                f"frames [{start}, {stop}) are outside the {self._n_frames} frames of "
+                f"{str(self._path)!r}"
+            )
+        shape = (stop - start, *self._frame_shape)
+        target = out
+        if target is None or not (
+            target.shape == shape and target.dtype == self._dtype and target.flags.c_contiguous
+        ):
+            target = np.empty(shape, dtype=self._dtype)
+        f = self._file()
+        offset = self._offset + start * self._record
+        what = f"frames {start}..{stop - 1}"
+        if self._head == 0 and self._foot == 0:
+            f.readinto(offset, target, what=what)
+        else:
+            f.read_records(offset, target, record=self._record, head=self._head, what=what)
+        if not self._file_dtype.isnative and self._file_dtype.itemsize > 1:
+            target.byteswap(inplace=True)
+        if out is not None and target is not out:
+            np.copyto(out, target, casting="same_kind")
+            return out
+        return target
 
     def close(self) -> None:
-        """Drop the memory map."""
-        self._handle_mm = None
+        """Close the file (it reopens on the next read)."""
+        if self._handle_file is not None:
+            self._handle_file.close()
+        self._handle_file = None
