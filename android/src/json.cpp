@@ -262,7 +262,7 @@ struct Parser {
 
 void dump_str(std::string &o, const std::string &s) {
   o += '"';
-  char buf[8];
+  char buf[16];
   for (size_t p = 0; p < s.size();) {
     auto c = static_cast<unsigned char>(s[p]);
     if (c < 0x80) {
