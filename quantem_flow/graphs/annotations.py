@@ -15,13 +15,13 @@ from typing import Any
 
 from ..errors import AnnotationError
 from ..representations import REPRESENTATIONS
-from ..runtimes import MANIFEST
+from ..runtimes import runtime_specs
 
 __all__ = ["ANNOTATION_KEYS", "validate_annotations"]
 
 #: Annotation names the engine sets, and what each means.
 ANNOTATION_KEYS: dict[str, str] = {
-    "qf_runtime": "runtime the task's kernel needs (cpu, cuda, mps) or 'any'",
+    "qf_runtime": "registered runtime the task's kernel needs (cpu, cuda, mps...) or 'any'",
     "qf_representation": "representation of the payload the task reads",
     "qf_role": "load, kernel, pass (load+kernel), combine or probe",
     "qf_resident": "key of the resident chunk the task reads, or ''",
@@ -59,9 +59,11 @@ def validate_annotations(annotations: Mapping[str, Any]) -> dict[str, Any]:
                 f"unknown annotation {name!r}={value!r}; known: {sorted(ANNOTATION_KEYS)}"
             )
         if name == "qf_runtime":
-            if value != "any" and value not in MANIFEST:
+            registered = runtime_specs()
+            if value != "any" and value not in registered:
                 raise AnnotationError(
-                    f"qf_runtime={value!r} is not a registered runtime {sorted(MANIFEST)} or 'any'"
+                    f"qf_runtime={value!r} is not a registered runtime {sorted(registered)} or "
+                    "'any'"
                 )
         elif name == "qf_representation":
             if value not in REPRESENTATIONS:

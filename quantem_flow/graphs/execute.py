@@ -108,12 +108,16 @@ def _probe_provider(runner: Runner, ds: Dataset4D) -> Any:
     return provide
 
 
-def _pass_runtime(ds: Dataset4D, choice: BackendChoice, backend: str) -> str:
-    """The runtime of a pass: the resident runtime for persisted data, else the choice."""
+def _pass_choice(ds: Dataset4D, backend: str, operations: tuple[str, ...]) -> BackendChoice:
+    """The runtime of a pass over ``ds``: the resident runtime for persisted data, else resolved.
+
+    The runtime must declare every operation of the pass on the dataset's
+    representation and dtype.
+    """
     if not ds.is_persisted:
-        if ds.representation != "dense":
-            return resolve_backend(backend, representation=ds.representation).chosen
-        return choice.chosen
+        return resolve_backend(
+            backend, operation=operations, representation=ds.representation, dtype=ds.dtype
+        )
     runtime = str(ds.resident.runtime)
     if backend not in ("auto", runtime):
         raise ParameterError(
@@ -121,7 +125,11 @@ def _pass_runtime(ds: Dataset4D, choice: BackendChoice, backend: str) -> str:
             f"requested; moving resident chunks between devices is never done silently. Use "
             f"backend='auto' or {runtime!r}, or persist(backend={backend!r})"
         )
-    return runtime
+    resolve_backend(  # the resident runtime must run this pass on its chunks (raises if not)
+        runtime, operation=operations, representation=ds.representation, dtype=ds.dtype
+    )
+    resident: BackendChoice = ds.resident.backend
+    return resident
 
 
 def _outputs(
@@ -250,8 +258,8 @@ def compute(
     datasets = [n.dataset for n in order if n.dataset is not None]
     for ds in datasets:  # a persisted dataset decides its runtime: check before resolving
         if ds.is_persisted:
-            _pass_runtime(ds, BackendChoice(backend, backend, ""), backend)
-    choice = resolve_backend(backend)
+            _pass_choice(ds, backend, ("frame_pass",))
+    resolve_backend(backend)  # an unknown or unavailable runtime fails before any work
     runner = Runner(_choose_client(client, datasets))
     if progress is None:
         progress = progress_default()
@@ -265,6 +273,7 @@ def compute(
     t_plan = time.perf_counter()
     plans: dict[int, ChunkPlan] = {}
     lowered: list[tuple[Dataset4D, LoweredPass, list[LazyResult]]] = []
+    choices: list[BackendChoice] = []
     for nodes in groups.values():
         contexts: dict[int, PlanContext] = {}
         first = nodes[0].dataset
@@ -286,7 +295,9 @@ def compute(
                 gathers.append(np.asarray(plan.gather, dtype=np.int64))
             want_sum |= plan.want_sum
             want_max |= plan.want_max
-        runtime = _pass_runtime(first, choice, backend)
+        operations = ("frame_pass", "gather") if gathers else ("frame_pass",)
+        choice = _pass_choice(first, backend, operations)
+        choices.append(choice)
         lowered.append(
             (
                 first,
@@ -295,7 +306,7 @@ def compute(
                     weights,
                     want_sum=want_sum,
                     want_max=want_max,
-                    runtime=runtime,
+                    runtime=choice.chosen,
                     resident=first.resident.graph_refs() if first.is_persisted else None,
                     gather=np.unique(np.concatenate(gathers)) if gathers else None,
                 ),
@@ -314,7 +325,7 @@ def compute(
                 "pass_s": t_pass - t_lower,
                 "pass_bytes_per_s": ds.read_nbytes / max(t_pass - t_lower, 1e-12),
             }
-            outputs = _outputs(ds, lp, partial, choice, runner, timings)
+            outputs = _outputs(ds, lp, partial, choices[i], runner, timings)
             if lp.spec.gather is not None:
                 outputs.gathered = runner.gathered[i]
                 outputs.gather_indices = lp.spec.gather

@@ -110,7 +110,7 @@ def persist(ds: Dataset4D, *, client: Any = None, backend: str = "auto") -> Data
     """Load every chunk of ``ds`` once and keep it resident (see :meth:`Dataset4D.persist`)."""
     if ds.is_persisted:
         return ds
-    choice = resolve_backend(backend, representation=ds.representation)
+    choice = resolve_backend(backend, representation=ds.representation, dtype=ds.dtype)
     runner = Runner(client)
     t0 = time.perf_counter()
     lowered = lower_load(ds, runtime=choice.chosen)

@@ -20,7 +20,6 @@ sees the worker without its capabilities.
 from __future__ import annotations
 
 import logging
-import platform
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -63,9 +62,10 @@ def _check_fraction(budget_fraction: float) -> float:
 
 
 def _check_runtime_names(runtimes: Sequence[str] | str | None) -> tuple[str, ...] | None:
-    """Validate names against the manifest; None means every available runtime."""
-    from ..runtimes import MANIFEST
+    """Validate names against the registered runtimes; None means every available runtime."""
+    from ..runtimes import runtime_specs
 
+    registered = runtime_specs()
     if runtimes is None:
         return None
     if isinstance(runtimes, str):
@@ -79,38 +79,22 @@ def _check_runtime_names(runtimes: Sequence[str] | str | None) -> tuple[str, ...
             names.append(name)
     if not names:
         raise ParameterError(
-            f"runtimes must name at least one runtime (one of {sorted(MANIFEST)}) or be None "
+            f"runtimes must name at least one runtime (one of {sorted(registered)}) or be None "
             f"for every available one, got {runtimes!r}"
         )
-    unknown = [n for n in names if n not in MANIFEST]
+    unknown = [n for n in names if n not in registered]
     if unknown:
-        from ..runtimes import available_runtimes
+        from ..runtimes import available_runtimes, entry_point_errors
 
+        broken = entry_point_errors()
+        why = "".join(f" ({broken[n]})" for n in unknown if n in broken)
         raise RuntimeUnavailableError(
-            f"runtime(s) {unknown} requested but this quantem-flow registers no adapter for "
-            f"them (registered: {sorted(MANIFEST)}); available on this machine: "
-            f"{sorted(available_runtimes())}. Ask for some of those, or pass runtimes=None "
-            "for every available one"
+            f"runtime(s) {unknown} requested but no runtime of that name is registered"
+            f"{why} (registered: {sorted(registered)}); available on this machine: "
+            f"{sorted(available_runtimes())}. Ask for some of those, install the package "
+            "that provides it, or pass runtimes=None for every available one"
         )
     return tuple(names)
-
-
-def _select_runtimes(runtimes: Sequence[str] | str | None) -> dict[str, str]:
-    """Return ``{name: availability reason}`` for the runtimes to advertise."""
-    from .. import runtimes as rt
-
-    names = _check_runtime_names(runtimes)
-    available = rt.available_runtimes()
-    if names is None:
-        return dict(available)
-    missing = [n for n in names if n not in available]
-    if missing:
-        raise RuntimeUnavailableError(
-            f"runtime(s) {missing} requested but not available on this machine; available: "
-            f"{sorted(available)}. Ask for some of those, or start this worker on a machine "
-            f"that has {missing}"
-        )
-    return {n: available[n] for n in names}
 
 
 def _total_memory() -> int:
@@ -124,85 +108,15 @@ def _host_bytes(memory_limit: int | None) -> int:
     return int(memory_limit) if memory_limit else _total_memory()
 
 
-def _probe_cpu(
-    nthreads: int, memory_limit: int | None, fraction: float
-) -> tuple[float, int, dict[str, Any]]:
-    import os
-
-    import numpy as np
-
-    details: dict[str, Any] = {
-        "device": platform.processor() or platform.machine(),
-        "cores": os.cpu_count() or 1,
-        "numpy": np.__version__,
-    }
-    return float(nthreads), int(fraction * _host_bytes(memory_limit)), details
-
-
-def _probe_cuda(fraction: float) -> tuple[float, int, dict[str, Any]]:
-    try:
-        import cupy
-    except ImportError as exc:  # pragma: no cover - needs a CUDA machine
-        raise RuntimeUnavailableError(
-            f"runtime 'cuda' is listed as available but CuPy does not import ({exc}); "
-            "install cupy for this CUDA version or leave 'cuda' out of runtimes"
-        ) from exc
-    try:  # pragma: no cover - needs a CUDA machine
-        device = cupy.cuda.Device()
-        free, total = cupy.cuda.runtime.memGetInfo()
-        props = cupy.cuda.runtime.getDeviceProperties(device.id)
-        name = props.get("name", b"")
-        details: dict[str, Any] = {
-            "device": name.decode() if isinstance(name, bytes) else str(name),
-            "device_id": int(device.id),
-            "total_bytes": int(total),
-            "free_bytes": int(free),
-            "cupy": cupy.__version__,
-        }
-        return 1.0, int(fraction * free), details
-    except Exception as exc:  # pragma: no cover - needs a CUDA machine
-        raise RuntimeUnavailableError(
-            f"runtime 'cuda' is listed as available but querying the device failed ({exc}); "
-            "check CUDA_VISIBLE_DEVICES and the driver, or leave 'cuda' out of runtimes"
-        ) from exc
-
-
-def _probe_mps(memory_limit: int | None, fraction: float) -> tuple[float, int, dict[str, Any]]:
-    try:
-        import mlx.core as mx
-    except ImportError as exc:
-        raise RuntimeUnavailableError(
-            f"runtime 'mps' is listed as available but MLX does not import ({exc}); "
-            "install mlx or leave 'mps' out of runtimes"
-        ) from exc
-    metal = bool(mx.metal.is_available())
-    info_fn = getattr(mx, "device_info", None) or getattr(mx.metal, "device_info", None)
-    info: dict[str, Any] = {}
-    if info_fn is not None:
-        try:
-            info = dict(info_fn())
-        except Exception:  # pragma: no cover - depends on the MLX build
-            info = {}
-    details: dict[str, Any] = {
-        "device": str(info.get("device_name", "")),
-        "metal": metal,
-        "mlx": str(getattr(mx, "__version__", "")),
-    }
-    working_set = info.get("max_recommended_working_set_size")
-    if metal and working_set:  # pragma: no cover - needs Apple silicon
-        details["recommended_working_set_bytes"] = int(working_set)
-        budget = int(working_set)
-    else:
-        budget = int(fraction * _host_bytes(memory_limit))
-    return 1.0, budget, details
-
-
 def _probe(
     runtimes: Sequence[str] | str | None,
     memory_limit: int | None,
     budget_fraction: float,
     nthreads: int | None,
 ) -> tuple[dict[str, float], dict[str, int], dict[str, dict[str, Any]]]:
+    """Run each runtime's declared probe (``RuntimeSpec.probe``) and collect what it found."""
+    from ..runtimes import probe_runtime, runtime_specs
+
     fraction = _check_fraction(budget_fraction)
     if memory_limit is not None and (
         isinstance(memory_limit, bool) or not isinstance(memory_limit, int) or memory_limit < 0
@@ -214,22 +128,31 @@ def _probe(
         isinstance(nthreads, bool) or not isinstance(nthreads, int) or nthreads < 1
     ):
         raise ParameterError(f"nthreads must be a positive integer or None, got {nthreads!r}")
-    chosen = _select_runtimes(runtimes)
+    requested = _check_runtime_names(runtimes)
+    names = requested if requested is not None else tuple(runtime_specs())
+    host = _host_bytes(memory_limit)
     slots: dict[str, float] = {}
     budgets: dict[str, int] = {}
     details: dict[str, dict[str, Any]] = {}
-    for name, reason in chosen.items():
-        if name == "cpu":
-            s, b, d = _probe_cpu(nthreads or 1, memory_limit, fraction)
-        elif name == "cuda":
-            s, b, d = _probe_cuda(fraction)
-        elif name == "mps":
-            s, b, d = _probe_mps(memory_limit, fraction)
-        else:
-            # A runtime the probe does not know yet: one slot, a host-memory budget.
-            s, b, d = 1.0, int(fraction * _host_bytes(memory_limit)), {}
-        slots[name], budgets[name] = s, b
-        details[name] = {"available": reason, **d}
+    missing: dict[str, str] = {}
+    for name in names:
+        found = probe_runtime(
+            name, nthreads=nthreads or 1, memory_limit=host, budget_fraction=fraction
+        )
+        if not found.available:
+            missing[name] = found.reason
+            continue
+        slots[name], budgets[name] = found.slots, found.budget_bytes
+        details[name] = {"available": found.reason, **found.details}
+    if requested is not None and missing:
+        raise RuntimeUnavailableError(
+            f"runtime(s) {sorted(missing)} requested but not available on this machine ("
+            + "; ".join(f"{n}: {why}" for n, why in missing.items())
+            + f"); available: {sorted(slots)}. Ask for some of those, or start this worker on "
+            f"a machine that has {sorted(missing)}"
+        )
+    for name, why in missing.items():
+        logger.debug("quantem-flow: runtime %s not advertised: %s", name, why)
     return slots, budgets, details
 
 
@@ -246,7 +169,7 @@ def probe_capabilities(
     ----------
     runtimes
         Runtimes to advertise (names from
-        :data:`quantem_flow.runtimes.MANIFEST`); default every available one.
+        :func:`quantem_flow.runtimes.runtime_specs`); default every available one.
         ``cpu`` is included unless a list without it is given.
     memory_limit
         The worker's memory limit in bytes; default the machine's total RAM.
@@ -254,7 +177,8 @@ def probe_capabilities(
         Share of memory admitted for resident payloads, in (0, 1]: of
         ``memory_limit`` (or RAM) for ``cpu`` and for ``mps`` without Metal,
         of the free device memory for ``cuda``.  ``mps`` on Metal admits MLX's
-        recommended working set.
+        recommended working set.  Each runtime's declared probe
+        (``RuntimeSpec.probe``) computes its own.
     nthreads
         The worker's threads: the ``cpu`` slots (default 1).  ``cuda`` and
         ``mps`` have one slot.
@@ -285,17 +209,18 @@ def probe_runtime_details(*, runtimes: Sequence[str] | None = None) -> dict[str,
 
 # -- the worker plugin -------------------------------------------------------------------------
 def _check_budgets(budgets: Mapping[str, int] | None) -> dict[str, int]:
-    from ..runtimes import MANIFEST
+    from ..runtimes import runtime_specs
 
     if budgets is None:
         return {}
+    registered = runtime_specs()
     if not isinstance(budgets, Mapping):
         raise ParameterError(f"budgets must map runtime names to bytes, got {budgets!r}")
     out: dict[str, int] = {}
     for name, nbytes in budgets.items():
-        if name not in MANIFEST:
+        if name not in registered:
             raise ParameterError(
-                f"budgets names unknown runtime {name!r}; registered runtimes: {sorted(MANIFEST)}"
+                f"budgets names unknown runtime {name!r}; registered runtimes: {sorted(registered)}"
             )
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
             raise ParameterError(

@@ -25,10 +25,24 @@ from typing import Any
 from ..errors import ParameterError
 from ..representations.chunk import Chunk
 
-__all__ = ["DEVICE_MODULES", "ResidentAwareData", "is_device_payload", "payload_nbytes"]
+__all__ = ["ResidentAwareData", "device_modules", "is_device_payload", "payload_nbytes"]
 
-#: Top-level modules whose objects live in device memory.
-DEVICE_MODULES = ("cupy", "mlx")
+
+def device_modules() -> tuple[str, ...]:
+    """Top-level packages whose objects live in device memory (``("cupy", "mlx")``).
+
+    Derived from the runtime declarations: the dependency of every runtime
+    whose residency is not ``"host"``.
+    """
+    from ..runtimes.registry import device_modules as declared
+
+    return declared()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DEVICE_MODULES":  # the former constant, now derived from the declarations
+        return device_modules()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_device_payload(value: object) -> bool:
@@ -44,12 +58,12 @@ def is_device_payload(value: object) -> bool:
     bool
         True for a :class:`~quantem_flow.representations.chunk.Chunk` whose
         residency is not ``"host"`` and for objects whose type is defined in
-        a module of :data:`DEVICE_MODULES` (CuPy, MLX arrays).
+        a package of :func:`device_modules` (CuPy, MLX arrays).
     """
     if isinstance(value, Chunk):
         return value.residency != "host"
     module = type(value).__module__ or ""
-    return module.split(".", 1)[0] in DEVICE_MODULES
+    return module.split(".", 1)[0] in device_modules()
 
 
 def payload_nbytes(value: object) -> int:
@@ -67,7 +81,7 @@ def _label(value: object) -> str:
     if isinstance(value, Chunk):
         return value.representation
     module = (type(value).__module__ or "").split(".", 1)[0]
-    if module in DEVICE_MODULES:
+    if module in device_modules():
         return f"{module}-array"
     return "other"
 
@@ -75,13 +89,13 @@ def _label(value: object) -> str:
 def _residency(value: object) -> str:
     if isinstance(value, Chunk):
         return value.residency
-    module = (type(value).__module__ or "").split(".", 1)[0]
-    if module == "cupy":
-        device = getattr(getattr(value, "device", None), "id", 0)
-        return f"cuda:{device}"
-    if module == "mlx":
-        return "mps"
-    return "host"
+    from ..runtimes.registry import residency_of_module
+
+    prefix = residency_of_module((type(value).__module__ or "").split(".", 1)[0])
+    if prefix is None:
+        return "host"
+    device = getattr(getattr(value, "device", None), "id", None)
+    return f"{prefix}:{device}" if isinstance(device, int) else prefix
 
 
 def _host_target(memory_limit: int | None) -> int:

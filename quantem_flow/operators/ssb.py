@@ -73,6 +73,7 @@ from ..dataset import Dataset4D
 from ..errors import CalibrationError, DtypeError, ParameterError
 from ..provenance import array_identity
 from ..results import ComplexObject
+from ..runtimes.registry import get_spec
 from ..runtimes.ssb_kernels import (
     ELEMENTWISE_ELEMENTS,
     Aberrations,
@@ -598,6 +599,10 @@ class SSB(ChunkOperator):
     def plan(self, ctx: PlanContext) -> ChunkPlan:
         """Gather the bright-field pixels in the shared pass; reconstruct in the finalize."""
         ds = ctx.dataset
+        # the runtime must declare the SSB stage for the gathered values' dtype
+        self.choice = resolve_ssb_backend(
+            self.backend, allow_complex64=self.allow_complex64, dtype=ds.dtype
+        )
         geo, notes = self.geometry(ctx)
         params = {"given": self.parameters(), **geo.record}
 
@@ -812,10 +817,11 @@ class SSB(ChunkOperator):
                 ),
             },
         }
-        if self.choice.chosen == "mps":
+        complex64 = get_spec(self.choice.chosen).array_ops_precision != "complex128"
+        if complex64:
             notes.append(
-                "SSB FFT stage ran in complex64 on MLX (allow_complex64=True); sums across "
-                "blocks in complex128"
+                f"SSB FFT stage ran in complex64 on {self.choice.chosen} (allow_complex64=True); "
+                "sums across blocks in complex128"
             )
         prov = make_provenance(
             ds,
@@ -823,8 +829,8 @@ class SSB(ChunkOperator):
             parameters=params,
             outputs=out,
             accumulation_dtype="complex128"
-            if self.choice.chosen != "mps"
-            else "complex64 within blocks (MLX), complex128 across blocks",
+            if not complex64
+            else f"complex64 within blocks ({self.choice.chosen}), complex128 across blocks",
             notes=notes,
         )
         prov.timings.update(timings)

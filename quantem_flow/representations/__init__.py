@@ -1,7 +1,14 @@
 """Representations: how a chunk's payload is laid out (dense, encoded, paired, packed)."""
 
 from .base import REGISTRY, Payload, Representation, get_representation
-from .chunk import REPRESENTATIONS, RESIDENCIES, Chunk, check_representation
+from .chunk import (
+    REPRESENTATIONS,
+    RESIDENCIES,
+    Chunk,
+    check_representation,
+    chunk_of,
+    register_residency,
+)
 from .dense import DENSE_SCHEMA
 
 __all__ = [
@@ -13,5 +20,7 @@ __all__ = [
     "Payload",
     "Representation",
     "check_representation",
+    "chunk_of",
     "get_representation",
+    "register_residency",
 ]

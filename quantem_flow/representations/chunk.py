@@ -3,25 +3,89 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
 
 import numpy as np
 
 from ..errors import ParameterError
+from .base import REGISTRY
 
-__all__ = ["REPRESENTATIONS", "RESIDENCIES", "Chunk", "check_representation"]
+__all__ = [
+    "REPRESENTATIONS",
+    "RESIDENCIES",
+    "Chunk",
+    "check_representation",
+    "chunk_of",
+    "register_residency",
+]
 
-#: Every representation the architecture names; kernels exist for those a
-#: runtime registers (see :mod:`quantem_flow.runtimes`).
-REPRESENTATIONS = ("dense", "encoded", "paired", "packed")
 
-#: Residency prefixes: ``host``, ``cuda:<n>``, ``mps``, ``external:<worker>``.
-RESIDENCIES = ("host", "cuda", "mps", "external")
+class _Names(Sequence[str]):
+    """A live, read-only view of names kept elsewhere (a registry's keys)."""
+
+    def __init__(self, source: Any) -> None:
+        self._source = source
+
+    def _names(self) -> tuple[str, ...]:
+        return tuple(self._source())
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._names()
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
+#: The representations of :data:`~quantem_flow.representations.base.REGISTRY`
+#: (a live view: a representation registered there appears here).
+REPRESENTATIONS: Sequence[str] = _Names(lambda: REGISTRY)
+
+_RESIDENCIES: list[str] = ["host", "cuda", "mps", "external"]
+#: Residency prefixes: ``host``, ``cuda:<n>``, ``mps``, ``external:<worker>``,
+#: and those a registered runtime declares (a live view).
+RESIDENCIES: Sequence[str] = _Names(lambda: _RESIDENCIES)
+_PREFIX = re.compile(r"^[a-z][a-z0-9_-]*$")
+
+
+def register_residency(prefix: str) -> None:
+    """Admit residency ``prefix`` (``"<prefix>"`` or ``"<prefix>:<id>"``) for chunks.
+
+    The runtime registry calls it for every runtime it registers.
+
+    Raises
+    ------
+    ParameterError
+        ``prefix`` is not lower case letters, digits, ``-`` or ``_``.
+    """
+    if not isinstance(prefix, str) or not _PREFIX.match(prefix):
+        raise ParameterError(
+            f"a residency prefix is lower case letters, digits, '-' or '_' (such as 'cuda'), "
+            f"got {prefix!r}"
+        )
+    if prefix not in _RESIDENCIES:
+        _RESIDENCIES.append(prefix)
 
 
 def check_representation(name: str) -> str:
     """Return ``name`` if it is a known representation, else raise."""
-    if name not in REPRESENTATIONS:
+    if name not in REGISTRY:
         raise ParameterError(
             f"unknown representation {name!r}; expected one of {list(REPRESENTATIONS)}"
         )
@@ -46,6 +110,9 @@ class Chunk:
         The data; for ``dense`` an array ``(rows, cols, k_r, k_c)``.
     storage_schema
         Versioned name of the exact payload layout (``"dense-v1"``...).
+    runtime
+        Name of the runtime that holds the payload (its ``put`` made the
+        chunk; its ``release`` frees it).  ``"cpu"`` for host chunks.
     """
 
     representation: str
@@ -53,13 +120,21 @@ class Chunk:
     scan_slice: tuple[tuple[int, int], tuple[int, int]]
     payload: Any
     storage_schema: str
+    runtime: str = "cpu"
 
     def __post_init__(self) -> None:
         check_representation(self.representation)
-        if self.residency.split(":", 1)[0] not in RESIDENCIES:
+        if not isinstance(self.residency, str) or self.residency.split(":", 1)[0] not in (
+            RESIDENCIES
+        ):
             raise ParameterError(
-                f"unknown residency {self.residency!r}; expected host, cuda:<n>, mps or "
-                "external:<worker>"
+                f"unknown residency {self.residency!r}; expected host, cuda:<n>, mps, "
+                f"external:<worker> or a prefix a registered runtime declares "
+                f"({list(RESIDENCIES)})"
+            )
+        if not isinstance(self.runtime, str) or not self.runtime:
+            raise ParameterError(
+                f"Chunk.runtime must name the runtime holding the payload, got {self.runtime!r}"
             )
 
     @property
@@ -70,11 +145,60 @@ class Chunk:
 
     @property
     def nbytes(self) -> int:
-        """Physical bytes of the payload."""
+        """Physical bytes of the payload where it is resident (what placement budgets count)."""
         payload = self.payload
         if isinstance(payload, np.ndarray):
             return int(payload.nbytes)
         return int(getattr(payload, "nbytes", 0))
+
+
+def chunk_of(
+    representation: str,
+    payload: Any,
+    *,
+    storage_schema: str | None = None,
+    scan_slice: tuple[tuple[int, int], tuple[int, int]] | None = None,
+) -> Chunk:
+    """Wrap a host payload as a host :class:`Chunk` (for kernels run outside a dataset).
+
+    Parameters
+    ----------
+    representation
+        The payload's representation.
+    payload
+        A dense ``(rows, cols, k_r, k_c)`` array or a payload object with a
+        ``scan_shape``.
+    storage_schema
+        Default: the representation's schema.
+    scan_slice
+        Default: ``((0, rows), (0, cols))``.
+
+    Returns
+    -------
+    Chunk
+        ``residency="host"``, ``runtime="cpu"``.
+    """
+    from .base import get_representation
+
+    check_representation(representation)
+    if scan_slice is None:
+        if representation == "dense":
+            shape = np.shape(payload)
+            if len(shape) != 4:
+                raise ParameterError(
+                    f"a dense payload is (rows, cols, k_r, k_c), got shape {shape}"
+                )
+            rows, cols = int(shape[0]), int(shape[1])
+        else:
+            rows, cols = (int(v) for v in payload.scan_shape)
+        scan_slice = ((0, rows), (0, cols))
+    return Chunk(
+        representation=representation,
+        residency="host",
+        scan_slice=scan_slice,
+        payload=payload,
+        storage_schema=storage_schema or get_representation(representation).schema,
+    )
 
 
 def _register_sizeof() -> None:

@@ -13,7 +13,50 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["FramePassResult", "Runtime"]
+from ..errors import ParameterError
+
+__all__ = ["FramePassResult", "Precision", "Runtime"]
+
+#: Integer accumulations that are exact (``u32x2``: two 32-bit words with carry).
+EXACT_INTEGER_ACCUMULATIONS = ("int64", "uint64", "u32x2")
+REAL_ACCUMULATIONS = ("float64", "float32")
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """How a runtime accumulates (the ``accumulation`` of the qf-worker/1 ``hello``).
+
+    Attributes
+    ----------
+    integer
+        Accumulator of integer data with integer weights and of integer
+        pattern sums: ``"int64"``, ``"uint64"`` or ``"u32x2"`` (two 32-bit
+        words with carry, for devices without 64-bit integers).  All three
+        are exact; the conformance suite holds every runtime to exactness
+        there.
+    real
+        Accumulator of real products and sums: ``"float64"`` or
+        ``"float32"`` (devices without float64, such as WGSL); the
+        conformance suite's tolerances follow it.
+    """
+
+    integer: str = "int64"
+    real: str = "float64"
+
+    def __post_init__(self) -> None:
+        if self.integer not in EXACT_INTEGER_ACCUMULATIONS:
+            raise ParameterError(
+                f"Precision.integer must be one of {list(EXACT_INTEGER_ACCUMULATIONS)} (exact "
+                f"integer sums are required), got {self.integer!r}"
+            )
+        if self.real not in REAL_ACCUMULATIONS:
+            raise ParameterError(
+                f"Precision.real must be one of {list(REAL_ACCUMULATIONS)}, got {self.real!r}"
+            )
+
+    def to_dict(self) -> dict[str, str]:
+        """Return a JSON-ready dict (the protocol's ``accumulation``)."""
+        return {"integer": self.integer, "real": self.real}
 
 
 @dataclasses.dataclass
@@ -43,8 +86,6 @@ class Runtime(abc.ABC):
     """A device class that runs kernels on resident payloads."""
 
     name: ClassVar[str] = "abstract"
-    #: (operation, representation) pairs this runtime has kernels for.
-    kernels: ClassVar[frozenset[tuple[str, str]]] = frozenset()
 
     @classmethod
     @abc.abstractmethod
@@ -62,9 +103,26 @@ class Runtime(abc.ABC):
         """
         return cls.available()
 
-    def supports(self, operation: str, representation: str) -> bool:
-        """Whether a kernel is registered for ``operation`` on ``representation``."""
-        return (operation, representation) in self.kernels
+    @property
+    def declaration(self) -> Any:
+        """The :class:`~quantem_flow.runtimes.registry.RuntimeSpec` of this runtime (by name)."""
+        from .registry import get_spec
+
+        return get_spec(self.name)
+
+    @property
+    def kernels(self) -> frozenset[tuple[str, str, str]]:
+        """The ``(operation, representation, dtype)`` triples declared for this runtime."""
+        kernels: frozenset[tuple[str, str, str]] = self.declaration.kernels
+        return kernels
+
+    def supports(self, operation: str, representation: str, dtype: Any = None) -> bool:
+        """Whether a kernel is declared for ``operation`` on ``representation`` (and ``dtype``)."""
+        return bool(self.declaration.supports(operation, representation, dtype))
+
+    def precision(self) -> Precision:
+        """How this runtime accumulates (default: exact 64-bit integers, float64 reals)."""
+        return Precision()
 
     @abc.abstractmethod
     def frame_pass(

@@ -39,7 +39,6 @@ the two trotters of the half plane give the whole plane.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import threading
 from collections.abc import Mapping
@@ -48,7 +47,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import ParameterError, RuntimeUnavailableError, UnsupportedOperationError
-from . import AUTO_ORDER, MANIFEST, BackendChoice, available_runtimes, get_runtime
+from . import BackendChoice, available_runtimes, get_runtime
+from .registry import auto_order, dtype_name, get_spec, load_attribute, runtime_specs
 
 __all__ = [
     "ELEMENTWISE_ELEMENTS",
@@ -427,25 +427,29 @@ class MlxOps(ArrayOps):
 
 
 # -- backend choice ---------------------------------------------------------------------
-_COMPLEX128 = {"cpu": True, "cuda": True, "mps": False}
+def _complex128(spec: Any) -> bool:
+    return bool(spec.array_ops_precision == "complex128")
 
 
-def _auto_eligible(name: str) -> tuple[bool, str]:
-    module, _, cls = str(MANIFEST[name]["class"]).partition(":")
-    runtime_cls = getattr(importlib.import_module(module), cls)
-    ok, why = runtime_cls.auto_eligible()
-    return bool(ok), str(why)
+def resolve_ssb_backend(
+    backend: str, *, allow_complex64: bool = False, dtype: Any = None
+) -> BackendChoice:
+    """Choose the runtime of the SSB FFT/accumulation stage from the runtime declarations.
 
-
-def resolve_ssb_backend(backend: str, *, allow_complex64: bool = False) -> BackendChoice:
-    """Choose the runtime of the SSB FFT/accumulation stage.
+    A runtime runs the stage when it declares an array adapter
+    (``RuntimeSpec.array_ops``) and the ``("ssb", "gathered", dtype)``
+    kernel; one whose adapter is complex64 only (MLX) runs only when the
+    caller allows complex64.
 
     Parameters
     ----------
     backend
-        ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"mps"``.
+        ``"auto"`` or a registered runtime name.
     allow_complex64
         Allow a runtime without complex128 FFT (MLX) to run in complex64.
+    dtype
+        The dtype of the gathered bright-field values (the dataset's);
+        ``None`` accepts any.
 
     Returns
     -------
@@ -455,27 +459,36 @@ def resolve_ssb_backend(backend: str, *, allow_complex64: bool = False) -> Backe
     Raises
     ------
     RuntimeUnavailableError
-        An explicit runtime is not available here (the message names those that are).
+        An explicit runtime is unknown or not available here, or no runtime
+        is eligible for ``"auto"`` (the message names those that are).
     UnsupportedOperationError
-        ``"mps"`` without ``allow_complex64=True``.
+        An explicit runtime has no SSB stage for ``dtype``, or is complex64
+        only without ``allow_complex64=True``.
     """
     if not isinstance(backend, str):
         raise ParameterError(f"backend must be a string, got {backend!r}")
+    dt = None if dtype is None else dtype_name(dtype)
+    specs = runtime_specs()
     if backend == "auto":
         available = available_runtimes()
+        order = auto_order()
         skipped: list[str] = []
-        for name in AUTO_ORDER:
+        for name in order:
+            spec = specs[name]
+            if spec.array_ops is None or not spec.supports("ssb", "gathered", dt):
+                skipped.append(f"{name} (no SSB stage" + (f" for {dt}" if dt else "") + ")")
+                continue
             if name not in available:
                 skipped.append(f"{name} (not available here)")
                 continue
-            ok, why = _auto_eligible(name)
+            ok, why = get_runtime(name).auto_eligible()
             if not ok:
                 skipped.append(f"{name} ({why})")
                 continue
-            if not _COMPLEX128[name] and not allow_complex64:
+            if not _complex128(spec) and not allow_complex64:
                 skipped.append(f"{name} (no complex128 FFT; allow_complex64=False)")
                 continue
-            reason = f"first of {list(AUTO_ORDER)} able to run the SSB FFT stage"
+            reason = f"first of {list(order)} able to run the SSB FFT stage"
             if skipped:
                 reason += "; passed over: " + "; ".join(skipped)
             return BackendChoice("auto", name, reason)
@@ -483,31 +496,52 @@ def resolve_ssb_backend(backend: str, *, allow_complex64: bool = False) -> Backe
             f"no runtime here can run the SSB FFT stage by backend='auto'; passed over: "
             f"{'; '.join(skipped)}"
         )
-    if backend not in _COMPLEX128:
+    explicit = specs.get(backend)
+    if explicit is None:
+        able = [n for n, s in specs.items() if s.array_ops is not None]
         raise RuntimeUnavailableError(
-            f"unknown runtime {backend!r} for the SSB FFT stage; expected 'auto', 'cpu', "
-            "'cuda' or 'mps'"
+            f"unknown runtime {backend!r} for the SSB FFT stage; expected 'auto' or one of {able}"
+        )
+    if explicit.array_ops is None or not explicit.supports("ssb", "gathered", dt):
+        able = [
+            n
+            for n, s in specs.items()
+            if s.array_ops is not None and s.supports("ssb", "gathered", dt)
+        ]
+        raise UnsupportedOperationError(
+            f"runtime {backend!r} has no SSB FFT stage"
+            + (f" for {dt} data" if dt else "")
+            + f"; runtimes that have one: {able}"
         )
     get_runtime(backend)  # raises RuntimeUnavailableError naming those that are available
-    if not _COMPLEX128[backend] and not allow_complex64:
+    if not _complex128(explicit) and not allow_complex64:
         raise UnsupportedOperationError(
-            f"runtime {backend!r} (MLX) has no complex128 FFT: mx.fft computes in complex64 "
-            "only. SSB never lowers precision silently: pass allow_complex64=True to run the "
-            "FFT stage in complex64 (recorded in provenance), or use backend='cpu' or 'cuda' "
-            "(complex128)"
+            f"runtime {backend!r} has no complex128 FFT (its SSB adapter computes in "
+            f"{explicit.array_ops_precision} only). SSB never lowers precision silently: pass "
+            "allow_complex64=True to run the FFT stage in complex64 (recorded in provenance), "
+            "or use a complex128 runtime such as backend='cpu' or 'cuda'"
         )
     return BackendChoice(backend, backend, "requested explicitly")
 
 
 def make_ops(name: str, *, workers: int | None = None) -> ArrayOps:
-    """Return the array adapter of runtime ``name`` (``cpu``, ``cuda`` or ``mps``)."""
-    if name == "cpu":
-        return NumpyOps(workers)
-    if name == "cuda":
-        return CupyOps()
-    if name == "mps":
-        return MlxOps()
-    raise RuntimeUnavailableError(f"no SSB array adapter for runtime {name!r}")
+    """Return the SSB array adapter runtime ``name`` declares (``RuntimeSpec.array_ops``).
+
+    ``workers`` is passed to adapters that take it (the NumPy adapter's FFT threads).
+    """
+    spec = get_spec(name)
+    if spec.array_ops is None:
+        raise RuntimeUnavailableError(
+            f"runtime {name!r} declares no SSB array adapter; runtimes that do: "
+            f"{[n for n, s in runtime_specs().items() if s.array_ops is not None]}"
+        )
+    cls = load_attribute(spec.array_ops)
+    ops = cls(workers) if workers is not None and issubclass(cls, NumpyOps) else cls()
+    if not isinstance(ops, ArrayOps):
+        raise RuntimeUnavailableError(
+            f"the SSB adapter {spec.array_ops} of runtime {name!r} is not an ArrayOps"
+        )
+    return ops
 
 
 # -- the stage --------------------------------------------------------------------------

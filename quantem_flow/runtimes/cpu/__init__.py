@@ -16,14 +16,6 @@ class CpuRuntime(Runtime):
     """Host memory, NumPy layout, Numba kernels."""
 
     name: ClassVar[str] = "cpu"
-    kernels: ClassVar[frozenset[tuple[str, str]]] = frozenset(
-        {
-            ("frame_pass", "dense"),
-            ("frame_pass", "paired"),
-            ("frame_pass", "packed"),
-            ("frame_pass", "encoded"),
-        }
-    )
     payload_kernels: ClassVar[dict[str, str]] = {
         "paired": "quantem_flow.runtimes.cpu.paired_kernels:frame_pass_paired",
         "packed": "quantem_flow.runtimes.cpu.packed_kernels:frame_pass_packed",

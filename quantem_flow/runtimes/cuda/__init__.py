@@ -78,14 +78,6 @@ class CudaRuntime(Runtime):
     """CUDA devices through CuPy; one worker process per GPU (``CUDA_VISIBLE_DEVICES``)."""
 
     name: ClassVar[str] = "cuda"
-    kernels: ClassVar[frozenset[tuple[str, str]]] = frozenset(
-        {
-            ("frame_pass", "dense"),
-            ("frame_pass", "paired"),
-            ("frame_pass", "packed"),
-            ("frame_pass", "encoded"),
-        }
-    )
     payload_kernels: ClassVar[dict[str, str]] = {
         "paired": "quantem_flow.runtimes.cuda.paired:frame_pass_paired_cuda",
         "packed": "quantem_flow.runtimes.cuda.grouped:frame_pass_packed_cuda",

@@ -87,7 +87,6 @@ class MpsRuntime(Runtime):
     """
 
     name: ClassVar[str] = "mps"
-    kernels: ClassVar[frozenset[tuple[str, str]]] = frozenset({("frame_pass", "dense")})
 
     def __init__(self, path: Literal["mlx", "metal"] = "mlx") -> None:
         if path not in ("mlx", "metal"):
