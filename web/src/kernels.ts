@@ -125,9 +125,13 @@ export function fusedSource(
   const { decl, fn } = loadFn(layout);
   const W = partialWords(exact);
   const rows = R > 0;
+  // Reset explicitly each frame: SwiftShader (Chromium) was measured to keep a loop-body
+  // var's value across iterations instead of zero-initialising it.
   const acc = exact
-    ? `var apos: array<vec3<u32>, ${R}>; var aneg: array<vec3<u32>, ${R}>;`
-    : `var af: array<vec2<f32>, ${R}>;`;
+    ? `var apos: array<vec3<u32>, ${R}>; var aneg: array<vec3<u32>, ${R}>;
+    for (var r = 0u; r < ${R}u; r = r + 1u) { apos[r] = vec3<u32>(0u); aneg[r] = vec3<u32>(0u); }`
+    : `var af: array<vec2<f32>, ${R}>;
+    for (var r = 0u; r < ${R}u; r = r + 1u) { af[r] = vec2<f32>(0.0); }`;
   const xf = arith === "float" ? "bitcast<f32>(xb)" : "f32(xb)";
   const wf = intWeights ? "f32(bitcast<i32>(wb))" : "bitcast<f32>(wb)";
   const accumulate = exact
