@@ -66,10 +66,14 @@ class Connection(Protocol):
 
     name: str
 
-    def send(self, message: Message, *, timeout: float | None = None) -> None:
+    def send(
+        self, message: Message, *, timeout: float | None = None, handle: int | None = None
+    ) -> None:
         """Send one message (raises ``ExternalWorkerLostError`` if the peer is gone)."""
 
-    def recv(self, timeout: float) -> Message:
+    def recv(
+        self, timeout: float, *, message_type: str | None = None, handle: int | None = None
+    ) -> Message:
         """Return the next message, waiting at most ``timeout`` seconds."""
 
     def close(self, *, timeout: float = 5.0) -> None:
