@@ -65,9 +65,9 @@ typedef struct qfv_options {
 
 typedef struct qfv_info {
   char device_name[256];
-  char device_type[16];  /* cpu, integrated_gpu, discrete_gpu, virtual_gpu, other */
-  char driver[128];      /* driver name and info */
-  uint32_t api_version;  /* VK_MAKE_API_VERSION packed */
+  char device_type[16]; /* cpu, integrated_gpu, discrete_gpu, virtual_gpu, other */
+  char driver[128];     /* driver name and info */
+  uint32_t api_version; /* VK_MAKE_API_VERSION packed */
   uint32_t vendor_id;
   uint32_t device_id;
   qfv_accumulation integer_accumulation; /* QFV_ACC_INT64 or QFV_ACC_U32X2 */
@@ -83,9 +83,9 @@ typedef struct qfv_info {
 } qfv_info;
 
 typedef struct qfv_pass_result {
-  double *per_frame;  /* (n_frames, m) float64, caller-allocated */
-  void *pattern_sum;  /* (K,) int64 for integer data, float64 for float data; NULL: not wanted */
-  void *pattern_max;  /* (K,) in the data's dtype; NULL: not wanted */
+  double *per_frame;             /* (n_frames, m) float64, caller-allocated */
+  void *pattern_sum;             /* (K,) int64 for integer data, float64 for float data; NULL: not wanted */
+  void *pattern_max;             /* (K,) in the data's dtype; NULL: not wanted */
   qfv_accumulation accumulation; /* out: what the per-frame sums used */
 } qfv_pass_result;
 
@@ -103,15 +103,14 @@ QFV_API const char *qfv_last_error(const qfv_session *session);
 QFV_API qfv_status qfv_session_info(qfv_session *session, qfv_info *info);
 
 /** Dense frames: shape (n_frames, K) flattened from [rows, cols, k_r, k_c]. */
-QFV_API qfv_status qfv_put_dense(qfv_session *s, qfv_handle h, qfv_dtype dtype, uint64_t n_frames,
-                                 uint64_t k, const void *frames, uint64_t nbytes,
-                                 uint64_t *resident_bytes);
+QFV_API qfv_status qfv_put_dense(qfv_session *s, qfv_handle h, qfv_dtype dtype, uint64_t n_frames, uint64_t k,
+                                 const void *frames, uint64_t nbytes, uint64_t *resident_bytes);
 /** Paired CSR: indptr int64 (n_frames + 1), indices index_bytes (2 or 4) each,
  *  counts count_bytes (1, 2 or 4) each; dtype is the logical value dtype. */
 QFV_API qfv_status qfv_put_paired(qfv_session *s, qfv_handle h, qfv_dtype dtype, uint64_t n_frames,
-                                  uint64_t k, const int64_t *indptr, const void *indices,
-                                  int index_bytes, const void *counts, int count_bytes,
-                                  uint64_t n_pairs, uint64_t *resident_bytes);
+                                  uint64_t k, const int64_t *indptr, const void *indices, int index_bytes,
+                                  const void *counts, int count_bytes, uint64_t n_pairs,
+                                  uint64_t *resident_bytes);
 /** Packed packed-blockwidth-v1: widths uint8 and offsets int64 per block, data uint32 words
  *  (including the trailing zero word). */
 QFV_API qfv_status qfv_put_packed(qfv_session *s, qfv_handle h, qfv_dtype dtype, uint64_t n_frames,
@@ -120,16 +119,15 @@ QFV_API qfv_status qfv_put_packed(qfv_session *s, qfv_handle h, qfv_dtype dtype,
                                   uint64_t n_words, uint64_t *resident_bytes);
 /** Weight rows (m, K) float64; *integer_weights says whether all are integers. */
 QFV_API qfv_status qfv_put_weights(qfv_session *s, qfv_handle h, uint64_t m, uint64_t k,
-                                   const double *weights, uint64_t *resident_bytes,
-                                   int *integer_weights);
+                                   const double *weights, uint64_t *resident_bytes, int *integer_weights);
 /** Shape of a resident chunk. */
 QFV_API qfv_status qfv_chunk_info(qfv_session *s, qfv_handle chunk, uint64_t *n_frames, uint64_t *k,
                                   qfv_dtype *dtype, int *representation /* 0 dense 1 paired 2 packed */);
 QFV_API qfv_status qfv_frame_pass(qfv_session *s, qfv_handle chunk, qfv_handle weights,
                                   qfv_pass_result *result);
 /** values (n_frames, n_indices) in the chunk's dtype. */
-QFV_API qfv_status qfv_gather(qfv_session *s, qfv_handle chunk, const int64_t *indices,
-                              uint64_t n_indices, void *values);
+QFV_API qfv_status qfv_gather(qfv_session *s, qfv_handle chunk, const int64_t *indices, uint64_t n_indices,
+                              void *values);
 /** Frees the handle; *freed = 0 when it was unknown (not an error). */
 QFV_API qfv_status qfv_release(qfv_session *s, qfv_handle h, int *freed);
 

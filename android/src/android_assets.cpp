@@ -12,8 +12,7 @@ std::mutex g_mutex;
 AAssetManager *g_manager = nullptr;
 } // namespace
 
-extern "C" __attribute__((visibility("default"))) void qfv_android_set_asset_manager(
-    AAssetManager *manager) {
+extern "C" __attribute__((visibility("default"))) void qfv_android_set_asset_manager(AAssetManager *manager) {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_manager = manager;
 }

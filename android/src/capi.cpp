@@ -39,7 +39,9 @@ template <typename F> qfv_status guarded(qfv_session *s, F &&f) {
   }
 }
 
-bool known_dtype(qfv_dtype d) { return d >= QFV_UINT8 && d <= QFV_FLOAT64; }
+bool known_dtype(qfv_dtype d) {
+  return d >= QFV_UINT8 && d <= QFV_FLOAT64;
+}
 } // namespace
 
 extern "C" {
@@ -50,7 +52,9 @@ void qfv_default_options(qfv_options *o) {
   o->device_index = -1;
 }
 
-const char *qfv_global_error(void) { return g_error.c_str(); }
+const char *qfv_global_error(void) {
+  return g_error.c_str();
+}
 
 const char *qfv_status_name(qfv_status s) {
   switch (s) {
@@ -143,7 +147,9 @@ void qfv_session_destroy(qfv_session *s) {
   delete s;
 }
 
-const char *qfv_last_error(const qfv_session *s) { return s ? s->error.c_str() : g_error.c_str(); }
+const char *qfv_last_error(const qfv_session *s) {
+  return s ? s->error.c_str() : g_error.c_str();
+}
 
 qfv_status qfv_session_info(qfv_session *s, qfv_info *info) {
   if (s == nullptr) return QFV_ERR_BAD_REQUEST;
@@ -169,7 +175,8 @@ qfv_status qfv_put_paired(qfv_session *s, qfv_handle h, qfv_dtype dtype, uint64_
   if (s == nullptr) return QFV_ERR_BAD_REQUEST;
   return guarded(s, [&] {
     if (!known_dtype(dtype)) throw qfv::Error(QFV_ERR_UNSUPPORTED, "unknown dtype code");
-    uint64_t r = s->impl->put_paired(h, dtype, n, k, indptr, indices, index_bytes, counts, count_bytes, n_pairs);
+    uint64_t r =
+        s->impl->put_paired(h, dtype, n, k, indptr, indices, index_bytes, counts, count_bytes, n_pairs);
     if (resident) *resident = r;
   });
 }

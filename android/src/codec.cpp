@@ -35,7 +35,9 @@ uint32_t le32(const uint8_t *p) {
   return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
          static_cast<uint32_t>(p[3]) << 24;
 }
-uint64_t le64(const uint8_t *p) { return static_cast<uint64_t>(le32(p)) | static_cast<uint64_t>(le32(p + 4)) << 32; }
+uint64_t le64(const uint8_t *p) {
+  return static_cast<uint64_t>(le32(p)) | static_cast<uint64_t>(le32(p + 4)) << 32;
+}
 bool all_zero(const uint8_t *p, size_t n) {
   for (size_t i = 0; i < n; ++i)
     if (p[i]) return false;
@@ -59,8 +61,8 @@ bool read_frame(Source &src, Frame &out, uint64_t max_message_bytes) {
   uint64_t head_total = pad8(16 + static_cast<uint64_t>(hlen));
   if (max_message_bytes != 0 && (blen > max_message_bytes || head_total + blen > max_message_bytes)) {
     throw CodecError("too_large", "frame of " + std::to_string(head_total + blen) +
-                                      " bytes exceeds max_message_bytes " + std::to_string(max_message_bytes) +
-                                      ": send smaller chunks");
+                                      " bytes exceeds max_message_bytes " +
+                                      std::to_string(max_message_bytes) + ": send smaller chunks");
   }
   std::vector<uint8_t> head(static_cast<size_t>(head_total - 16));
   read_exact(src, head.data(), head.size(), "header");
@@ -79,12 +81,13 @@ bool read_frame(Source &src, Frame &out, uint64_t max_message_bytes) {
       lens.push_back(static_cast<uint64_t>(x.i));
     }
   }
-  if (!all_zero(head.data() + hlen, head.size() - hlen)) throw CodecError("frame", "header padding is not zero");
+  if (!all_zero(head.data() + hlen, head.size() - hlen))
+    throw CodecError("frame", "header padding is not zero");
   uint64_t want = 0;
   for (uint64_t l : lens) want += pad8(l);
   if (want != blen) {
-    throw CodecError("frame", "body_length " + std::to_string(blen) + " differs from the buffers' padded sum " +
-                                  std::to_string(want));
+    throw CodecError("frame", "body_length " + std::to_string(blen) +
+                                  " differs from the buffers' padded sum " + std::to_string(want));
   }
   out.header = std::move(header);
   out.buffers.clear();
@@ -108,7 +111,8 @@ Frame decode_bytes(const uint8_t *p, size_t n) {
   return f;
 }
 
-std::vector<uint8_t> encode_frame(const json::Value &header, const std::vector<std::vector<uint8_t>> &buffers) {
+std::vector<uint8_t> encode_frame(const json::Value &header,
+                                  const std::vector<std::vector<uint8_t>> &buffers) {
   std::string text = json::dump(header);
   uint64_t body = 0;
   for (const auto &b : buffers) body += pad8(b.size());

@@ -54,7 +54,9 @@ private:
 };
 
 constexpr uint64_t kMaxHeaderBytes = 16u << 20;
-inline uint64_t pad8(uint64_t n) { return (n + 7) & ~uint64_t(7); }
+inline uint64_t pad8(uint64_t n) {
+  return (n + 7) & ~uint64_t(7);
+}
 
 // Reads one frame.  Returns false on a clean end of stream before its first
 // byte; throws CodecError otherwise.  max_message_bytes = 0: no limit.  After
@@ -64,7 +66,8 @@ bool read_frame(Source &src, Frame &out, uint64_t max_message_bytes = 0);
 Frame decode_bytes(const uint8_t *p, size_t n);
 // Encodes header (emitted as canonical JSON as given; it must carry "buffers"
 // when there are buffers) and buffers.
-std::vector<uint8_t> encode_frame(const json::Value &header, const std::vector<std::vector<uint8_t>> &buffers);
+std::vector<uint8_t> encode_frame(const json::Value &header,
+                                  const std::vector<std::vector<uint8_t>> &buffers);
 // Sets header["buffers"] from the buffers (when there are any) and encodes.
 std::vector<uint8_t> encode_message(json::Value header, const std::vector<std::vector<uint8_t>> &buffers);
 

@@ -61,10 +61,14 @@ struct Parser {
     for (int k = 0; k < 4; ++k) {
       char c = t[p++];
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= static_cast<uint32_t>(c - '0');
-      else if (c >= 'a' && c <= 'f') v |= static_cast<uint32_t>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') v |= static_cast<uint32_t>(c - 'A' + 10);
-      else return fail("bad hex digit in \\u escape");
+      if (c >= '0' && c <= '9')
+        v |= static_cast<uint32_t>(c - '0');
+      else if (c >= 'a' && c <= 'f')
+        v |= static_cast<uint32_t>(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F')
+        v |= static_cast<uint32_t>(c - 'A' + 10);
+      else
+        return fail("bad hex digit in \\u escape");
     }
     return true;
   }
@@ -79,7 +83,8 @@ struct Parser {
       if ((b & 0xC0) != 0x80) return fail("invalid UTF-8");
       c = (c << 6) | (b & 0x3Fu);
     }
-    if ((n == 3 && (c < 0x800 || (c >= 0xD800 && c <= 0xDFFF))) || (n == 4 && (c < 0x10000 || c > 0x10FFFF))) {
+    if ((n == 3 && (c < 0x800 || (c >= 0xD800 && c <= 0xDFFF))) ||
+        (n == 4 && (c < 0x10000 || c > 0x10FFFF))) {
       return fail("invalid UTF-8");
     }
     o.append(t, p, static_cast<size_t>(n));

@@ -44,7 +44,7 @@ void write_all(int fd, const std::vector<uint8_t> &bytes) {
 }
 
 const char *const kDtypes[] = {"uint8", "uint16", "uint32", "float32"};
-const char *const kNumpyDtypes[] = {"uint8", "uint16", "uint32", "uint64", "int8",
+const char *const kNumpyDtypes[] = {"uint8", "uint16", "uint32", "uint64",  "int8",
                                     "int16", "int32",  "int64",  "float32", "float64"};
 
 qfv_dtype parse_dtype(const Value *v, const char *member) {
@@ -52,7 +52,9 @@ qfv_dtype parse_dtype(const Value *v, const char *member) {
   for (int i = 0; i < 4; ++i)
     if (v->s == kDtypes[i]) return static_cast<qfv_dtype>(i);
   for (const char *d : kNumpyDtypes)
-    if (v->s == d) perr("unsupported", "dtype " + v->s + " is not offered by this worker (uint8, uint16, uint32, float32)");
+    if (v->s == d)
+      perr("unsupported",
+           "dtype " + v->s + " is not offered by this worker (uint8, uint16, uint32, float32)");
   perr("bad_request", std::string("\"") + member + "\" is not a dtype name: " + v->s);
 }
 
@@ -67,11 +69,13 @@ int64_t get_int(const Value &h, const char *member, int64_t lo = 0) {
 std::vector<int64_t> get_ints(const Value &h, const char *member, size_t n) {
   const Value *v = h.get(member);
   if (!v || v->type != json::Type::array || (n && v->a.size() != n)) {
-    perr("bad_request", std::string("\"") + member + "\" must be a list of " + std::to_string(n) + " integers");
+    perr("bad_request",
+         std::string("\"") + member + "\" must be a list of " + std::to_string(n) + " integers");
   }
   std::vector<int64_t> out;
   for (const auto &x : v->a) {
-    if (!x.is_int() || x.i < 0) perr("bad_request", std::string("\"") + member + "\" must hold non-negative integers");
+    if (!x.is_int() || x.i < 0)
+      perr("bad_request", std::string("\"") + member + "\" must hold non-negative integers");
     out.push_back(x.i);
   }
   return out;
@@ -81,7 +85,8 @@ bool get_bool(const Value *opts, const char *member) {
   if (!opts) return false;
   const Value *v = opts->get(member);
   if (!v || v->type == json::Type::null) return false;
-  if (v->type != json::Type::boolean) perr("bad_request", std::string("option \"") + member + "\" must be true or false");
+  if (v->type != json::Type::boolean)
+    perr("bad_request", std::string("option \"") + member + "\" must be true or false");
   return v->b;
 }
 
@@ -140,7 +145,8 @@ public:
     static const char *const known[] = {"put", "put_weights", "run", "release", "stats"};
     bool is_known = false;
     for (const char *k : known) is_known = is_known || type == k;
-    if (!is_known) perr("unsupported", "message type \"" + type + "\" is not spoken by this worker (qf-worker/1)");
+    if (!is_known)
+      perr("unsupported", "message type \"" + type + "\" is not spoken by this worker (qf-worker/1)");
     if (!session_) perr(startup_code_, startup_error_);
     if (type == "put") return put(h, f.buffers, r);
     if (type == "put_weights") return put_weights(h, f.buffers, r);
@@ -222,13 +228,18 @@ private:
     const Value *schema = h.get("storage_schema");
     if (!schema || !schema->is_str()) perr("bad_request", "\"storage_schema\" must be a string");
     if (!rep || !rep->is_str()) perr("bad_request", "\"representation\" must be a string");
-    const std::string want = rep->s == "dense" ? "dense-v1" : rep->s == "paired" ? "paired-csr-v1"
-                             : rep->s == "packed" ? "packed-blockwidth-v1" : "";
+    const std::string want = rep->s == "dense"    ? "dense-v1"
+                             : rep->s == "paired" ? "paired-csr-v1"
+                             : rep->s == "packed" ? "packed-blockwidth-v1"
+                                                  : "";
     if (schema->s != "dense-v1" && schema->s != "paired-csr-v1" && schema->s != "packed-blockwidth-v1") {
-      perr("unsupported", "storage schema " + schema->s + " is not offered (dense-v1, paired-csr-v1, packed-blockwidth-v1)");
+      perr("unsupported",
+           "storage schema " + schema->s + " is not offered (dense-v1, paired-csr-v1, packed-blockwidth-v1)");
     }
-    if (want.empty()) perr("unsupported", "representation " + rep->s + " is not offered (dense, paired, packed)");
-    if (want != schema->s) perr("bad_request", "representation " + rep->s + " is stored as " + want + ", not " + schema->s);
+    if (want.empty())
+      perr("unsupported", "representation " + rep->s + " is not offered (dense, paired, packed)");
+    if (want != schema->s)
+      perr("bad_request", "representation " + rep->s + " is stored as " + want + ", not " + schema->s);
     qfv_dtype dtype = parse_dtype(h.get("dtype"), "dtype");
     std::vector<int64_t> shape = get_ints(h, "shape", 4);
     uint64_t n = static_cast<uint64_t>(shape[0]) * static_cast<uint64_t>(shape[1]);
@@ -239,7 +250,8 @@ private:
     uint64_t resident = 0;
     auto nbufs = [&](size_t want_n) {
       if (bufs.size() != want_n) {
-        perr("bad_request", schema->s + " takes " + std::to_string(want_n) + " buffers, got " + std::to_string(bufs.size()));
+        perr("bad_request",
+             schema->s + " takes " + std::to_string(want_n) + " buffers, got " + std::to_string(bufs.size()));
       }
     };
     if (rep->s == "dense") {
@@ -247,7 +259,8 @@ private:
       nbufs(1);
       check(qfv_put_dense(session_, handle, dtype, n, k, bufs[0].data(), bufs[0].size(), &resident));
     } else if (rep->s == "paired") {
-      if (dtype == QFV_FLOAT32) perr("unsupported", "paired payloads hold integer counts: float32 not offered");
+      if (dtype == QFV_FLOAT32)
+        perr("unsupported", "paired payloads hold integer counts: float32 not offered");
       nbufs(3);
       qfv_dtype idt = parse_dtype(h.get("index_dtype"), "index_dtype");
       qfv_dtype cdt = parse_dtype(h.get("count_dtype"), "count_dtype");
@@ -256,31 +269,34 @@ private:
       int ib = idt == QFV_UINT16 ? 2 : 4;
       int cb = cdt == QFV_UINT8 ? 1 : cdt == QFV_UINT16 ? 2 : 4;
       if (bufs[0].size() != 8 * (n + 1)) {
-        perr("bad_request", "indptr: expected " + std::to_string(8 * (n + 1)) + " bytes (int64 x rows*cols+1), got " +
-                                std::to_string(bufs[0].size()));
+        perr("bad_request", "indptr: expected " + std::to_string(8 * (n + 1)) +
+                                " bytes (int64 x rows*cols+1), got " + std::to_string(bufs[0].size()));
       }
       std::vector<int64_t> indptr = as_array<int64_t>(bufs[0]);
       int64_t pairs = indptr.back();
       if (pairs < 0 || bufs[1].size() != static_cast<uint64_t>(pairs) * static_cast<uint64_t>(ib) ||
           bufs[2].size() != static_cast<uint64_t>(pairs) * static_cast<uint64_t>(cb)) {
-        perr("bad_request", "indices/counts: expected " + std::to_string(pairs) + " pairs (indptr[-1]), got " +
-                                std::to_string(bufs[1].size()) + " and " + std::to_string(bufs[2].size()) + " bytes");
+        perr("bad_request", "indices/counts: expected " + std::to_string(pairs) +
+                                " pairs (indptr[-1]), got " + std::to_string(bufs[1].size()) + " and " +
+                                std::to_string(bufs[2].size()) + " bytes");
       }
-      check(qfv_put_paired(session_, handle, dtype, n, k, indptr.data(), bufs[1].data(), ib, bufs[2].data(), cb,
-                           static_cast<uint64_t>(pairs), &resident));
+      check(qfv_put_paired(session_, handle, dtype, n, k, indptr.data(), bufs[1].data(), ib, bufs[2].data(),
+                           cb, static_cast<uint64_t>(pairs), &resident));
     } else {
       if (dtype == QFV_FLOAT32) perr("unsupported", "packed payloads hold integers: float32 not offered");
       nbufs(3);
       int64_t bv = get_int(h, "block_values", 1);
-      if (bufs[1].size() % 8 || bufs[2].size() % 4) perr("bad_request", "offsets must be int64 and data uint32 words");
+      if (bufs[1].size() % 8 || bufs[2].size() % 4)
+        perr("bad_request", "offsets must be int64 and data uint32 words");
       if (bufs[1].size() / 8 != bufs[0].size()) {
-        perr("bad_request", "widths and offsets must have one entry per block, got " + std::to_string(bufs[0].size()) +
-                                " and " + std::to_string(bufs[1].size() / 8));
+        perr("bad_request", "widths and offsets must have one entry per block, got " +
+                                std::to_string(bufs[0].size()) + " and " +
+                                std::to_string(bufs[1].size() / 8));
       }
       std::vector<int64_t> offsets = as_array<int64_t>(bufs[1]);
       std::vector<uint32_t> data = as_array<uint32_t>(bufs[2]);
-      check(qfv_put_packed(session_, handle, dtype, n, k, static_cast<uint64_t>(bv), bufs[0].data(), offsets.data(),
-                           bufs[0].size(), data.data(), data.size(), &resident));
+      check(qfv_put_packed(session_, handle, dtype, n, k, static_cast<uint64_t>(bv), bufs[0].data(),
+                           offsets.data(), bufs[0].size(), data.data(), data.size(), &resident));
     }
     r.header["type"] = "result";
     r.header["handle"] = Value(handle);
@@ -295,7 +311,8 @@ private:
     if (dt && (!dt->is_str() || dt->s != "float64")) perr("bad_request", "weights travel as float64");
     uint64_t m = static_cast<uint64_t>(shape[0]), k = static_cast<uint64_t>(shape[1]);
     if (bufs.size() != 1 || m > (1u << 20) || k > (1u << 30) || bufs[0].size() != 8 * m * k) {
-      perr("bad_request", "put_weights takes one float64 buffer of 8*m*K = " + std::to_string(8 * m * k) + " bytes");
+      perr("bad_request",
+           "put_weights takes one float64 buffer of 8*m*K = " + std::to_string(8 * m * k) + " bytes");
     }
     std::vector<double> w = as_array<double>(bufs[0]);
     uint64_t resident = 0;
@@ -315,12 +332,14 @@ private:
     uint64_t n = 0, k = 0;
     qfv_dtype dtype = QFV_UINT8;
     int rep = 0;
-    if (op->s != "frame_pass" && op->s != "gather") perr("unsupported", "operation " + op->s + " is not offered (frame_pass, gather)");
+    if (op->s != "frame_pass" && op->s != "gather")
+      perr("unsupported", "operation " + op->s + " is not offered (frame_pass, gather)");
     check(qfv_chunk_info(session_, chunk, &n, &k, &dtype, &rep), Value(chunk));
     Value outputs = Value::array();
     r.header["type"] = "result";
     if (op->s == "gather") {
-      if (bufs.size() != 1 || bufs[0].size() % 8) perr("bad_request", "gather takes one int64 buffer of flat pixel indices");
+      if (bufs.size() != 1 || bufs[0].size() % 8)
+        perr("bad_request", "gather takes one int64 buffer of flat pixel indices");
       std::vector<int64_t> idx = as_array<int64_t>(bufs[0]);
       std::vector<uint8_t> vals(n * idx.size() * (dtype == QFV_UINT8 ? 1 : dtype == QFV_UINT16 ? 2 : 4));
       check(qfv_gather(session_, chunk, idx.data(), idx.size(), vals.data()));
@@ -335,12 +354,16 @@ private:
     }
     int64_t wh = get_int(h, "weights", INT64_MIN + 1);
     const Value *opts = h.get("options");
-    if (opts && opts->type != json::Type::object && opts->type != json::Type::null) perr("bad_request", "\"options\" must be an object");
+    if (opts && opts->type != json::Type::object && opts->type != json::Type::null)
+      perr("bad_request", "\"options\" must be an object");
     bool want_sum = get_bool(opts, "want_sum"), want_max = get_bool(opts, "want_max");
     // The weights' row count comes from a zero-length probe of the stats; ask the library.
     uint64_t m = weights_rows(wh);
     std::vector<uint8_t> per_frame(n * m * 8), psum(want_sum ? k * 8 : 0),
-        pmax(want_max ? k * (dtype == QFV_UINT8 ? 1 : dtype == QFV_UINT16 ? 2 : 4) : 0);
+        pmax(want_max ? k * (dtype == QFV_UINT8    ? 1
+                             : dtype == QFV_UINT16 ? 2
+                                                   : 4)
+                      : 0);
     qfv_pass_result res{};
     res.per_frame = reinterpret_cast<double *>(per_frame.data());
     res.pattern_sum = want_sum ? psum.data() : nullptr;
@@ -375,7 +398,9 @@ private:
 
   uint64_t weights_rows(int64_t wh) {
     auto it = weight_rows_.find(wh);
-    if (it == weight_rows_.end()) perr("unknown_handle", "no weights under handle " + std::to_string(wh) + " (put_weights first)", Value(wh));
+    if (it == weight_rows_.end())
+      perr("unknown_handle", "no weights under handle " + std::to_string(wh) + " (put_weights first)",
+           Value(wh));
     return it->second;
   }
 
@@ -402,8 +427,8 @@ private:
     qfv_session_info(session_, &info_);
     r.header["type"] = "result";
     r.header["released"] = released;
-    r.header["resident_bytes"] = Value(info_.resident_bytes[0] + info_.resident_bytes[1] + info_.resident_bytes[2] +
-                                       info_.resident_bytes[3]);
+    r.header["resident_bytes"] = Value(info_.resident_bytes[0] + info_.resident_bytes[1] +
+                                       info_.resident_bytes[2] + info_.resident_bytes[3]);
     return r;
   }
 

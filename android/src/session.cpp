@@ -34,7 +34,9 @@ void check(VkResult r, const char *what) {
   }
 }
 
-[[noreturn]] void bad(const std::string &msg) { throw Error(QFV_ERR_BAD_REQUEST, msg); }
+[[noreturn]] void bad(const std::string &msg) {
+  throw Error(QFV_ERR_BAD_REQUEST, msg);
+}
 
 const char *acc_suffix(qfv_accumulation a) {
   switch (a) {
@@ -47,8 +49,7 @@ const char *acc_suffix(qfv_accumulation a) {
 
 VKAPI_ATTR VkBool32 VKAPI_CALL on_validation(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
                                              VkDebugUtilsMessageTypeFlagsEXT /*types*/,
-                                             const VkDebugUtilsMessengerCallbackDataEXT *data,
-                                             void *user) {
+                                             const VkDebugUtilsMessengerCallbackDataEXT *data, void *user) {
   if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
     auto *s = static_cast<Session *>(user);
     s->validation_messages.fetch_add(1);
@@ -133,7 +134,9 @@ Session::Session(const qfv_options &opts) {
   }
 }
 
-Session::~Session() { cleanup(); }
+Session::~Session() {
+  cleanup();
+}
 
 void Session::cleanup() {
   if (device_ != VK_NULL_HANDLE) {
@@ -173,8 +176,10 @@ void Session::create_instance(bool validation) {
   const char *layer = "VK_LAYER_KHRONOS_validation";
   bool use_layer = validation && layer_available(layer);
   if (validation && !use_layer) {
-    std::fprintf(stderr, "qfvulkan: validation asked for but %s is not installed "
-                         "(Debian: apt-get install vulkan-validationlayers)\n", layer);
+    std::fprintf(stderr,
+                 "qfvulkan: validation asked for but %s is not installed "
+                 "(Debian: apt-get install vulkan-validationlayers)\n",
+                 layer);
   }
   VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
   app.pApplicationName = "qfvulkan";
@@ -185,8 +190,8 @@ void Session::create_instance(bool validation) {
   VkDebugUtilsMessengerCreateInfoEXT mi{VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
   mi.messageSeverity =
       VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
-  mi.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
-                   VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT;
+  mi.messageType =
+      VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT;
   mi.pfnUserCallback = on_validation;
   mi.pUserData = this;
   if (use_layer) {
@@ -291,8 +296,7 @@ void Session::create_device() {
   // Payloads are written and results read through mapped memory: prefer memory
   // that is device-local and host-visible (unified memory: Android GPUs,
   // lavapipe), else host-visible coherent memory.
-  const VkMemoryPropertyFlags hv =
-      VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+  const VkMemoryPropertyFlags hv = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
   int best = -1;
   for (uint32_t i = 0; i < mp.memoryTypeCount; ++i) {
     VkMemoryPropertyFlags fl = mp.memoryTypes[i].propertyFlags;
@@ -437,11 +441,11 @@ void Session::admit(qfv_handle h, uint64_t bytes, const char *what) const {
   }
   uint64_t held = resident_[0] + resident_[1] + resident_[2] + resident_[3];
   if (held + bytes > budget_) {
-    throw Error(QFV_ERR_BUDGET,
-                std::string(what) + " of " + std::to_string(bytes) + " device bytes refused: " +
-                    std::to_string(held) + " of the " + std::to_string(budget_) +
-                    " byte memory budget are resident; release handles or place the chunk on "
-                    "another worker (nothing was allocated)");
+    throw Error(QFV_ERR_BUDGET, std::string(what) + " of " + std::to_string(bytes) +
+                                    " device bytes refused: " + std::to_string(held) + " of the " +
+                                    std::to_string(budget_) +
+                                    " byte memory budget are resident; release handles or place the chunk on "
+                                    "another worker (nothing was allocated)");
   }
 }
 
@@ -494,17 +498,19 @@ uint64_t Session::put_dense(qfv_handle h, qfv_dtype dtype, uint64_t n, uint64_t 
   return need;
 }
 
-uint64_t Session::put_paired(qfv_handle h, qfv_dtype dtype, uint64_t n, uint64_t k,
-                             const int64_t *indptr, const void *indices, int index_bytes,
-                             const void *counts, int count_bytes, uint64_t n_pairs) {
+uint64_t Session::put_paired(qfv_handle h, qfv_dtype dtype, uint64_t n, uint64_t k, const int64_t *indptr,
+                             const void *indices, int index_bytes, const void *counts, int count_bytes,
+                             uint64_t n_pairs) {
   check_value_dtype(dtype, false);
   check_k(k);
   if (index_bytes != 2 && index_bytes != 4) bad("paired index_dtype must be uint16 or uint32");
   if (count_bytes != 1 && count_bytes != 2 && count_bytes != 4) {
     bad("paired count_dtype must be uint8, uint16 or uint32");
   }
-  if (index_bytes == 2 && k > 65536) bad("paired uint16 indices cannot address " + std::to_string(k) + " pixels");
-  if (indptr == nullptr || (n_pairs && (indices == nullptr || counts == nullptr))) bad("paired: null pointer");
+  if (index_bytes == 2 && k > 65536)
+    bad("paired uint16 indices cannot address " + std::to_string(k) + " pixels");
+  if (indptr == nullptr || (n_pairs && (indices == nullptr || counts == nullptr)))
+    bad("paired: null pointer");
   check_buffer((n + 1) * 4, max_buffer_, "paired indptr");
   check_buffer(n_pairs * static_cast<uint64_t>(index_bytes), max_buffer_, "paired indices");
   check_buffer(n_pairs * static_cast<uint64_t>(count_bytes), max_buffer_, "paired counts");
@@ -573,9 +579,9 @@ uint64_t Session::put_paired(qfv_handle h, qfv_dtype dtype, uint64_t n, uint64_t
   return need;
 }
 
-uint64_t Session::put_packed(qfv_handle h, qfv_dtype dtype, uint64_t n, uint64_t k,
-                             uint64_t block_values, const uint8_t *widths, const int64_t *offsets,
-                             uint64_t n_blocks, const uint32_t *data, uint64_t n_words) {
+uint64_t Session::put_packed(qfv_handle h, qfv_dtype dtype, uint64_t n, uint64_t k, uint64_t block_values,
+                             const uint8_t *widths, const int64_t *offsets, uint64_t n_blocks,
+                             const uint32_t *data, uint64_t n_words) {
   check_value_dtype(dtype, false);
   check_k(k);
   if (block_values == 0 || block_values % 32 != 0 || block_values > k + 31 + 65536) {
@@ -594,19 +600,21 @@ uint64_t Session::put_packed(qfv_handle h, qfv_dtype dtype, uint64_t n, uint64_t
   uint64_t o = 0;
   for (uint64_t i = 0; i < n_blocks; ++i) {
     if (widths[i] > maxw) {
-      bad("packed block " + std::to_string(i) + " has width " + std::to_string(widths[i]) +
-          ", over " + std::to_string(maxw) + " bits for " + qfv_dtype_name(dtype));
+      bad("packed block " + std::to_string(i) + " has width " + std::to_string(widths[i]) + ", over " +
+          std::to_string(maxw) + " bits for " + qfv_dtype_name(dtype));
     }
     if (offsets[i] < 0 || static_cast<uint64_t>(offsets[i]) != o) {
-      bad("packed offsets[" + std::to_string(i) + "] is " + std::to_string(offsets[i]) +
-          ", expected " + std::to_string(o) + " from the widths");
+      bad("packed offsets[" + std::to_string(i) + "] is " + std::to_string(offsets[i]) + ", expected " +
+          std::to_string(o) + " from the widths");
     }
     uint64_t cnt = (i % nb == nb - 1) ? last : block_values;
     o += (cnt * widths[i] + 31) / 32;
   }
   if (n_words != o + 1) {
-    bad("packed data: expected " + std::to_string(o + 1) + " words (blocks plus the trailing zero "
-        "word), got " + std::to_string(n_words));
+    bad("packed data: expected " + std::to_string(o + 1) +
+        " words (blocks plus the trailing zero "
+        "word), got " +
+        std::to_string(n_words));
   }
   check_buffer(n_blocks * 4, max_buffer_, "packed offsets");
   check_buffer(n_words * 4, max_buffer_, "packed data");
@@ -634,7 +642,8 @@ uint64_t Session::put_packed(qfv_handle h, qfv_dtype dtype, uint64_t n, uint64_t
 
 uint64_t Session::put_weights(qfv_handle h, uint64_t m, uint64_t k, const double *w, bool &integer) {
   check_k(k);
-  if (m > kMaxWeights) bad("weights: " + std::to_string(m) + " rows, over max_weights " + std::to_string(kMaxWeights));
+  if (m > kMaxWeights)
+    bad("weights: " + std::to_string(m) + " rows, over max_weights " + std::to_string(kMaxWeights));
   if (m && w == nullptr) bad("weights: null pointer");
   uint64_t count = m * k;
   bool is_int = true, fits = true, nonfinite = false;
@@ -652,7 +661,8 @@ uint64_t Session::put_weights(qfv_handle h, uint64_t m, uint64_t k, const double
   fits = fits && is_int;
   uint64_t rsize = real_acc_ == QFV_ACC_FLOAT64 ? 8 : 4;
   check_buffer(count * rsize, max_buffer_, "weights");
-  uint64_t need = accounted(count * rsize) + (fits ? accounted(count * 4) : 0) + (nonfinite ? accounted(m * 4) : 0);
+  uint64_t need =
+      accounted(count * rsize) + (fits ? accounted(count * 4) : 0) + (nonfinite ? accounted(m * 4) : 0);
   admit(h, need, "put_weights");
   Weights wt;
   wt.m = m;
@@ -766,8 +776,8 @@ void Session::run(const std::vector<Dispatch> &ds) {
                            VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0, nullptr, 0, nullptr);
     }
     vkCmdBindPipeline(command_buffer_, VK_PIPELINE_BIND_POINT_COMPUTE, ds[d].pipeline);
-    vkCmdBindDescriptorSets(command_buffer_, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline_layout_, 0, 1,
-                            &sets[d], 0, nullptr);
+    vkCmdBindDescriptorSets(command_buffer_, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline_layout_, 0, 1, &sets[d],
+                            0, nullptr);
     vkCmdPushConstants(command_buffer_, pipeline_layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(Push),
                        &ds[d].push);
     vkCmdDispatch(command_buffer_, ds[d].groups, 1, 1);
@@ -775,8 +785,8 @@ void Session::run(const std::vector<Dispatch> &ds) {
   VkMemoryBarrier hb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
   hb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
   hb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
-  vkCmdPipelineBarrier(command_buffer_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_HOST_BIT,
-                       0, 1, &hb, 0, nullptr, 0, nullptr);
+  vkCmdPipelineBarrier(command_buffer_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0,
+                       1, &hb, 0, nullptr, 0, nullptr);
   check(vkEndCommandBuffer(command_buffer_), "vkEndCommandBuffer");
   VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
   si.commandBufferCount = 1;
@@ -791,7 +801,8 @@ void Session::frame_pass(qfv_handle ch, qfv_handle wh, qfv_pass_result &res) {
   const Chunk &c = chunk(ch);
   auto wit = weights_.find(wh);
   if (wit == weights_.end()) {
-    throw Error(QFV_ERR_UNKNOWN_HANDLE, "no weights under handle " + std::to_string(wh) + " (put_weights first)");
+    throw Error(QFV_ERR_UNKNOWN_HANDLE,
+                "no weights under handle " + std::to_string(wh) + " (put_weights first)");
   }
   const Weights &w = wit->second;
   if (c.n * w.m != 0 && res.per_frame == nullptr) bad("frame_pass: null per_frame output");
@@ -832,7 +843,9 @@ void Session::frame_pass(qfv_handle ch, qfv_handle wh, qfv_pass_result &res) {
   base.flags = (want_sum ? 1u : 0u) | (want_max ? 2u : 0u);
   auto dense_pass = [&](VkBuffer frames, uint64_t nf, uint64_t frame_offset, uint32_t esz, bool is_float) {
     for (uint64_t r0 = 0; r0 < m; r0 += 8) {
-      Dispatch d{pipe("frame_dot." + dot_acc), {frames, wbuf, out.buffer, nullptr, nullptr, nullptr}, base,
+      Dispatch d{pipe("frame_dot." + dot_acc),
+                 {frames, wbuf, out.buffer, nullptr, nullptr, nullptr},
+                 base,
                  static_cast<uint32_t>(std::min<uint64_t>(std::max<uint64_t>(nf, 1), 65535))};
       d.push.n_frames = static_cast<uint32_t>(nf);
       d.push.elem_bytes = esz;
@@ -843,7 +856,9 @@ void Session::frame_pass(qfv_handle ch, qfv_handle wh, qfv_pass_result &res) {
       ds.push_back(d);
     }
     if (want_sum || want_max) {
-      Dispatch d{pipe("pattern." + pat_acc), {frames, sum.buffer, mx.buffer, nullptr, nullptr, nullptr}, base,
+      Dispatch d{pipe("pattern." + pat_acc),
+                 {frames, sum.buffer, mx.buffer, nullptr, nullptr, nullptr},
+                 base,
                  groups_for(k)};
       d.push.n_frames = static_cast<uint32_t>(nf);
       d.push.elem_bytes = esz;
@@ -856,9 +871,11 @@ void Session::frame_pass(qfv_handle ch, qfv_handle wh, qfv_pass_result &res) {
       dense_pass(c.a.buffer, n, 0, c.elem_bytes, c.dtype == QFV_FLOAT32);
     } else if (c.rep == Rep::paired) {
       for (uint64_t r0 = 0; r0 < m; r0 += 8) {
-        Dispatch d{pipe("paired_dot." + dot_acc),
-                   {c.a.buffer, c.b.buffer, c.c.buffer, wbuf, out.buffer, w.nonfinite ? w.bad.buffer : nullptr},
-                   base, static_cast<uint32_t>(std::min<uint64_t>(n, 65535))};
+        Dispatch d{
+            pipe("paired_dot." + dot_acc),
+            {c.a.buffer, c.b.buffer, c.c.buffer, wbuf, out.buffer, w.nonfinite ? w.bad.buffer : nullptr},
+            base,
+            static_cast<uint32_t>(std::min<uint64_t>(n, 65535))};
         d.push.n_frames = static_cast<uint32_t>(n);
         d.push.row0 = static_cast<uint32_t>(r0);
         d.push.rows = static_cast<uint32_t>(std::min<uint64_t>(8, m - r0));
@@ -868,7 +885,9 @@ void Session::frame_pass(qfv_handle ch, qfv_handle wh, qfv_pass_result &res) {
         ds.push_back(d);
       }
       if ((want_sum || want_max) && c.n_pairs > 0) {
-        Dispatch d{pipe("paired_pattern"), {c.b.buffer, c.c.buffer, sum.buffer, mx.buffer, nullptr, nullptr}, base,
+        Dispatch d{pipe("paired_pattern"),
+                   {c.b.buffer, c.c.buffer, sum.buffer, mx.buffer, nullptr, nullptr},
+                   base,
                    groups_for(c.n_pairs)};
         d.push.aux0 = c.index_bytes;
         d.push.aux1 = c.count_bytes;
@@ -879,8 +898,10 @@ void Session::frame_pass(qfv_handle ch, qfv_handle wh, qfv_pass_result &res) {
       uint64_t group = std::max<uint64_t>(1, (kScratchBytes / 4) / k);
       for (uint64_t f0 = 0; f0 < n; f0 += group) {
         uint64_t nf = std::min(group, n - f0);
-        Dispatch d{pipe("packed_decode"), {c.a.buffer, c.b.buffer, c.c.buffer, scratch_.buffer, nullptr, nullptr},
-                   base, groups_for(nf * k)};
+        Dispatch d{pipe("packed_decode"),
+                   {c.a.buffer, c.b.buffer, c.c.buffer, scratch_.buffer, nullptr, nullptr},
+                   base,
+                   groups_for(nf * k)};
         d.push.n_frames = static_cast<uint32_t>(nf);
         d.push.f0 = static_cast<uint32_t>(f0);
         d.push.aux0 = static_cast<uint32_t>(c.block_values);
@@ -926,7 +947,8 @@ void Session::gather(qfv_handle ch, const int64_t *indices, uint64_t n_idx, void
   if (n_idx && indices == nullptr) bad("gather: null indices");
   for (uint64_t j = 0; j < n_idx; ++j) {
     if (indices[j] < 0 || static_cast<uint64_t>(indices[j]) >= c.k) {
-      bad("gather index " + std::to_string(indices[j]) + " outside the frame's 0 .. " + std::to_string(c.k - 1));
+      bad("gather index " + std::to_string(indices[j]) + " outside the frame's 0 .. " +
+          std::to_string(c.k - 1));
     }
   }
   uint64_t total = c.n * n_idx;
@@ -944,8 +966,10 @@ void Session::gather(qfv_handle ch, const int64_t *indices, uint64_t n_idx, void
   temps.push_back(make_buffer(total * 4));
   auto *ip = static_cast<uint32_t *>(temps[0].map);
   for (uint64_t j = 0; j < n_idx; ++j) ip[j] = static_cast<uint32_t>(indices[j]);
-  Dispatch d{pipe("gather"), {c.a.buffer, c.b.buffer, c.c.buffer, temps[0].buffer, temps[1].buffer, nullptr},
-             Push{}, groups_for(total)};
+  Dispatch d{pipe("gather"),
+             {c.a.buffer, c.b.buffer, c.c.buffer, temps[0].buffer, temps[1].buffer, nullptr},
+             Push{},
+             groups_for(total)};
   d.push.n_frames = static_cast<uint32_t>(c.n);
   d.push.k = static_cast<uint32_t>(c.k);
   d.push.elem_bytes = c.elem_bytes;

@@ -33,10 +33,10 @@ struct Chunk {
   Rep rep = Rep::dense;
   qfv_dtype dtype = QFV_UINT16;
   uint64_t n = 0, k = 0;
-  uint32_t elem_bytes = 0;  // dense
-  uint32_t index_bytes = 0; // paired
-  uint32_t count_bytes = 0; // paired
-  uint64_t n_pairs = 0;     // paired
+  uint32_t elem_bytes = 0;                         // dense
+  uint32_t index_bytes = 0;                        // paired
+  uint32_t count_bytes = 0;                        // paired
+  uint64_t n_pairs = 0;                            // paired
   uint64_t block_values = 0, blocks_per_frame = 0; // packed
   Buf a, b, c; // dense: frames; paired: indptr, indices, counts; packed: widths, offsets, data
   uint64_t resident = 0;
@@ -52,8 +52,8 @@ struct Weights {
 };
 
 struct Push {
-  uint32_t n_frames = 0, k = 0, m = 0, elem_bytes = 0, is_float = 0, frame_offset = 0, row0 = 0,
-           rows = 0, aux0 = 0, aux1 = 0, aux2 = 0, aux3 = 0, flags = 0, f0 = 0, pad0 = 0, pad1 = 0;
+  uint32_t n_frames = 0, k = 0, m = 0, elem_bytes = 0, is_float = 0, frame_offset = 0, row0 = 0, rows = 0,
+           aux0 = 0, aux1 = 0, aux2 = 0, aux3 = 0, flags = 0, f0 = 0, pad0 = 0, pad1 = 0;
 };
 static_assert(sizeof(Push) == 64, "push constants are 64 bytes");
 
@@ -78,8 +78,8 @@ public:
                       const void *indices, int index_bytes, const void *counts, int count_bytes,
                       uint64_t n_pairs);
   uint64_t put_packed(qfv_handle h, qfv_dtype dtype, uint64_t n, uint64_t k, uint64_t block_values,
-                      const uint8_t *widths, const int64_t *offsets, uint64_t n_blocks,
-                      const uint32_t *data, uint64_t n_words);
+                      const uint8_t *widths, const int64_t *offsets, uint64_t n_blocks, const uint32_t *data,
+                      uint64_t n_words);
   uint64_t put_weights(qfv_handle h, uint64_t m, uint64_t k, const double *w, bool &integer);
   const Chunk &chunk(qfv_handle h) const;
   void frame_pass(qfv_handle chunk, qfv_handle weights, qfv_pass_result &result);
@@ -130,8 +130,8 @@ public:
   std::atomic<uint64_t> validation_messages{0};
 };
 
-constexpr uint64_t kScratchBytes = 16u << 20;     // packed decode buffer (frames of u32)
-constexpr uint64_t kMaxFramePixels = 4u << 20;    // one decoded frame fits the scratch
+constexpr uint64_t kScratchBytes = 16u << 20;  // packed decode buffer (frames of u32)
+constexpr uint64_t kMaxFramePixels = 4u << 20; // one decoded frame fits the scratch
 constexpr uint64_t kMaxWeights = 1024;
 uint32_t dtype_bytes(qfv_dtype d);
 

@@ -11,10 +11,9 @@
 
 namespace {
 void usage() {
-  std::fprintf(stderr,
-               "usage: qf-vulkan-worker [--device INDEX|NAME] [--budget-bytes N] [--force-u32x2]\n"
-               "                        [--force-float32] [--validation] [--list-devices]\n"
-               "Speaks qf-worker/1 on stdin/stdout (see docs/protocol.md); logs go to stderr.\n");
+  std::fprintf(stderr, "usage: qf-vulkan-worker [--device INDEX|NAME] [--budget-bytes N] [--force-u32x2]\n"
+                       "                        [--force-float32] [--validation] [--list-devices]\n"
+                       "Speaks qf-worker/1 on stdin/stdout (see docs/protocol.md); logs go to stderr.\n");
 }
 } // namespace
 
@@ -39,7 +38,8 @@ int main(int argc, char **argv) {
       char *end = nullptr;
       unsigned long long b = std::strtoull(v.c_str(), &end, 10);
       if (v.empty() || *end != '\0' || b == 0) {
-        std::fprintf(stderr, "qf-vulkan-worker: --budget-bytes takes a positive integer, got %s\n", v.c_str());
+        std::fprintf(stderr, "qf-vulkan-worker: --budget-bytes takes a positive integer, got %s\n",
+                     v.c_str());
         return 64;
       }
       opts.budget_bytes = b;

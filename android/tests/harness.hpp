@@ -41,17 +41,17 @@ inline int run_all() {
 }
 } // namespace harness
 
-#define TEST(name)                                                                                 \
-  static void name();                                                                              \
-  static harness::Reg reg_##name(#name, name);                                                     \
+#define TEST(name)                                                                                           \
+  static void name();                                                                                        \
+  static harness::Reg reg_##name(#name, name);                                                               \
   static void name()
-#define CHECK_MSG(cond, msg)                                                                       \
-  do {                                                                                             \
-    ++harness::checks();                                                                           \
-    if (!(cond)) {                                                                                 \
-      ++harness::failures();                                                                       \
-      std::fprintf(stderr, "%s:%d: CHECK(%s) failed %s\n", __FILE__, __LINE__, #cond,              \
-                   std::string(msg).c_str());                                                      \
-    }                                                                                              \
+#define CHECK_MSG(cond, msg)                                                                                 \
+  do {                                                                                                       \
+    ++harness::checks();                                                                                     \
+    if (!(cond)) {                                                                                           \
+      ++harness::failures();                                                                                 \
+      std::fprintf(stderr, "%s:%d: CHECK(%s) failed %s\n", __FILE__, __LINE__, #cond,                        \
+                   std::string(msg).c_str());                                                                \
+    }                                                                                                        \
   } while (0)
 #define CHECK(cond) CHECK_MSG(cond, "")

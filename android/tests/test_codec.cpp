@@ -93,9 +93,10 @@ TEST(canonical_json) {
   Value back;
   std::string err;
   CHECK(qfv::json::parse(qfv::json::dump(v), back, err) && back == v);
-  CHECK(qfv::json::parse("{\"a\" : 1.0, \"b\": 1e2}", back, err) && back.get("a")->i == 1 && back.get("b")->i == 100);
-  for (const char *badj : {"1.5", "NaN", "Infinity", "9007199254740992", "-9007199254740992", "[1,]", "{\"a\":1",
-                           "\"\xff\"", "\"\\ud800\"", "01", "{} x", "\"\xed\xa0\x80\""}) {
+  CHECK(qfv::json::parse("{\"a\" : 1.0, \"b\": 1e2}", back, err) && back.get("a")->i == 1 &&
+        back.get("b")->i == 100);
+  for (const char *badj : {"1.5", "NaN", "Infinity", "9007199254740992", "-9007199254740992", "[1,]",
+                           "{\"a\":1", "\"\xff\"", "\"\\ud800\"", "01", "{} x", "\"\xed\xa0\x80\""}) {
     CHECK_MSG(!qfv::json::parse(badj, back, err), badj);
   }
   CHECK(qfv::json::parse("9007199254740991", back, err) && back.i == 9007199254740991LL);

@@ -47,7 +47,9 @@ struct Data {
   }
 };
 
-uint32_t esize(qfv_dtype d) { return d == QFV_UINT8 ? 1 : d == QFV_UINT16 ? 2 : 4; }
+uint32_t esize(qfv_dtype d) {
+  return d == QFV_UINT8 ? 1 : d == QFV_UINT16 ? 2 : 4;
+}
 
 // occupancy: fraction of non-zero values; vmax: largest value.
 Data make(qfv_dtype d, uint64_t n, uint64_t k, double occupancy, uint64_t vmax) {
@@ -77,8 +79,8 @@ struct Ref {
   std::vector<double> per_frame;
   std::vector<int64_t> isum;
   std::vector<double> fsum;
-  std::vector<uint32_t> max;   // bits of the dtype's values
-  std::vector<double> absdot;  // sum |v w| per (frame, row): scale of the rounding error
+  std::vector<uint32_t> max;  // bits of the dtype's values
+  std::vector<double> absdot; // sum |v w| per (frame, row): scale of the rounding error
 };
 
 Ref reference(const Data &x, const std::vector<double> &w, uint64_t m, bool int_exact) {
@@ -89,7 +91,8 @@ Ref reference(const Data &x, const std::vector<double> &w, uint64_t m, bool int_
     for (uint64_t j = 0; j < m; ++j) {
       if (int_exact) {
         int64_t s = 0;
-        for (uint64_t p = 0; p < x.k; ++p) s += static_cast<int64_t>(x.bits(f, p)) * static_cast<int64_t>(w[j * x.k + p]);
+        for (uint64_t p = 0; p < x.k; ++p)
+          s += static_cast<int64_t>(x.bits(f, p)) * static_cast<int64_t>(w[j * x.k + p]);
         r.per_frame[f * m + j] = static_cast<double>(s);
       } else {
         long double s = 0, a = 0;
@@ -129,7 +132,8 @@ Ref reference(const Data &x, const std::vector<double> &w, uint64_t m, bool int_
 struct Session {
   qfv_session *s = nullptr;
   qfv_info info{};
-  explicit Session(int force_u32x2, uint64_t budget = 0, int force_f32 = 0, const char *name = nullptr, int index = -1) {
+  explicit Session(int force_u32x2, uint64_t budget = 0, int force_f32 = 0, const char *name = nullptr,
+                   int index = -1) {
     qfv_options o;
     qfv_default_options(&o);
     o.force_u32x2 = force_u32x2;
@@ -144,7 +148,8 @@ struct Session {
   ~Session() {
     if (s) {
       qfv_session_info(s, &info);
-      CHECK_MSG(info.validation_messages == 0, "validation layer messages: " + std::to_string(info.validation_messages));
+      CHECK_MSG(info.validation_messages == 0,
+                "validation layer messages: " + std::to_string(info.validation_messages));
       qfv_session_destroy(s);
     }
   }
@@ -207,11 +212,14 @@ PackedEnc to_packed(const Data &x, uint64_t bv) {
 }
 
 enum class Rep { dense, paired, packed };
-const char *rep_name(Rep r) { return r == Rep::dense ? "dense" : r == Rep::paired ? "paired" : "packed"; }
+const char *rep_name(Rep r) {
+  return r == Rep::dense ? "dense" : r == Rep::paired ? "paired" : "packed";
+}
 
 qfv_status put(Session &S, qfv_handle h, Rep rep, const Data &x, int variant) {
   uint64_t res = 0;
-  if (rep == Rep::dense) return qfv_put_dense(S.s, h, x.dtype, x.n, x.k, x.bytes.data(), x.bytes.size(), &res);
+  if (rep == Rep::dense)
+    return qfv_put_dense(S.s, h, x.dtype, x.n, x.k, x.bytes.data(), x.bytes.size(), &res);
   if (rep == Rep::paired) {
     int ib = (x.k <= 65536 && variant % 2 == 0) ? 2 : 4;
     int cb = std::max<int>(static_cast<int>(esize(x.dtype)), variant % 3 == 2 ? 4 : 1);
@@ -233,8 +241,9 @@ bool close_enough(double got, double want, double scale, double rtol) {
 
 // One case: put, frame pass, compare, gather, compare, release.
 void run_case(Session &S, Rep rep, const Data &x, uint64_t m, bool int_weights, int variant, double rtol) {
-  std::string what = std::string(rep_name(rep)) + " " + qfv_dtype_name(x.dtype) + " n=" + std::to_string(x.n) +
-                     " k=" + std::to_string(x.k) + " m=" + std::to_string(m) + (int_weights ? " int-w" : " real-w") +
+  std::string what = std::string(rep_name(rep)) + " " + qfv_dtype_name(x.dtype) +
+                     " n=" + std::to_string(x.n) + " k=" + std::to_string(x.k) + " m=" + std::to_string(m) +
+                     (int_weights ? " int-w" : " real-w") +
                      " acc=" + qfv_accumulation_name(S.info.integer_accumulation);
   qfv_status st = put(S, 1, rep, x, variant);
   CHECK_MSG(st == QFV_OK, what + ": put: " + qfv_last_error(S.s));
@@ -251,7 +260,8 @@ void run_case(Session &S, Rep rep, const Data &x, uint64_t m, bool int_weights, 
   std::vector<uint8_t> mx(x.k * esize(x.dtype), 0xAB);
   qfv_pass_result r{};
   r.per_frame = pf.data();
-  r.pattern_sum = x.dtype == QFV_FLOAT32 ? static_cast<void *>(fsum.data()) : static_cast<void *>(isum.data());
+  r.pattern_sum =
+      x.dtype == QFV_FLOAT32 ? static_cast<void *>(fsum.data()) : static_cast<void *>(isum.data());
   r.pattern_max = mx.data();
   st = qfv_frame_pass(S.s, 1, 2, &r);
   CHECK_MSG(st == QFV_OK, what + ": frame_pass: " + qfv_last_error(S.s));
@@ -312,7 +322,9 @@ void sweep(int force_u32x2) {
       for (auto sh : shapes) {
         uint64_t n = frames[variant % 5];
         uint64_t m = rows[(variant / 2) % 5];
-        uint64_t vmax = d == QFV_UINT8 ? 255 : d == QFV_UINT16 ? 65535 : (rep == Rep::packed ? 65535 : 4294967295u);
+        uint64_t vmax = d == QFV_UINT8    ? 255
+                        : d == QFV_UINT16 ? 65535
+                                          : (rep == Rep::packed ? 65535 : 4294967295u);
         Data x = make(d, n, sh.first * sh.second, variant % 2 ? 0.05 : 0.6, vmax);
         for (bool iw : {true, false}) {
           run_case(S, rep, x, m, iw, variant, 1e-12);
@@ -330,8 +342,9 @@ void sweep(int force_u32x2) {
 TEST(device_and_accumulation_choice) {
   Session S(0);
   if (!S.s) return;
-  std::fprintf(stderr, "  device %s (%s), integer %s, real %s, budget %llu\n", S.info.device_name, S.info.device_type,
-               qfv_accumulation_name(S.info.integer_accumulation), qfv_accumulation_name(S.info.real_accumulation),
+  std::fprintf(stderr, "  device %s (%s), integer %s, real %s, budget %llu\n", S.info.device_name,
+               S.info.device_type, qfv_accumulation_name(S.info.integer_accumulation),
+               qfv_accumulation_name(S.info.real_accumulation),
                static_cast<unsigned long long>(S.info.memory_budget_bytes));
   CHECK(S.info.memory_budget_bytes > 0 && S.info.max_buffer_bytes > 0);
   Session F(1, 0, 1);
@@ -360,8 +373,12 @@ TEST(device_selection) {
   CHECK(std::string(byname.info.device_name) == first);
 }
 
-TEST(all_representations_int64) { sweep(0); }
-TEST(all_representations_u32x2) { sweep(1); }
+TEST(all_representations_int64) {
+  sweep(0);
+}
+TEST(all_representations_u32x2) {
+  sweep(1);
+}
 
 TEST(float32_accumulation_tolerance) {
   Session S(1, 0, 1);
@@ -404,10 +421,12 @@ TEST(exact_beyond_2_32) {
       for (uint64_t f = 0; f < 5; ++f) {
         int64_t s[3] = {0, 0, 0};
         for (uint64_t p = 0; p < 64; ++p) {
-          for (int j = 0; j < 3; ++j) s[j] += static_cast<int64_t>(x.bits(f, p)) * static_cast<int64_t>(w[64 * j + p]);
+          for (int j = 0; j < 3; ++j)
+            s[j] += static_cast<int64_t>(x.bits(f, p)) * static_cast<int64_t>(w[64 * j + p]);
         }
         for (int j = 0; j < 3; ++j) {
-          CHECK_MSG(pf[f * 3 + j] == static_cast<double>(s[j]), std::string(rep_name(rep)) + " per_frame beyond 2**32");
+          CHECK_MSG(pf[f * 3 + j] == static_cast<double>(s[j]),
+                    std::string(rep_name(rep)) + " per_frame beyond 2**32");
         }
       }
       for (uint64_t p = 0; p < 64; ++p) {
@@ -479,7 +498,7 @@ TEST(budget_refuses_before_allocating) {
   Data small = make(QFV_UINT16, 5, 64 * 64, 0.5, 100); // 40 KiB fits
   CHECK(put(S, 1, Rep::dense, small, 0) == QFV_OK);
   CHECK(put(S, 2, Rep::dense, small, 0) == QFV_ERR_BUDGET); // 80 KiB does not fit
-  PackedEnc e = to_packed(small, 128);                        // packed is far smaller: admitted
+  PackedEnc e = to_packed(small, 128);                      // packed is far smaller: admitted
   CHECK(qfv_put_packed(S.s, 3, small.dtype, small.n, small.k, 128, e.widths.data(), e.offsets.data(),
                        e.widths.size(), e.data.data(), e.data.size(), &res) == QFV_OK);
   int freed = 0;
@@ -492,10 +511,13 @@ TEST(bad_requests_are_errors) {
   if (!S.s) return;
   Data x = make(QFV_UINT16, 3, 20, 0.5, 1000);
   uint64_t res = 0;
-  CHECK(qfv_put_dense(S.s, 1, x.dtype, x.n, x.k, x.bytes.data(), x.bytes.size() - 2, &res) == QFV_ERR_BAD_REQUEST);
-  CHECK(qfv_put_dense(S.s, 1, QFV_FLOAT64, x.n, x.k, x.bytes.data(), x.bytes.size(), &res) == QFV_ERR_UNSUPPORTED);
+  CHECK(qfv_put_dense(S.s, 1, x.dtype, x.n, x.k, x.bytes.data(), x.bytes.size() - 2, &res) ==
+        QFV_ERR_BAD_REQUEST);
+  CHECK(qfv_put_dense(S.s, 1, QFV_FLOAT64, x.n, x.k, x.bytes.data(), x.bytes.size(), &res) ==
+        QFV_ERR_UNSUPPORTED);
   CHECK(qfv_put_dense(S.s, 1, x.dtype, x.n, x.k, x.bytes.data(), x.bytes.size(), &res) == QFV_OK);
-  CHECK(qfv_put_dense(S.s, 1, x.dtype, x.n, x.k, x.bytes.data(), x.bytes.size(), &res) == QFV_ERR_BAD_REQUEST);
+  CHECK(qfv_put_dense(S.s, 1, x.dtype, x.n, x.k, x.bytes.data(), x.bytes.size(), &res) ==
+        QFV_ERR_BAD_REQUEST);
   std::vector<double> w(20, 1.0);
   int integer = 0;
   CHECK(qfv_put_weights(S.s, 2, 1, 20, w.data(), &res, &integer) == QFV_OK);
@@ -520,8 +542,8 @@ TEST(bad_requests_are_errors) {
   PackedEnc e = to_packed(x, 32);
   std::vector<int64_t> off = e.offsets;
   if (off.size() > 1) off[1] += 1;
-  CHECK(qfv_put_packed(S.s, 6, x.dtype, x.n, x.k, 32, e.widths.data(), off.data(), e.widths.size(), e.data.data(),
-                       e.data.size(), &res) == QFV_ERR_BAD_REQUEST);
+  CHECK(qfv_put_packed(S.s, 6, x.dtype, x.n, x.k, 32, e.widths.data(), off.data(), e.widths.size(),
+                       e.data.data(), e.data.size(), &res) == QFV_ERR_BAD_REQUEST);
   CHECK(qfv_put_packed(S.s, 6, x.dtype, x.n, x.k, 32, e.widths.data(), e.offsets.data(), e.widths.size(),
                        e.data.data(), e.data.size() - 1, &res) == QFV_ERR_BAD_REQUEST);
   CHECK(qfv_put_packed(S.s, 6, x.dtype, x.n, x.k, 48, e.widths.data(), e.offsets.data(), e.widths.size(),
@@ -542,4 +564,6 @@ TEST(packed_many_groups) {
   run_case(S, Rep::packed, x, 5, true, 2, 0);
 }
 
-int main() { return harness::run_all(); }
+int main() {
+  return harness::run_all();
+}

@@ -23,7 +23,9 @@ static std::vector<uint8_t> slurp(const std::string &path) {
   std::string s = ss.str();
   return std::vector<uint8_t>(s.begin(), s.end());
 }
-static std::vector<uint8_t> vec(const char *name) { return slurp(g_vec + "/" + name + ".bin"); }
+static std::vector<uint8_t> vec(const char *name) {
+  return slurp(g_vec + "/" + name + ".bin");
+}
 
 struct Child {
   pid_t pid = -1;
@@ -96,8 +98,12 @@ static Value req(const char *type, int64_t id) {
   h["id"] = Value(id);
   return h;
 }
-static std::string type_of(const qfv::Frame &f) { return f.header.get("type") ? f.header.get("type")->s : ""; }
-static std::string code_of(const qfv::Frame &f) { return f.header.get("code") ? f.header.get("code")->s : ""; }
+static std::string type_of(const qfv::Frame &f) {
+  return f.header.get("type") ? f.header.get("type")->s : "";
+}
+static std::string code_of(const qfv::Frame &f) {
+  return f.header.get("code") ? f.header.get("code")->s : "";
+}
 
 static qfv::Frame golden(const char *name) {
   std::vector<uint8_t> b = vec(name);
@@ -128,7 +134,8 @@ TEST(session_on_golden_vectors) {
   qfv::Frame r = c.ask(vec("put_dense_u16"));
   CHECK_MSG(type_of(r) == "result" && r.header.get("handle")->i == 3, qfv::json::dump(r.header));
   r = c.ask(vec("put_weights"));
-  CHECK_MSG(type_of(r) == "result" && r.header.get("integer_weights")->b == golden("result_put_weights").header.get("integer_weights")->b,
+  CHECK_MSG(type_of(r) == "result" && r.header.get("integer_weights")->b ==
+                                          golden("result_put_weights").header.get("integer_weights")->b,
             qfv::json::dump(r.header));
   // Frame pass: the golden result's outputs and pattern buffers; its per_frame
   // numbers are illustrative, so per_frame is checked against the golden put's
@@ -148,13 +155,15 @@ TEST(session_on_golden_vectors) {
       for (size_t j = 0; j < 2; ++j)
         for (size_t p = 0; p < 9; ++p) b[f * 2 + j] += fr[f * 9 + p] * wt[j * 9 + p];
     CHECK(a.size() == b.size());
-    for (size_t i = 0; i < a.size() && i < b.size(); ++i) CHECK(std::fabs(a[i] - b[i]) <= 1e-12 * std::fabs(b[i]));
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+      CHECK(std::fabs(a[i] - b[i]) <= 1e-12 * std::fabs(b[i]));
     CHECK(r.buffers[1] == want.buffers[1]);
     CHECK(r.buffers[2] == want.buffers[2]);
   }
   r = c.ask(vec("run_gather"));
   want = golden("result_gather");
-  CHECK(type_of(r) == "result" && *r.header.get("outputs") == *want.header.get("outputs") && r.buffers == want.buffers);
+  CHECK(type_of(r) == "result" && *r.header.get("outputs") == *want.header.get("outputs") &&
+        r.buffers == want.buffers);
   // The paired and packed payloads of the same frames give the same pass.
   qfv::Frame dense = c.ask(vec("run_frame_pass"));
   for (const char *name : {"put_paired", "put_packed"}) {
@@ -219,7 +228,8 @@ TEST(options_force_u32x2_and_device) {
   qfv::Frame r = c.ask(msg(pw, {wb}));
   CHECK(r.header.get("integer_weights")->b);
   r = c.ask(vec("run_frame_pass"));
-  CHECK_MSG(r.header.get("accumulation") && r.header.get("accumulation")->s == "u32x2", qfv::json::dump(r.header));
+  CHECK_MSG(r.header.get("accumulation") && r.header.get("accumulation")->s == "u32x2",
+            qfv::json::dump(r.header));
   CHECK(c.finish() == 0); // EOF on stdin = bye
   Child byname({"--device", "LLVMPIPE"});
   CHECK(type_of(byname.ask(vec("hello_request"))) == "hello");
