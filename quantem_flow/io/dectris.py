@@ -37,6 +37,7 @@ from .base import (
     header_digest,
     sidecar_calibration,
 )
+from .encoded_chunks import check_bitshuffle_chunks, needs_bitshuffle_guard
 from .hdf5 import dataset_filters, open_h5
 
 __all__ = ["DETECTOR_FIELDS", "DectrisSource"]
@@ -391,6 +392,13 @@ class DectrisSource(FrameSource):
             # bisect_right skips empty data files: they share their start with the next
             end = min(stop, first + self._counts[i])
             file_path, dset_path = self._parts[i]
+            if needs_bitshuffle_guard(self._layouts[i]):
+                check_bitshuffle_chunks(
+                    self._dset(i),
+                    [(pos - first, end - first), (0, kr), (0, kc)],
+                    f"dataset {dset_path!r} of data file {str(file_path)!r} (master "
+                    f"{str(self._path)!r}), read for acquisition frames [{pos}, {end})",
+                )
             try:
                 if direct:  # decode straight into the destination, no temporary
                     self._dset(i).read_direct(

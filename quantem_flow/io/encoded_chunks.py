@@ -24,12 +24,15 @@ import numpy as np
 from ..errors import UnsupportedOperationError
 
 __all__ = [
+    "BITSHUFFLE_FILTER_ID",
     "HDF5_FILTER_NAMES",
     "PieceTable",
+    "check_bitshuffle_chunks",
     "flat_frame_ranges",
     "flat_runs",
     "grid_runs",
     "hdf5_codec",
+    "needs_bitshuffle_guard",
     "zarr_codec",
 ]
 
@@ -365,3 +368,82 @@ def check_native_options(options: dict[str, Any], codec: str, config: dict[str, 
             "stored chunks as they are; omit them, or convert the file with "
             "`quantem-flow convert`"
         )
+
+
+# ------------------------------------------------------------------------------ guard
+
+#: HDF5 filter id of bitshuffle (its LZ4 and Zstandard variants).
+BITSHUFFLE_FILTER_ID = 32008
+
+
+def needs_bitshuffle_guard(layout: dict[str, Any]) -> bool:
+    """Whether a dataset's chunks go through the bitshuffle filter, alone, when read.
+
+    Such chunks are checked (:func:`check_bitshuffle_chunks`) before the HDF5
+    filter decodes them: the filter trusts its chunk header and crashes the
+    process on a corrupt one (docs/upstream-bitshuffle-crash.md).
+    """
+    filters = list(layout.get("filters", []))
+    return (
+        bool(layout.get("chunks"))
+        and len(filters) == 1
+        and int(filters[0]["id"]) == BITSHUFFLE_FILTER_ID
+    )
+
+
+def check_bitshuffle_chunks(dset: Any, bounds: Sequence[tuple[int, int]], where: str) -> None:
+    """Check every stored chunk the selection ``bounds`` touches before HDF5 decodes it.
+
+    Parameters
+    ----------
+    dset
+        An open ``h5py.Dataset`` whose only filter is bitshuffle (32008).
+    bounds
+        Half-open ``(start, stop)`` per dataset axis of the selection.
+    where
+        The dataset and file, for messages.
+
+    Raises
+    ------
+    CorruptChunkError
+        Naming the file and dataset, the chunk index (chunk-grid coordinates
+        and element offset), the chunk's byte offset in the file and what is
+        wrong with it.
+    """
+    import itertools
+
+    from ..errors import CorruptChunkError
+    from ..representations.encoded import bitshuffle_chunk_problem
+
+    chunks = [int(c) for c in dset.chunks]
+    itemsize = int(dset.dtype.itemsize)
+    n_elem = int(np.prod(chunks))
+    ranges = [range(a // c, -(-b // c)) for (a, b), c in zip(bounds, chunks, strict=True)]
+    for grid in itertools.product(*ranges):
+        offset = tuple(g * c for g, c in zip(grid, chunks, strict=True))
+        what = f"stored chunk {grid} (element offset {offset}) of {where}"
+        try:
+            mask, data = dset.id.read_direct_chunk(offset)
+        except RuntimeError as exc:
+            if "not allocated" in str(exc):
+                continue  # never written: HDF5 returns the fill value, nothing is decoded
+            raise CorruptChunkError(f"could not read {what}: {exc}") from exc
+        except (OSError, ValueError) as exc:
+            raise CorruptChunkError(
+                f"could not read {what}: {exc}. The file may be truncated or its chunk index "
+                "damaged; restore the file"
+            ) from exc
+        if mask & 1:
+            continue  # the filter was skipped for this chunk: stored uncompressed
+        problem = bitshuffle_chunk_problem(np.frombuffer(data, dtype=np.uint8), n_elem, itemsize)
+        if problem is not None:
+            try:
+                byte = int(dset.id.get_chunk_info_by_coord(offset).byte_offset)
+                at = f" at byte offset {byte} of the file"
+            except (RuntimeError, OSError, ValueError, AttributeError):
+                at = ""
+            raise CorruptChunkError(
+                f"{what}{at} is corrupt: {problem}. It was not decoded (the HDF5 bitshuffle "
+                "filter would crash on it); restore or re-acquire the file, or crop the scan "
+                "to leave this chunk out"
+            )

@@ -296,7 +296,23 @@ class Hdf5Source(FrameSource):
             **self.scan_metadata(),
         }
 
+    def _guard(self, selection: Any) -> None:
+        """Check the bitshuffle chunks a selection touches before the HDF5 filter decodes them."""
+        from .encoded_chunks import check_bitshuffle_chunks, needs_bitshuffle_guard
+
+        if not needs_bitshuffle_guard(self._layout):
+            return
+        sel = selection if isinstance(selection, tuple) else (selection,)
+        bounds = []
+        for axis, n in enumerate(self._stored_shape):
+            s = sel[axis] if axis < len(sel) else slice(None)
+            start, stop, _ = s.indices(n)
+            bounds.append((start, stop))
+        where = f"dataset {self._dataset_path!r} of {str(self._path)!r}"
+        check_bitshuffle_chunks(self._dset(), bounds, where)
+
     def _read(self, selection: tuple[slice, ...], what: str) -> np.ndarray:
+        self._guard(selection)
         try:
             return np.asarray(self._dset()[selection], dtype=self._dtype)
         except OSError as exc:
@@ -326,6 +342,7 @@ class Hdf5Source(FrameSource):
         if out.dtype != self._dtype or not out.flags.c_contiguous:
             out[...] = self._read(selection, what)
             return out
+        self._guard(selection)
         try:
             self._dset().read_direct(out, source_sel=selection)
         except OSError as exc:

@@ -66,6 +66,7 @@ __all__ = [
     "Encoded",
     "EncodedPayload",
     "PieceCache",
+    "bitshuffle_chunk_problem",
     "build_payload",
     "codec_config",
     "decode_piece",
@@ -471,25 +472,58 @@ def _bitshuffle_stream_end(buf, start, n_elem, block_elems, itemsize):  # type: 
     return pos + (n_elem % 8) * itemsize
 
 
+def bitshuffle_chunk_problem(buf: np.ndarray, n_elem: int, itemsize: int) -> str | None:
+    """Say what is wrong with a bitshuffle filter (32008) chunk, or ``None`` if it is sound.
+
+    Checks everything a decoder trusts before it writes: the 12-byte header
+    (uncompressed size, block size) against the ``n_elem`` elements of
+    ``itemsize`` bytes the chunk must hold, and that the compressed block
+    lengths run exactly to the end of the chunk.  The HDF5 bitshuffle filter
+    trusts the header and writes past its buffer when a bit of it flips
+    (docs/upstream-bitshuffle-crash.md); readers call this on every chunk
+    before the filter decodes it.
+
+    Parameters
+    ----------
+    buf
+        The stored chunk, ``uint8``.
+    n_elem, itemsize
+        Elements the chunk decodes to, and their size in bytes.
+
+    Returns
+    -------
+    str or None
+        What is wrong, naming the byte offset within the chunk; ``None`` when
+        the chunk may be decoded.
+    """
+    if buf.shape[0] < _BITSHUFFLE_HEADER.size:
+        return f"{buf.shape[0]} bytes, shorter than the 12-byte bitshuffle header"
+    nbytes, block_bytes = _BITSHUFFLE_HEADER.unpack_from(buf[: _BITSHUFFLE_HEADER.size].tobytes())
+    if nbytes != n_elem * itemsize:
+        return f"header says {nbytes} uncompressed bytes (bytes 0-7), expected {n_elem * itemsize}"
+    if block_bytes == 0 or block_bytes % (itemsize * _BITSHUFFLE_MULT):
+        return (
+            f"header bytes 8-11 give a block size of {block_bytes} bytes, not a positive "
+            f"multiple of 8 elements of {itemsize} bytes"
+        )
+    block_elems = block_bytes // itemsize
+    end = _bitshuffle_stream_end(buf, _BITSHUFFLE_HEADER.size, n_elem, block_elems, itemsize)
+    if end != buf.shape[0]:
+        return (
+            f"compressed block lengths run to byte {end} (-1: past the end) of a "
+            f"{buf.shape[0]}-byte chunk"
+        )
+    return None
+
+
 def _decode_bitshuffle(payload: EncodedPayload, buf: np.ndarray, n_elem: int) -> np.ndarray:
     bitshuffle = _bitshuffle()
 
     dt = payload.value_dtype
-    if buf.shape[0] < _BITSHUFFLE_HEADER.size:
-        raise ValueError(f"{buf.shape[0]} bytes, shorter than the 12-byte bitshuffle header")
-    nbytes, block_bytes = _BITSHUFFLE_HEADER.unpack_from(buf[: _BITSHUFFLE_HEADER.size].tobytes())
-    if nbytes != n_elem * dt.itemsize:
-        raise ValueError(
-            f"header says {nbytes} uncompressed bytes, expected {n_elem * dt.itemsize}"
-        )
-    if block_bytes == 0 or block_bytes % (dt.itemsize * _BITSHUFFLE_MULT):
-        raise ValueError(f"header block size {block_bytes} bytes is not a multiple of 8 elements")
-    block_elems = block_bytes // dt.itemsize
-    end = _bitshuffle_stream_end(buf, _BITSHUFFLE_HEADER.size, n_elem, block_elems, dt.itemsize)
-    if end != buf.shape[0]:
-        raise ValueError(
-            f"block lengths run to byte {end} (-1: past the end) of a {buf.shape[0]}-byte piece"
-        )
+    problem = bitshuffle_chunk_problem(buf, n_elem, dt.itemsize)
+    if problem is not None:
+        raise ValueError(problem)
+    block_elems = int(_BITSHUFFLE_HEADER.unpack_from(buf[:12].tobytes())[1]) // dt.itemsize
     body = buf[_BITSHUFFLE_HEADER.size :]
     if payload.codec == "bitshuffle-lz4":
         out = bitshuffle.decompress_lz4(body, (n_elem,), dt, block_elems)
