@@ -504,8 +504,8 @@ class ExternalRuntime(Runtime):
             h, transient = self._resident(chunk)
             try:
                 for attempt in (0, 1):
-                    self._ensure(h)
                     try:
+                        self._ensure(h)
                         return op(h)
                     except ExternalWorkerLostError as exc:
                         self._event(
