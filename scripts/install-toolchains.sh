@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   chromium                    # headless page host for the WebGPU worker (SwiftShader)
   mesa-vulkan-drivers         # lavapipe (Vulkan on the CPU)
-  libvulkan-dev glslc cmake   # Vulkan loader/headers, the GLSL compiler, CMake (android/)
+  libvulkan-dev glslc cmake g++ spirv-tools  # the android/ Vulkan worker's build and shader checks
+  vulkan-validationlayers     # validation layers on in the Vulkan worker's tests
+  clang-format                # the android/ format check
   libegl1 libegl-mesa0 libgles2  # EGL + GLES: Dawn's OpenGL ES backend in Node
 )
 
@@ -23,6 +25,12 @@ if [ "${#missing[@]}" -gt 0 ]; then
   echo "install-toolchains: apt-get install ${missing[*]}"
   apt-get update -q
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if [ -f android/CMakeLists.txt ]; then
+  echo "install-toolchains: cmake build of android/ (host build on lavapipe)"
+  cmake -S android -B android/build -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build android/build -j2
 fi
 
 if [ -f web/package.json ]; then
