@@ -237,11 +237,16 @@ def _figures_dir(targets: Any, given: str | None) -> Path | None:
 
 def _check_figures(names: Sequence[str], folder: Path | None, overwrite: bool) -> None:
     """Refuse, before anything is computed, to replace figures without --overwrite."""
-    if folder is None or overwrite:
+    if folder is None:
         return
+    from .io.results_store import check_replaceable
     from .plotting import figure_paths
 
-    existing = [p for p in figure_paths(names, folder).values() if p.exists()]
+    existing = [p for p in figure_paths(names, folder).values() if p.exists() or p.is_symlink()]
+    if overwrite:
+        for p in existing:
+            check_replaceable(p)  # only figures quantem-flow wrote
+        return
     if existing:
         raise ParameterError(
             f"figure file(s) already exist: {[str(p) for p in existing[:4]]}; pass --overwrite, "
@@ -259,13 +264,14 @@ def _write_figures(results: Mapping[str, Any], folder: Path | None) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .pipeline import load_pipeline, run_pipeline
+    from .pipeline import check_outputs, load_pipeline, run_pipeline
 
     pipe = load_pipeline(args.pipeline)
     targets = pipe.save_targets(args.output_dir)
     figures = None if args.no_figures else _figures_dir(targets, args.figures)
     replace = bool(args.overwrite or (pipe.save is not None and pipe.save.overwrite))
     _check_figures(list(pipe.outputs), figures, replace)
+    check_outputs(pipe, targets, pipe.open())  # the input, files not ours: before any cluster
     client, where = _start_client(args.scheduler)
     try:
         _say(f"pipeline:  {pipe.origin}", f"input:     {pipe.input.path}", f"scheduler: {where}")

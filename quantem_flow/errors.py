@@ -18,6 +18,7 @@ __all__ = [
     "ExternalWorkerLostError",
     "ExternalWorkerTimeoutError",
     "FormatError",
+    "OverwriteError",
     "ParameterError",
     "PlacementError",
     "ProtocolError",
@@ -73,6 +74,10 @@ class DatasetPathError(QuantemFlowError, KeyError):
 
 class FormatError(QuantemFlowError, ValueError):
     """A file's content does not follow the format it claims to be."""
+
+
+class OverwriteError(QuantemFlowError, FileExistsError):
+    """An output path exists and may not be replaced (the input, or a file not ours)."""
 
 
 class CorruptChunkError(QuantemFlowError, OSError):

@@ -76,7 +76,7 @@ import numpy as np
 from .calibration import Calibration
 from .dataset import Dataset4D
 from .dataset import open as open_dataset
-from .errors import FormatError, ParameterError, QuantemFlowError
+from .errors import FormatError, OverwriteError, ParameterError, QuantemFlowError
 from .io import READERS
 from .io.base import check_exists
 from .operators.base import LazyResult
@@ -90,6 +90,7 @@ __all__ = [
     "Pipeline",
     "SaveSpec",
     "SaveTargets",
+    "check_outputs",
     "example_pipeline",
     "load_pipeline",
     "run_pipeline",
@@ -830,6 +831,33 @@ def _connect(client: Any) -> tuple[Any, bool]:
     return client, False
 
 
+def check_outputs(pipe: Pipeline, targets: SaveTargets, ds: Any) -> None:
+    """Refuse outputs that are the input (or hold it) or existing files not ours."""
+    from .io.results_store import check_replaceable
+
+    inputs = [str(p) for p in ds.source.identity.paths]
+    outputs = [targets.results, targets.json, *targets.png_files.values()]
+    for target in outputs:
+        if target is None:
+            continue
+        try:
+            check_replaceable(target, protected=inputs)
+        except OverwriteError as exc:
+            raise OverwriteError(f"pipeline {pipe.origin}: {exc}") from None
+    seen: dict[Path, str] = {}
+    for label, target in [("save.results", targets.results), ("save.json", targets.json)] + [
+        (f"png of {n!r}", p) for n, p in targets.png_files.items()
+    ]:
+        if target is None:
+            continue
+        if target in seen:
+            raise ParameterError(
+                f"pipeline {pipe.origin}: {label} and {seen[target]} both write {str(target)!r}; "
+                "give each output its own path"
+            )
+        seen[target] = label
+
+
 def _write_json(path: Path, doc: Mapping[str, Any]) -> None:
     text = json.dumps(jsonable(doc), indent=2, ensure_ascii=False, allow_nan=False)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -901,6 +929,7 @@ def run_pipeline(
             "another output folder"
         )
     ds = pipe.open()
+    check_outputs(pipe, targets, ds)  # before anything is computed
     lazy = pipe.build(ds)
     compute_client, close_after = _connect(client)
     try:

@@ -682,13 +682,13 @@ def write_figures(
             title=None if result.name == name else f"{name} / {figure_title(result)}",
         )
         try:
-            fig.savefig(paths[name], dpi=dpi)
+            fig.savefig(paths[name], dpi=dpi, metadata=_png_metadata())
         finally:
             plt.close(fig)
     if overview is not None and results:
         fig = plot(*results.values())
         try:
-            fig.savefig(paths["overview"], dpi=dpi)
+            fig.savefig(paths["overview"], dpi=dpi, metadata=_png_metadata())
         finally:
             plt.close(fig)
     return paths
@@ -728,3 +728,10 @@ def figure_paths(
             )
         paths["overview"] = out / overview
     return paths
+
+
+def _png_metadata() -> dict[str, str]:
+    """PNG text chunks that mark a figure as quantem-flow's (so --overwrite may replace it)."""
+    from .io.results_store import _package_version
+
+    return {"Software": f"quantem-flow {_package_version()}"}

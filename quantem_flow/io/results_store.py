@@ -38,12 +38,19 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DtypeError, FormatError, ParameterError, QuantemFlowError
+from ..errors import DtypeError, FormatError, OverwriteError, ParameterError, QuantemFlowError
 from ..provenance import jsonable
 from ..results import RESULT_TYPES, Result, result_from_parts
 from .base import check_exists
 
-__all__ = ["RESULTS_LAYOUT_VERSION", "load_results", "results_to_json", "save_results"]
+__all__ = [
+    "RESULTS_LAYOUT_VERSION",
+    "check_replaceable",
+    "load_results",
+    "not_ours_reason",
+    "results_to_json",
+    "save_results",
+]
 
 RESULTS_LAYOUT_VERSION = 1
 """Version of the on-disk layout written by :func:`save_results`."""
@@ -237,6 +244,119 @@ def _is_results_zarr(path: Path) -> bool:
     return isinstance(doc, dict) and _VERSION_ATTR in (doc.get("attributes") or {})
 
 
+# -- overwrite safety ----------------------------------------------------------------------
+def not_ours_reason(path: Path) -> str | None:
+    """Say why the existing ``path`` is not a file quantem-flow wrote, or ``None`` if it is.
+
+    Files are recognised by the project's own metadata, never by name: an
+    HDF5 results file or Zarr results store by its root attribute
+    ``quantem_flow_results_version``, a JSON export by the same top-level
+    key, a PNG by its ``Software: quantem-flow`` text chunk.
+    """
+    if path.is_symlink():
+        return "it is a symbolic link (the file it points to is not replaced through it)"
+    if path.is_dir():
+        if _is_results_zarr(path):
+            return None
+        return "it is a directory that is not a quantem-flow results store"
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except OSError as exc:
+        return f"it cannot be read ({exc})"
+    if head == b"\x89HDF\r\n\x1a\n":
+        import h5py
+
+        try:
+            with h5py.File(path, "r") as f:
+                if _VERSION_ATTR in f.attrs:
+                    return None
+        except (OSError, RuntimeError, ValueError) as exc:
+            return f"it is an HDF5 file that cannot be opened ({exc})"
+        return (
+            f"it is an HDF5 file without the {_VERSION_ATTR!r} attribute quantem-flow writes "
+            "(an input or someone else's file)"
+        )
+    if head == b"\x89PNG\r\n\x1a\n":
+        try:
+            from PIL import Image
+
+            with Image.open(path) as im:
+                software = str(getattr(im, "text", {}).get("Software", ""))
+        except (ImportError, OSError, ValueError) as exc:
+            return f"it is a PNG that cannot be read ({exc})"
+        if software.startswith("quantem-flow"):
+            return None
+        return "it is a PNG that quantem-flow did not write (no 'Software: quantem-flow' tag)"
+    if head.lstrip()[:1] == b"{":
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError):
+            doc = None
+        if isinstance(doc, dict) and _VERSION_ATTR in doc:
+            return None
+        return f"it is not a JSON export of quantem-flow (no {_VERSION_ATTR!r} key)"
+    return "it is not a file quantem-flow wrote (no quantem-flow metadata)"
+
+
+def _same_or_nested(a: Path, b: Path) -> bool:
+    with contextlib.suppress(OSError):
+        if a.exists() and b.exists() and os.path.samefile(a, b):
+            return True
+    ra, rb = a.resolve(), b.resolve()
+    return ra == rb or ra in rb.parents or rb in ra.parents
+
+
+def _check_protected(target: Path, protected: Sequence[str | os.PathLike[str]]) -> None:
+    for p in protected:
+        if _same_or_nested(target, Path(p).expanduser().absolute()):
+            raise OverwriteError(
+                f"{str(target)!r} is, holds or lies inside the input {str(p)!r}; an input is "
+                "never overwritten, even with overwrite -- choose another output path"
+            )
+
+
+def check_replaceable(
+    path: str | os.PathLike[str], *, protected: Sequence[str | os.PathLike[str]] = ()
+) -> None:
+    """Raise unless the existing ``path`` may be replaced by an output.
+
+    Parameters
+    ----------
+    path
+        The output about to be replaced.
+    protected
+        Paths that are never replaced, whatever ``overwrite`` says: the
+        inputs a result was computed from (a target equal to one, inside
+        one, or holding one is refused).
+
+    Raises
+    ------
+    OverwriteError
+        With the path and the reason: it is an input, or it is not a file
+        quantem-flow wrote (recognised by its own metadata).
+    """
+    target = Path(path).expanduser().absolute()
+    _check_protected(target, protected)
+    if not (target.exists() or target.is_symlink()):
+        return
+    reason = not_ours_reason(target)
+    if reason is not None:
+        raise OverwriteError(
+            f"{str(target)!r} exists and will not be replaced: {reason}. overwrite only "
+            "replaces files quantem-flow wrote -- remove it yourself or choose another path"
+        )
+
+
+def _input_paths(items: Mapping[str, Result]) -> list[str]:
+    paths: list[str] = []
+    for result in items.values():
+        source = getattr(result.provenance, "source", None) or {}
+        if isinstance(source, Mapping):
+            paths.extend(str(p) for p in source.get("paths", []) or [])
+    return paths
+
+
 def _check_target(path: Path, fmt: str, overwrite: bool) -> None:
     if not (path.exists() or path.is_symlink()):
         return
@@ -250,6 +370,8 @@ def _check_target(path: Path, fmt: str, overwrite: bool) -> None:
             f"{str(path)!r} is a directory; an HDF5 results file cannot replace it -- "
             "choose another path"
         )
+    if fmt == "hdf5":
+        check_replaceable(path)
     if fmt == "zarr":
         if not path.is_dir():
             raise ParameterError(
@@ -355,7 +477,9 @@ def save_results(
     fmt = _resolve_format(target, format)
     for name, result in items.items():
         _storable(result, name)  # fail before touching the disk
-    _check_target(target, fmt, overwrite)
+    # never the input a result came from (named in its provenance), even with overwrite
+    _check_protected(target, _input_paths(items))
+    _check_target(target, fmt, overwrite)  # and with overwrite, only a results file or store
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary_sibling(target)
     try:
@@ -606,6 +730,7 @@ def results_to_json(
                     f"{str(target)!r} is an HDF5 file; the JSON export will not replace it -- "
                     "give a .json path"
                 )
+        check_replaceable(target, protected=_input_paths(items))
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = _temporary_sibling(target)
         try:

@@ -290,6 +290,10 @@ def save_png(
             f"{str(target)!r} already exists; pass overwrite=True to replace it or choose "
             "another name"
         )
+    if overwrite:
+        from ..io.results_store import check_replaceable
+
+        check_replaceable(target)  # only a PNG quantem-flow wrote
     if isinstance(result_or_array, Result):
         result: Result | None = result_or_array
         data = np.asarray(result_or_array.data)
