@@ -11,15 +11,28 @@ Every server binds to 127.0.0.1, the dashboard included (Dask binds it to
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import collections
+import json
+import os
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from distributed.deploy.spec import ProcessInterface
+
 from .. import config
 from ..errors import ParameterError, RuntimeUnavailableError
 
-__all__ = ["close_embedded_cluster", "dashboard_url", "embedded_client", "start_local_cluster"]
+__all__ = [
+    "WorkerProgram",
+    "close_embedded_cluster",
+    "dashboard_url",
+    "embedded_client",
+    "start_local_cluster",
+]
 
 _lock = threading.Lock()
 _embedded: dict[str, Any] = {}
@@ -37,6 +50,164 @@ WORKER_ENTRY_KEYS = (
     "env",
 )
 STARTUP_TIMEOUT_S = 60.0
+
+
+class WorkerProgram(ProcessInterface):  # type: ignore[misc]
+    """A quantem-flow worker run as a program of its own, for ``SpecCluster``/``LocalCluster``.
+
+    The worker runs in ``python -m quantem_flow.graphs.local_worker`` (see
+    :mod:`quantem_flow.graphs.local_worker`), started with
+    :func:`asyncio.create_subprocess_exec`, not through ``multiprocessing``:
+    it never re-imports the caller's ``__main__``, so the embedded cluster
+    starts from a script without a ``__main__`` guard, from stdin, a REPL or
+    a notebook.  The child inherits this process's environment (plus
+    ``env``), ``sys.path`` (as ``PYTHONPATH``), working directory and Dask
+    configuration; :meth:`start` returns once the worker has registered with
+    the scheduler, and raises with the end of the worker's stderr if it
+    exits first.
+
+    Parameters
+    ----------
+    scheduler
+        Address of the scheduler.
+    name
+        Worker name.
+    nthreads, memory_limit, host, silence_logs
+        As for ``distributed.Worker`` (``memory_limit`` in bytes or None).
+    runtimes, budget_fraction, budgets, resources
+        What the worker advertises, see
+        :func:`~quantem_flow.graphs.worker.worker_options`.
+    env
+        Extra environment variables of the worker process.
+    startup_timeout
+        Seconds to wait for the worker to register.
+    **ignored
+        Options ``LocalCluster`` gives every worker class that do not apply
+        (``services``, ``dashboard``, ``interface``...).
+    """
+
+    def __init__(
+        self,
+        scheduler: str,
+        *,
+        name: Any = None,
+        nthreads: int = 1,
+        memory_limit: int | None = None,
+        host: str | None = "127.0.0.1",
+        silence_logs: int | bool = 40,
+        runtimes: Sequence[str] | None = None,
+        budget_fraction: float | None = None,
+        budgets: Mapping[str, int] | None = None,
+        resources: Mapping[str, float] | None = None,
+        env: Mapping[str, str] | None = None,
+        startup_timeout: float | None = None,
+        **ignored: Any,
+    ) -> None:
+        super().__init__(scheduler=scheduler, name=name)
+        tls = str(ignored.get("protocol") or "").startswith("tls")
+        if tls or getattr(ignored.get("security"), "require_encryption", False):
+            raise ParameterError(
+                "security= (TLS) is not supported by the embedded local cluster's worker "
+                "programs; start a cluster with `dask scheduler` / `quantem-flow worker`"
+            )
+        self.scheduler = scheduler
+        self.name = name
+        self.spec: dict[str, Any] = {
+            "scheduler": scheduler,
+            "name": name,
+            "nthreads": int(nthreads),
+            "memory_limit": None if not memory_limit else int(memory_limit),
+            "runtimes": None if runtimes is None else list(runtimes),
+            "budgets": None if budgets is None else dict(budgets),
+            "resources": None if resources is None else dict(resources),
+            "host": host or "127.0.0.1",
+            "silence_logs": int(silence_logs) if silence_logs else 0,
+            "parent_pid": os.getpid(),
+        }
+        if budget_fraction is not None:
+            self.spec["budget_fraction"] = float(budget_fraction)
+        self.env = {str(k): str(v) for k, v in (env or {}).items()}
+        self.startup_timeout = float(startup_timeout or STARTUP_TIMEOUT_S)
+        self.process: asyncio.subprocess.Process | None = None
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
+        self._drain: asyncio.Task[None] | None = None
+
+    def _environment(self) -> dict[str, str]:
+        import dask.config
+
+        env = dict(os.environ)
+        # what a Nanny sets before it spawns a worker (OMP_NUM_THREADS=1, MALLOC_TRIM...)
+        for key in ("distributed.nanny.pre-spawn-environ", "distributed.nanny.environ"):
+            env.update({str(k): str(v) for k, v in (dask.config.get(key, {}) or {}).items()})
+        env.update(self.env)
+        paths = [p or os.getcwd() for p in sys.path]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        env["DASK_INTERNAL_INHERIT_CONFIG"] = dask.config.serialize(dask.config.global_config)
+        return env
+
+    async def _drain_stderr(self) -> None:
+        assert self.process is not None and self.process.stderr is not None
+        async for raw in self.process.stderr:
+            line = raw.decode(errors="replace").rstrip()
+            self.stderr_tail.append(line)
+            print(line, file=sys.stderr)
+
+    async def start(self) -> None:
+        """Start the worker program and wait until it has registered."""
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "quantem_flow.graphs.local_worker",
+            json.dumps(self.spec),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self._environment(),
+        )
+        self._drain = asyncio.ensure_future(self._drain_stderr())
+        assert self.process.stdout is not None
+        try:
+            line = await asyncio.wait_for(self.process.stdout.readline(), self.startup_timeout)
+        except TimeoutError:
+            await self._kill()
+            raise RuntimeError(
+                f"quantem-flow worker {self.name!r} did not register within "
+                f"{self.startup_timeout:.0f} s; its stderr ended with: {self._tail()}"
+            ) from None
+        if not line:
+            await self.process.wait()
+            if self._drain is not None:
+                await asyncio.wait({self._drain}, timeout=2)
+            raise RuntimeError(
+                f"quantem-flow worker {self.name!r} exited with status "
+                f"{self.process.returncode} before registering; its stderr ended with: "
+                f"{self._tail()}"
+            )
+        info = json.loads(line)
+        self.address = info["address"]
+        self.pid = int(info["pid"])
+        await super().start()
+
+    def _tail(self) -> str:
+        return " | ".join(list(self.stderr_tail)[-8:]) or "(nothing)"
+
+    async def _kill(self) -> None:
+        proc = self.process
+        if proc is None or proc.returncode is not None:
+            return
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+    async def close(self) -> None:
+        """Stop the worker program (SIGTERM, then SIGKILL after 10 s)."""
+        await self._kill()
+        if self._drain is not None:
+            self._drain.cancel()
+        await super().close()
 
 
 def _memory_share(memory_limit: Any, nthreads: int, n_workers: int) -> int | None:
@@ -183,12 +354,20 @@ def start_local_cluster(
         threads_per_worker if threads_per_worker is not None else config.get("local_threads"),
     )
     memory_limit = kwargs.pop("memory_limit", "auto")
-    template = worker_options(
-        runtimes=runtimes,
-        budget_fraction=budget_fraction,
-        memory_limit=_memory_share(memory_limit, threads, n),
-        nthreads=threads,
-    )
+    share = _memory_share(memory_limit, threads, n)
+    template: dict[str, Any]
+    if kwargs.get("processes", True):
+        # workers are programs of their own: nothing re-imports the caller's __main__
+        template = {
+            "worker_class": WorkerProgram,
+            "memory_limit": share,
+            "runtimes": None if runtimes is None else list(runtimes),
+            "budget_fraction": budget_fraction,
+        }
+    else:
+        template = worker_options(
+            runtimes=runtimes, budget_fraction=budget_fraction, memory_limit=share, nthreads=threads
+        )
     options: dict[str, Any] = {
         "n_workers": 0 if entries is not None else n,
         "threads_per_worker": threads,
@@ -217,25 +396,32 @@ def _add_workers(
     from .worker import DEFAULT_BUDGET_FRACTION, worker_options
 
     base = dict(cluster.new_spec["options"])
+    program = cluster.new_spec["cls"] is WorkerProgram
     for entry in entries:
         nthreads = _positive_int("nthreads", entry.get("nthreads", threads))
         limit = _memory_share(entry.get("memory_limit", memory_limit), nthreads, len(entries))
-        opts = {
-            **base,
-            "name": entry["name"],
-            "nthreads": nthreads,
-            **worker_options(
+        fraction = entry.get("budget_fraction", DEFAULT_BUDGET_FRACTION)
+        advertised: dict[str, Any] = (
+            {
+                "runtimes": entry.get("runtimes"),
+                "budget_fraction": fraction,
+                "budgets": entry.get("budgets"),
+                "memory_limit": limit,
+            }
+            if program
+            else worker_options(
                 runtimes=entry.get("runtimes"),
-                budget_fraction=entry.get("budget_fraction", DEFAULT_BUDGET_FRACTION),
+                budget_fraction=fraction,
                 budgets=entry.get("budgets"),
                 memory_limit=limit,
                 nthreads=nthreads,
-            ),
-        }
+            )
+        )
+        opts = {**base, "name": entry["name"], "nthreads": nthreads, **advertised}
         if entry.get("resources"):
             opts["resources"] = dict(entry["resources"])
         if entry.get("env"):
-            if cluster.new_spec["cls"].__name__ != "Nanny":
+            if cluster.new_spec["cls"].__name__ not in ("Nanny", "WorkerProgram"):
                 raise ParameterError(
                     f"worker {entry['name']!r} sets env=, which needs worker processes; "
                     "drop processes=False or the env key"
