@@ -501,10 +501,93 @@ def _read_yaml(path: Path) -> tuple[Any, str]:
     except UnicodeDecodeError as exc:
         raise FormatError(f"pipeline file {str(p)!r} is not UTF-8 text: {exc}") from exc
     try:
-        return yaml.safe_load(text), str(p)
+        return strict_yaml_load(text, str(p)), str(p)
     except yaml.YAMLError as exc:
         detail = " ".join(str(exc).split())
         raise FormatError(f"pipeline file {str(p)!r} is not valid YAML: {detail}") from exc
+
+
+#: Most YAML nodes a pipeline may expand to once its aliases are followed.  A real
+#: pipeline has a few hundred; an "alias bomb" (nested anchors, each level repeating
+#: the one below) has billions, which would hang loading and provenance.
+MAX_YAML_NODES = 10_000
+
+
+def strict_yaml_load(text: str, origin: str = "<string>") -> Any:
+    """Load YAML safely, refusing duplicate keys and alias expansion beyond a bound.
+
+    Parameters
+    ----------
+    text
+        The YAML document.
+    origin
+        Where it came from, for messages.
+
+    Raises
+    ------
+    FormatError
+        For a key given twice in one mapping (PyYAML would keep the last
+        silently) or for aliases that expand to more than
+        :data:`MAX_YAML_NODES` nodes; the message names the key or the
+        count and the line.
+    yaml.YAMLError
+        For YAML that does not parse.
+    """
+    import yaml
+
+    class _StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, Any] = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        hash(key)
+                    except TypeError:
+                        continue  # the base class reports unhashable keys
+                    if key in seen:
+                        first = seen[key].start_mark.line + 1
+                        raise FormatError(
+                            f"pipeline {origin}: key {key!r} appears twice in one mapping "
+                            f"(lines {first} and {key_node.start_mark.line + 1}); YAML would "
+                            "keep the last silently -- remove one of them"
+                        )
+                    seen[key] = key_node
+            return super().construct_mapping(node, deep=deep)
+
+    loader = _StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        sizes: dict[int, int] = {}
+
+        def expanded(n: Any) -> int:
+            known = sizes.get(id(n))
+            if known is not None:
+                return known
+            sizes[id(n)] = 1  # a cycle (recursive alias) counts once here, and is refused below
+            total = 1
+            if isinstance(n, yaml.SequenceNode):
+                total += sum(expanded(c) for c in n.value)
+            elif isinstance(n, yaml.MappingNode):
+                total += sum(expanded(k) + expanded(v) for k, v in n.value)
+            total = min(total, MAX_YAML_NODES + 1)
+            sizes[id(n)] = total
+            return total
+
+        count = expanded(node)
+        if count > MAX_YAML_NODES:
+            raise FormatError(
+                f"pipeline {origin}: its aliases (*name) expand to more than {MAX_YAML_NODES} "
+                "YAML nodes (nested anchors repeating each other, an 'alias bomb'); write the "
+                "values out, or use fewer nested aliases"
+            )
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def load_pipeline(
