@@ -647,16 +647,29 @@ def open(
     chunk_rows, chunk_mib
         Chunking along scan rows (default ~``config.get("chunk_mib")`` MiB).
     **reader_options
-        Passed to the reader: ``dataset_path=``, ``scan_shape=``,
-        ``frame_offset=``, ``dtype=``, ``frame_shape=``...
+        ``verify="checksums"`` refuses a source whose chunks carry no
+        checksum verified on read (HDF5 Fletcher32, Zarr crc32c; see
+        docs/data-integrity.md).  The rest are passed to the reader:
+        ``dataset_path=``, ``scan_shape=``, ``frame_offset=``, ``dtype=``, ``frame_shape=``...
 
     Returns
     -------
     Dataset4D
         The lazy dataset.
     """
+    verify = reader_options.pop("verify", None)
     source = open_source(path_or_array, format=format, **reader_options)
     notes: list[str] = []
+    if verify not in (None, "none", "checksums"):
+        raise ParameterError(f"verify must be None, 'none' or 'checksums', got {verify!r}")
+    if verify == "checksums":  # docs/data-integrity.md
+        checked, how = source.integrity
+        if not checked:
+            raise ParameterError(
+                f"verify='checksums' was asked, but {how}; open without verify= to read it "
+                "unchecked"
+            )
+        notes.append(f"integrity: {how}")
     cal: Calibration | None
     if isinstance(calibration, dict):
         cal = Calibration.from_dict(calibration)

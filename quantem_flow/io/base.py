@@ -147,6 +147,20 @@ class Source(abc.ABC):
         return []
 
     @property
+    def integrity(self) -> tuple[bool, str]:
+        """Whether every stored chunk carries a checksum that is verified on read, and how.
+
+        Returns ``(True, "how")`` when corruption of the stored bytes is
+        detected (HDF5 Fletcher32, Zarr crc32c), else ``(False, "why not")``;
+        see ``docs/data-integrity.md``.
+        """
+        return (
+            False,
+            f"the {self.format} reader's files store no checksum, so a corrupted byte reads as "
+            "a different value",
+        )
+
+    @property
     def nbytes(self) -> int:
         """Logical (decoded) size in bytes."""
         return int(math.prod(self.shape)) * int(self.dtype.itemsize)

@@ -195,6 +195,17 @@ class DectrisSource(FrameSource):
         )
 
     # -- native encoded reads ---------------------------------------------------
+    @property
+    def integrity(self) -> tuple[bool, str]:
+        """Whether every data file's chunks carry Fletcher32 checksums."""
+        from .hdf5 import layout_integrity
+
+        for (file_path, dset_path), layout in zip(self._parts, self._layouts, strict=True):
+            ok, why = layout_integrity(layout, f"dataset {dset_path!r} of {str(file_path)!r}")
+            if not ok:
+                return ok, why
+        return True, "Fletcher32 checksum per chunk in every data file, verified by HDF5"
+
     def _encoded_codec(self) -> tuple[str, dict[str, Any]]:
         """The codec shared by every data file's chunks, or raise why there is none."""
         from .encoded_chunks import hdf5_codec

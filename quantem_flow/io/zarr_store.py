@@ -195,6 +195,19 @@ class ZarrSource(FrameSource):
 
     # -- properties --------------------------------------------------------------
     @property
+    def integrity(self) -> tuple[bool, str]:
+        """A crc32c codec (verified by Zarr on every chunk decode), if present."""
+        names = [str(c.get("name")) for c in self._codecs if isinstance(c, dict)]
+        if "crc32c" in names or "numcodecs.crc32c" in names:
+            return True, "crc32c checksum per chunk, verified by Zarr on decode"
+        return (
+            False,
+            f"the Zarr array's codecs {names} hold no crc32c checksum; a corrupted byte may "
+            "decode to different values unnoticed. Convert with a crc32c codec to make it "
+            "checkable",
+        )
+
+    @property
     def path(self) -> Path:
         """The store directory."""
         return self._path
