@@ -457,6 +457,9 @@ def _worker_command(args: argparse.Namespace) -> list[str]:
     runtimes = None
     if args.runtimes is not None:
         runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
+        from .runtimes.external.spec import register_requested
+
+        register_requested(runtimes)  # webgpu, webgpu-browser: registered when named
         available = available_runtimes()
         missing = [r for r in runtimes if r not in available]
         if not runtimes or missing:
@@ -493,10 +496,17 @@ def _worker(args: argparse.Namespace) -> int:
     import subprocess
 
     cmd = _worker_command(args)
+    if getattr(args, "no_launch", False):
+        # webgpu-browser prints its loopback URL (with a one-time token) instead of
+        # starting headless Chromium; the variable reaches the worker process
+        os.environ["QF_WEBGPU_BROWSER_LAUNCH"] = "0"
     if args.dry_run:
-        _say(shlex.join(cmd))
+        prefix = "QF_WEBGPU_BROWSER_LAUNCH=0 " if getattr(args, "no_launch", False) else ""
+        _say(prefix + shlex.join(cmd))
         return 0
     _say(f"starting a quantem-flow worker for {args.scheduler} (Ctrl-C stops it)")
+    if getattr(args, "no_launch", False):
+        _say("webgpu-browser: the worker prints a loopback URL; open it in a browser with WebGPU")
     sys.stdout.flush()
     sys.stderr.flush()
     if os.name == "posix":  # pragma: no cover - replaces this process
@@ -652,8 +662,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("scheduler", metavar="SCHEDULER_ADDRESS", help="e.g. tcp://127.0.0.1:8786")
     p.add_argument(
         "--runtimes",
+        "--runtime",
+        dest="runtimes",
         metavar="NAMES",
-        help="comma-separated runtimes to advertise, e.g. cpu,mps (default: every available)",
+        help="comma-separated runtimes to advertise, e.g. cpu,mps (default: every available "
+        "built-in one); the external webgpu and webgpu-browser runtimes are advertised only "
+        "when named",
+    )
+    p.add_argument(
+        "--no-launch",
+        action="store_true",
+        help="webgpu-browser: start no headless Chromium; print the loopback URL for a person "
+        "to open in their own browser instead",
     )
     p.add_argument("--nthreads", type=int, help="threads (default: one per core)")
     p.add_argument(

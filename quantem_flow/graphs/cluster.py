@@ -264,6 +264,10 @@ def _check_entries(workers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
         if isinstance(runtimes, str):
             runtimes = runtimes.split(",")
         if runtimes is not None:
+            from ..runtimes.external.spec import register_requested
+
+            if register_requested(list(runtimes)):  # webgpu...: registered when named
+                available = available_runtimes()
             missing = [r for r in runtimes if r not in available]
             if missing:
                 raise RuntimeUnavailableError(

@@ -82,6 +82,10 @@ def _check_runtime_names(runtimes: Sequence[str] | str | None) -> tuple[str, ...
             f"runtimes must name at least one runtime (one of {sorted(registered)}) or be None "
             f"for every available one, got {runtimes!r}"
         )
+    from ..runtimes.external.spec import register_requested
+
+    if register_requested(names):  # external runtimes join the registry when named
+        registered = runtime_specs()
     unknown = [n for n in names if n not in registered]
     if unknown:
         from ..runtimes import available_runtimes, entry_point_errors

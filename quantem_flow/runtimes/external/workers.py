@@ -45,6 +45,8 @@ __all__ = [
     "WebGpuNodeRuntime",
     "external_probe",
     "external_specs",
+    "probe_webgpu",
+    "probe_webgpu_browser",
     "reference_runtime_spec",
     "register_reference_runtime",
     "web_dist",
@@ -250,6 +252,10 @@ class WebGpuBrowserRuntime(ExternalRuntime):
 def external_probe(name: str, *, budget_fraction: float = 1.0) -> Any:
     """Start runtime ``name``'s worker (once per process), say hello, and report it.
 
+    The worker's ``memory_budget_bytes`` is already its admission limit, so
+    the probes pass it on unscaled (``budget_fraction=1``); the host's
+    ``budget_fraction`` concerns host memory, not the worker's.
+
     Returns
     -------
     ProbeResult
@@ -281,12 +287,14 @@ def external_probe(name: str, *, budget_fraction: float = 1.0) -> Any:
     )
 
 
-def _probe_webgpu(*, nthreads: int, memory_limit: int, budget_fraction: float) -> Any:
-    return external_probe("webgpu", budget_fraction=budget_fraction)
+def probe_webgpu(*, nthreads: int, memory_limit: int, budget_fraction: float) -> Any:
+    """Probe of ``webgpu``: start ``node web/dist/node-worker.js`` and say hello."""
+    return external_probe("webgpu")
 
 
-def _probe_webgpu_browser(*, nthreads: int, memory_limit: int, budget_fraction: float) -> Any:
-    return external_probe("webgpu-browser", budget_fraction=budget_fraction)
+def probe_webgpu_browser(*, nthreads: int, memory_limit: int, budget_fraction: float) -> Any:
+    """Probe of ``webgpu-browser``: serve the page, open it, and say hello."""
+    return external_probe("webgpu-browser")
 
 
 def _kernel_triples(
@@ -299,38 +307,11 @@ def _kernel_triples(
     return frozenset(out)
 
 
-#: What the WebGPU worker is declared to offer (its hello is authoritative).
-WEBGPU_KERNELS = _kernel_triples(
-    ("uint8", "uint16", "uint32", "float32"), ("uint8", "uint16", "uint32")
-)
-
-
 def external_specs() -> list[Any]:
     """Return the ``RuntimeSpec`` declarations of ``webgpu`` and ``webgpu-browser``."""
-    from ..registry import RuntimeSpec
+    from .spec import WEBGPU_BROWSER_SPEC, WEBGPU_SPEC
 
-    common: dict[str, Any] = {
-        "dependency": None,
-        "kernels": WEBGPU_KERNELS,
-        "auto_rank": None,
-        "residency": "external",
-    }
-    return [
-        RuntimeSpec(
-            name="webgpu",
-            factory="quantem_flow.runtimes.external.workers:WebGpuNodeRuntime",
-            probe="quantem_flow.runtimes.external.workers:_probe_webgpu",
-            description="WebGPU/WGSL worker (web/) on Node + Dawn, over pipes (qf-worker/1)",
-            **common,
-        ),
-        RuntimeSpec(
-            name="webgpu-browser",
-            factory="quantem_flow.runtimes.external.workers:WebGpuBrowserRuntime",
-            probe="quantem_flow.runtimes.external.workers:_probe_webgpu_browser",
-            description="WebGPU/WGSL worker (web/) in a browser page, over a loopback WebSocket",
-            **common,
-        ),
-    ]
+    return [WEBGPU_SPEC, WEBGPU_BROWSER_SPEC]
 
 
 def _attr_name(name: str) -> str:
@@ -366,7 +347,7 @@ def reference_runtime_spec(
     setattr(module, cls_name, cls)
 
     def probe(*, nthreads: int, memory_limit: int, budget_fraction: float) -> Any:
-        return external_probe(name, budget_fraction=budget_fraction)
+        return external_probe(name)
 
     setattr(module, cls_name + "_probe", probe)
     integer = _INTEGER

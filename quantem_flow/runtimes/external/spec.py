@@ -1,0 +1,89 @@
+"""Declarations of the ``webgpu`` and ``webgpu-browser`` runtimes (cheap to import).
+
+Both run the WebGPU/WGSL worker of ``web/`` (one source, two hosts) through
+the ``qf-worker/1`` bridge: ``webgpu`` as ``node web/dist/node-worker.js``
+over pipes, ``webgpu-browser`` as a page in a browser over a loopback
+WebSocket.  The kernels below are what the worker offers (its ``hello`` is
+authoritative at run time).  Neither is chosen by ``backend="auto"``: they
+are CPU emulations here (SwiftShader, Mesa) and an explicit choice anywhere.
+"""
+
+from __future__ import annotations
+
+from ..registry import RuntimeSpec
+
+__all__ = ["EXTERNAL_SPECS", "KERNELS", "WEBGPU_BROWSER_SPEC", "WEBGPU_SPEC", "register_requested"]
+
+_DENSE = ("uint8", "uint16", "uint32", "float32")
+_COUNTED = ("uint8", "uint16", "uint32", "int8", "int16", "int32")
+
+#: ``(operation, representation, dtype)`` of the WebGPU worker.
+KERNELS = frozenset(
+    {(op, "dense", d) for op in ("frame_pass", "gather") for d in _DENSE}
+    | {
+        (op, rep, d)
+        for op in ("frame_pass", "gather")
+        for rep in ("paired", "packed")
+        for d in _COUNTED
+    }
+)
+
+WEBGPU_SPEC = RuntimeSpec(
+    name="webgpu",
+    factory="quantem_flow.runtimes.external.workers:WebGpuNodeRuntime",
+    dependency=None,
+    kernels=KERNELS,
+    auto_rank=None,
+    probe="quantem_flow.runtimes.external.workers:probe_webgpu",
+    residency="external",
+    description="WebGPU/WGSL worker (web/) on Node + Dawn, over pipes (qf-worker/1)",
+)
+
+WEBGPU_BROWSER_SPEC = RuntimeSpec(
+    name="webgpu-browser",
+    factory="quantem_flow.runtimes.external.workers:WebGpuBrowserRuntime",
+    dependency=None,
+    kernels=KERNELS,
+    auto_rank=None,
+    probe="quantem_flow.runtimes.external.workers:probe_webgpu_browser",
+    residency="external",
+    description="WebGPU/WGSL worker (web/) in a browser page over a loopback WebSocket "
+    "(qf-worker/1)",
+)
+
+
+#: The external runtimes, registered on demand (see :func:`register_requested`).
+EXTERNAL_SPECS = {spec.name: spec for spec in (WEBGPU_SPEC, WEBGPU_BROWSER_SPEC)}
+
+
+def register_requested(names: object) -> list[str]:
+    """Register the external runtimes among ``names`` (idempotent); return those registered.
+
+    External runtimes start a process (or a browser) when probed, so they are
+    not among the runtimes a worker advertises by default: they join the
+    registry when asked for by name (``quantem-flow worker --runtime webgpu``,
+    ``start_local_cluster(workers=[{"runtimes": ["webgpu"]}])``,
+    ``QuantemFlowWorkerPlugin(runtimes=["webgpu"])``).
+
+    Parameters
+    ----------
+    names
+        Runtime names (a sequence, or a comma-separated string); anything
+        else registers nothing.
+    """
+    from ..registry import register_runtime, runtime_specs
+
+    if isinstance(names, str):
+        names = names.split(",")
+    if not isinstance(names, list | tuple | set | frozenset):
+        return []
+    done = []
+    for raw in names:
+        name = raw.strip() if isinstance(raw, str) else raw
+        spec = EXTERNAL_SPECS.get(name) if isinstance(name, str) else None
+        if spec is None:
+            continue
+        if runtime_specs().get(spec.name) != spec:
+            register_runtime(spec)
+        done.append(spec.name)
+    return done
