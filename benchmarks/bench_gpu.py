@@ -133,7 +133,7 @@ def main() -> int:
     )
     add("32 stacked masks via cuBLAS (1/8 of the data)", s, nbytes / 8)
     # other representations on a subset, parity with the CPU runtime first
-    from quantem_flow.representations import get_representation
+    from quantem_flow.representations import chunk_of, get_representation
 
     sub_n = min(n, 16384)
     host = cupy.asnumpy(frames[:sub_n]).reshape(1, sub_n, args.det, args.det)
@@ -146,17 +146,33 @@ def main() -> int:
             if rep_name != "encoded"
             else rep.from_dense(block, codec="bitshuffle-lz4")
         )
-        want = cpu.run_frame_pass(rep_name, payload, masks, want_sum=True, want_max=True)
-        have = rt.run_frame_pass(rep_name, payload, masks, want_sum=True, want_max=True)
+        host = chunk_of(rep_name, payload)
+        want = cpu.run_frame_pass(host, masks, want_sum=True, want_max=True)
+        resident = rt.put(host)  # the arrays move to the device once
+        have = rt.run_frame_pass(resident, masks, want_sum=True, want_max=True)
         np.testing.assert_allclose(have.per_frame, want.per_frame, rtol=1e-12)
         np.testing.assert_array_equal(have.pattern_sum, want.pattern_sum)
         np.testing.assert_array_equal(have.pattern_max, want.pattern_max)
 
-        def run(rep_name: str = rep_name, payload: Any = payload) -> Any:
-            return rt.run_frame_pass(rep_name, payload, masks, want_sum=False, want_max=False)
+        def run(resident: Any = resident) -> Any:
+            return rt.run_frame_pass(resident, masks, want_sum=False, want_max=False)
+
+        def streamed(host: Any = host) -> Any:
+            handle = rt.put(host)
+            try:
+                return rt.run_frame_pass(handle, masks, want_sum=False, want_max=False)
+            finally:
+                rt.release(handle)
 
         s, _ = timed(run, args.repeat, sync)
-        add(f"BF + ADF + CoM on {rep_name} ({sub_n} frames, host payload)", s, float(block.nbytes))
+        add(f"BF + ADF + CoM on {rep_name} ({sub_n} frames, resident)", s, float(block.nbytes))
+        s, _ = timed(streamed, args.repeat, sync)
+        add(
+            f"BF + ADF + CoM on {rep_name} ({sub_n} frames, put + run + release)",
+            s,
+            float(block.nbytes),
+        )
+        rt.release(resident)
     print("parity of paired, packed, encoded with the CPU runtime: OK", flush=True)
 
     field = cupy.asarray(np.random.default_rng(2).standard_normal((2, args.scan, args.scan)))

@@ -11,7 +11,7 @@ import pytest
 
 import quantem_flow as qf
 from quantem_flow.errors import ParameterError, ShapeError
-from quantem_flow.representations import Chunk, Payload, get_representation
+from quantem_flow.representations import Chunk, Payload, chunk_of, get_representation
 from quantem_flow.representations.packed import (
     DEFAULT_BLOCK_VALUES,
     PACKED_SCHEMA,
@@ -322,7 +322,7 @@ def test_kernel_equals_the_dense_kernel(
                         assert a.dtype == b.dtype
                         np.testing.assert_array_equal(a, b)
     got = get_runtime("cpu").run_frame_pass(
-        "packed", payload, np.ones((1, frames.shape[1])), want_sum=True, want_max=True
+        chunk_of("packed", payload), np.ones((1, frames.shape[1])), want_sum=True, want_max=True
     )
     assert got.pattern_sum is not None and got.pattern_sum.dtype == np.int64
     assert got.pattern_max is not None and got.pattern_max.dtype == np.dtype(dtype)

@@ -20,9 +20,10 @@ from quantem_flow.errors import (
     ParameterError,
     ScanShapeError,
     ShapeError,
+    UnsupportedOperationError,
 )
 from quantem_flow.io.counted import CountedSource, write_counted
-from quantem_flow.representations import get_representation
+from quantem_flow.representations import Chunk, chunk_of, get_representation
 from quantem_flow.representations.paired import (
     PAIRED_SCHEMA,
     Paired,
@@ -373,7 +374,8 @@ def test_kernel_matches_dense_kernel_on_low_dose_frames(rng: np.random.Generator
     )
     for want_sum, want_max in ((True, True), (False, False), (True, False)):
         ref = rt.frame_pass(frames, weights, want_sum=want_sum, want_max=want_max)
-        got = rt.run_frame_pass("paired", p, weights, want_sum=want_sum, want_max=want_max)
+        chunk = chunk_of("paired", p)
+        got = rt.run_frame_pass(chunk, weights, want_sum=want_sum, want_max=want_max)
         np.testing.assert_array_equal(got.per_frame[:, :3], ref.per_frame[:, :3])  # exact
         np.testing.assert_allclose(got.per_frame, ref.per_frame, rtol=1e-12, atol=1e-12)
         for a, b in ((got.pattern_sum, ref.pattern_sum), (got.pattern_max, ref.pattern_max)):
@@ -391,7 +393,7 @@ def test_kernel_blocks_of_weight_rows(rng: np.random.Generator) -> None:
     rt = CpuRuntime()
     for m in (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 19):
         w = (rng.random((m, frames.shape[1])) < 0.5).astype(float)
-        got = rt.run_frame_pass("paired", p, w, want_sum=False, want_max=False)
+        got = rt.run_frame_pass(chunk_of("paired", p), w, want_sum=False, want_max=False)
         ref = rt.frame_pass(frames, w, want_sum=False, want_max=False)
         assert got.per_frame.shape == (p.n_frames, m)
         np.testing.assert_array_equal(got.per_frame, ref.per_frame, err_msg=f"m={m}")
@@ -407,18 +409,21 @@ def test_kernel_non_finite_weights_behave_like_dense(rng: np.random.Generator) -
     w[0, hit] = np.inf  # frame 0 hits it: inf; frames missing it: 0 * inf = nan
     w[1, 5] = np.nan
     ref = CpuRuntime().frame_pass(frames, w, want_sum=False, want_max=False)
-    got = CpuRuntime().run_frame_pass("paired", p, w, want_sum=False, want_max=False)
+    got = CpuRuntime().run_frame_pass(chunk_of("paired", p), w, want_sum=False, want_max=False)
     np.testing.assert_array_equal(got.per_frame, ref.per_frame)  # NaN == NaN positions too
 
 
 def test_kernel_rejects_wrong_weights(rng: np.random.Generator) -> None:
     p = REP.from_dense(low_dose(rng))
+    rt = CpuRuntime()
     with pytest.raises(ShapeError, match="weights"):
-        CpuRuntime().run_frame_pass("paired", p, np.ones((2, 5)), want_sum=False, want_max=False)
+        rt.run_frame_pass(chunk_of("paired", p), np.ones((2, 5)), want_sum=False, want_max=False)
+    not_pairs = Chunk("paired", "host", ((0, 1), (0, 3)), np.ones(3, np.uint16), PAIRED_SCHEMA)
     with pytest.raises(ParameterError, match="PairedPayload"):
-        CpuRuntime().run_frame_pass(
-            "paired", np.ones(3), np.ones((2, 5)), want_sum=False, want_max=False
-        )
+        rt.run_frame_pass(not_pairs, np.ones((2, 5)), want_sum=False, want_max=False)
+    real = Chunk("paired", "host", ((0, 1), (0, 3)), np.ones(3), PAIRED_SCHEMA)
+    with pytest.raises(UnsupportedOperationError, match=r"'paired' float64 payloads.*uint16"):
+        rt.run_frame_pass(real, np.ones((2, 5)), want_sum=False, want_max=False)
 
 
 # ----------------------------------------------------------------------------- operator parity
@@ -788,7 +793,9 @@ def test_threshold_acts_on_values_as_loaded_in_both_paths(
     with pytest.raises(ParameterError, match="not applied yet"):
         REP.to_dense(raw)
     with pytest.raises(ParameterError, match="not applied yet"):
-        CpuRuntime().run_frame_pass("paired", raw, np.ones((1, 168)), want_sum=True, want_max=False)
+        CpuRuntime().run_frame_pass(
+            chunk_of("paired", raw), np.ones((1, 168)), want_sum=True, want_max=False
+        )
     applied = REP.apply_detector_ops(raw, ())
     np.testing.assert_array_equal(REP.to_dense(applied), np.where(dense[:2] >= 3, dense[:2], 0))
     assert threshold_pairs(applied, 5).threshold == 5

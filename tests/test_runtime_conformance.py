@@ -39,7 +39,7 @@ from quantem_flow.errors import (
     RuntimeUnavailableError,
     UnsupportedOperationError,
 )
-from quantem_flow.representations import get_representation
+from quantem_flow.representations import chunk_of, get_representation
 from quantem_flow.runtimes import (
     AUTO_ORDER,
     MANIFEST,
@@ -378,7 +378,9 @@ def _run_checked(
     if rep == "dense":
         got = runtime.frame_pass(frames, weights, want_sum=want_sum, want_max=want_max)
     else:
-        got = runtime.run_frame_pass(rep, payload, weights, want_sum=want_sum, want_max=want_max)
+        handle = runtime.put(chunk_of(rep, payload))
+        got = runtime.run_frame_pass(handle, weights, want_sum=want_sum, want_max=want_max)
+        runtime.release(handle)
     np.testing.assert_array_equal(frames, f_in, err_msg=f"{what}: the kernel modified its frames")
     np.testing.assert_array_equal(weights, w_in, err_msg=f"{what}: the kernel modified weights")
     check_frame_pass(got, ref, frames, weights, want_sum=want_sum, want_max=want_max, what=what)
@@ -435,7 +437,8 @@ def test_empty_block_matches_cpu_reference(op: str, rep: str, name: str, variant
                 payload = get_representation(rep).from_dense(frames.reshape(1, 0, *DETECTOR))
             except ParameterError:
                 continue  # this dtype is not held by the representation
-            got = runtime.run_frame_pass(rep, payload, weights, want_sum=True, want_max=True)
+            handle = runtime.put(chunk_of(rep, payload))
+            got = runtime.run_frame_pass(handle, weights, want_sum=True, want_max=True)
         for a, b in zip(
             (got.per_frame, got.pattern_sum, got.pattern_max),
             (ref.per_frame, ref.pattern_sum, ref.pattern_max),

@@ -29,7 +29,7 @@ from ..operators.base import (
 )
 from ..operators.probe import ProbeEstimate, estimate_probe, sample_positions, sampled_mean
 from ..results import Result
-from ..runtimes import BackendChoice, resolve_backend
+from ..runtimes import BackendChoice, resolve_backend, runtimes_supporting
 from .lowering import LoweredPass, lower_pass
 from .runner import Runner, progress_default
 from .tasks import ChunkPartial
@@ -114,9 +114,13 @@ def _pass_choice(ds: Dataset4D, backend: str, operations: tuple[str, ...]) -> Ba
     The runtime must declare every operation of the pass on the dataset's
     representation and dtype.
     """
+    # A dtype no runtime declares on the representation is one the representation cannot
+    # hold (paired real data, say): leave it to the load to say so, in the
+    # representation's own words, rather than blaming the runtimes.
+    dtype = ds.dtype if runtimes_supporting(operations, ds.representation, ds.dtype) else None
     if not ds.is_persisted:
         return resolve_backend(
-            backend, operation=operations, representation=ds.representation, dtype=ds.dtype
+            backend, operation=operations, representation=ds.representation, dtype=dtype
         )
     runtime = str(ds.resident.runtime)
     if backend not in ("auto", runtime):
@@ -126,7 +130,7 @@ def _pass_choice(ds: Dataset4D, backend: str, operations: tuple[str, ...]) -> Ba
             f"backend='auto' or {runtime!r}, or persist(backend={backend!r})"
         )
     resolve_backend(  # the resident runtime must run this pass on its chunks (raises if not)
-        runtime, operation=operations, representation=ds.representation, dtype=ds.dtype
+        runtime, operation=operations, representation=ds.representation, dtype=dtype
     )
     resident: BackendChoice = ds.resident.backend
     return resident

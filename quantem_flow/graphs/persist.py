@@ -70,8 +70,19 @@ class ResidentChunks:
         return {str(k): list(v) for k, v in who.items()}
 
     def release(self) -> None:
-        """Release the chunks (they leave worker memory)."""
+        """Release the chunks and the device memory they hold.
+
+        Futures are dropped (the workers' data mappings then release device
+        payloads through their runtime); chunks held in process are released
+        through their runtime here.
+        """
+        from ..representations import Chunk
+        from .worker_data import release_resident
+
         for r in self.refs:
+            if isinstance(r, Chunk):
+                release_resident(r)
+                continue
             release = getattr(r, "release", None)
             if release is not None:
                 release()

@@ -82,10 +82,8 @@ def _where() -> dict[str, Any]:
 
 def _kernels(
     spec: PassSpec,
-    payload: Any,
-    shape: tuple[int, int],
+    chunk: Chunk,
     index: int,
-    rows: tuple[int, int],
     *,
     t0: float,
     t1: float,
@@ -93,20 +91,18 @@ def _kernels(
     resident: bool,
     made: dict[str, Any] | None = None,
 ) -> ChunkPartial:
-    """Run every requested kernel on one loaded payload and package the partial."""
+    """Run every requested kernel on one chunk handle and package the partial."""
     runtime = get_runtime(spec.runtime)
+    (r0, r1), (c0, c1) = chunk.scan_slice
+    rows, shape = (r0, r1), (r1 - r0, c1 - c0)
     gathered: list[tuple[tuple[int, int], np.ndarray]] = []
     if spec.gather is not None:
-        values = runtime.run_gather(spec.dataset.representation, payload, spec.gather)
+        values = runtime.run_gather(chunk, spec.gather)
         gathered.append(
             (rows, np.ascontiguousarray(values.T).reshape(len(spec.gather), shape[0], shape[1]))
         )
     out = runtime.run_frame_pass(
-        spec.dataset.representation,
-        payload,
-        spec.weights,
-        want_sum=spec.want_sum,
-        want_max=spec.want_max,
+        chunk, spec.weights, want_sum=spec.want_sum, want_max=spec.want_max
     )
     t2 = time.perf_counter()
     record = {
@@ -118,6 +114,7 @@ def _kernels(
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "resident": resident,
+        "residency": chunk.residency,
         "bytes_read": bytes_read,
         "read_s": t1 - t0,
         "kernel_s": t2 - t1,
@@ -137,34 +134,50 @@ def _source_bytes(ds: Dataset4D, r0: int, r1: int) -> int:
     return (r1 - r0) * ds.shape[1] * int(np.prod(ds.source.shape[2:])) * ds.source.dtype.itemsize
 
 
+def _host_chunk(ds: Dataset4D, r0: int, r1: int, payload: Any) -> Chunk:
+    return Chunk(
+        representation=ds.representation,
+        residency="host",
+        scan_slice=((r0, r1), (0, ds.shape[1])),
+        payload=payload,
+        storage_schema=ds.storage_schema,
+    )
+
+
 def run_chunk_pass(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial:
-    """Load one chunk, run the fused pass on it, return the small partial."""
+    """Load one chunk, put it in the runtime, run the fused pass, release it; return the partial."""
     t0 = time.perf_counter()
     ds = spec.dataset
-    shape = (r1 - r0, ds.shape[1])
     buffer = (
         staging_buffer(ds.raw_block_shape((r0, r1)), ds.source.dtype)
         if ds.representation == "dense"
         else None
     )
     payload, made = ds.load_payload((r0, r1), buffer=buffer)
-    t1 = time.perf_counter()
-    return _kernels(
-        spec,
-        payload,
-        shape,
-        index,
-        (r0, r1),
-        t0=t0,
-        t1=t1,
-        bytes_read=_source_bytes(ds, r0, r1),
-        resident=False,
-        made=made,
-    )
+    runtime = get_runtime(spec.runtime)
+    handle = runtime.put(_host_chunk(ds, r0, r1, payload))
+    try:
+        t1 = time.perf_counter()
+        return _kernels(
+            spec,
+            handle,
+            index,
+            t0=t0,
+            t1=t1,
+            bytes_read=_source_bytes(ds, r0, r1),
+            resident=False,
+            made=made,
+        )
+    finally:
+        runtime.release(handle)
 
 
 def load_resident_chunk(ds: Dataset4D, runtime_name: str, index: int, r0: int, r1: int) -> Chunk:
-    """Load one chunk and keep it resident (host memory or the runtime's device)."""
+    """Load one chunk and put it in the runtime once; the handle is what Dask holds.
+
+    Forgetting the handle releases it (the worker's data mapping calls the
+    runtime's ``release``).
+    """
     runtime = get_runtime(runtime_name)
     if ds.representation == "dense":
         # decode straight into memory the chunk will own (one allocation, no staging copy)
@@ -172,34 +185,19 @@ def load_resident_chunk(ds: Dataset4D, runtime_name: str, index: int, r0: int, r
         block = ds.load_block((r0, r1), buffer=owned)
         if not (block.flags.owndata or np.shares_memory(block, owned)):
             block = np.array(block, copy=True)  # a read-only view (memory map, in-memory array)
-        to_device = getattr(runtime, "to_device", None)
-        payload: Any = (
-            to_device(block) if to_device is not None and runtime.name != "cpu" else block
-        )
+        payload: Any = block
     else:
         payload, _ = ds.load_payload((r0, r1))
-    residency = (
-        "host" if runtime.name == "cpu" else str(getattr(runtime, "residency", runtime.name))
-    )
-    return Chunk(
-        representation=ds.representation,
-        residency=residency,
-        scan_slice=((r0, r1), (0, ds.shape[1])),
-        payload=payload,
-        storage_schema=ds.storage_schema,
-    )
+    return runtime.put(_host_chunk(ds, r0, r1, payload))
 
 
 def run_resident_kernels(spec: PassSpec, chunk: Chunk, index: int) -> ChunkPartial:
     """Run every requested kernel on a resident chunk (nothing is read)."""
     t0 = time.perf_counter()
-    (r0, r1), (c0, c1) = chunk.scan_slice
     return _kernels(
         spec,
-        chunk.payload,
-        (r1 - r0, c1 - c0),
+        chunk,
         index,
-        (r0, r1),
         t0=t0,
         t1=t0,
         bytes_read=0,

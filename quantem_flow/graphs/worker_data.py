@@ -12,10 +12,18 @@ still spills as usual (the pattern of dask-cuda's ``DeviceHostFile``).
 
 Use it as ``Worker(data=(ResidentAwareData, {"memory_limit": ...}))``;
 distributed passes ``worker_local_directory`` itself.
+
+Forgetting a resident chunk frees it: when Dask deletes (or replaces) a
+:class:`~quantem_flow.representations.chunk.Chunk` whose residency is not
+``"host"``, the mapping calls ``release`` of the runtime that holds it
+(``chunk.runtime``), so device memory is freed as soon as Dask lets the
+chunk go.  A release that fails is logged as a warning; it never breaks
+Dask's bookkeeping.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -25,7 +33,15 @@ from typing import Any
 from ..errors import ParameterError
 from ..representations.chunk import Chunk
 
-__all__ = ["ResidentAwareData", "device_modules", "is_device_payload", "payload_nbytes"]
+__all__ = [
+    "ResidentAwareData",
+    "device_modules",
+    "is_device_payload",
+    "payload_nbytes",
+    "release_resident",
+]
+
+logger = logging.getLogger(__name__)
 
 
 def device_modules() -> tuple[str, ...]:
@@ -98,6 +114,33 @@ def _residency(value: object) -> str:
     return f"{prefix}:{device}" if isinstance(device, int) else prefix
 
 
+def release_resident(value: object) -> bool:
+    """Free ``value`` if it is a resident chunk of a device runtime; return whether it was one.
+
+    Calls ``get_runtime(value.runtime).release(value)`` for a
+    :class:`~quantem_flow.representations.chunk.Chunk` whose residency is not
+    ``"host"``.  A failure is logged as a warning with the chunk and the
+    runtime, never raised.
+    """
+    if not isinstance(value, Chunk) or value.residency == "host":
+        return False
+    try:
+        from ..runtimes import get_runtime
+
+        get_runtime(value.runtime).release(value)
+    except Exception as exc:  # never break Dask's deletion: report it
+        logger.warning(
+            "quantem-flow: releasing the %s chunk of rows %s on %s (runtime %r) failed: %s: %s",
+            value.representation,
+            value.scan_slice[0],
+            value.residency,
+            value.runtime,
+            type(exc).__name__,
+            exc,
+        )
+    return True
+
+
 def _host_target(memory_limit: int | None) -> int:
     """Managed host bytes before spilling, computed as distributed does."""
     import dask
@@ -133,6 +176,9 @@ def _parse_memory_limit(memory_limit: int | float | str | None) -> int | None:
             f"got {memory_limit!r}: {exc}"
         ) from exc
     return None if parsed is None else int(parsed)
+
+
+_MISSING = object()
 
 
 class ResidentAwareData(MutableMapping[Hashable, Any]):
@@ -217,6 +263,9 @@ class ResidentAwareData(MutableMapping[Hashable, Any]):
     # -- MutableMapping ----------------------------------------------------------------------
     def __setitem__(self, key: Hashable, value: Any) -> None:
         with self._lock:
+            replaced = self.device.get(key)
+            if replaced is not None and replaced is not value:
+                release_resident(replaced)
             if is_device_payload(value):
                 if key in self.host:
                     del self.host[key]
@@ -238,11 +287,12 @@ class ResidentAwareData(MutableMapping[Hashable, Any]):
 
     def __delitem__(self, key: Hashable) -> None:
         with self._lock:
-            if key in self.device:
-                del self.device[key]
-            else:
+            value = self.device.pop(key, _MISSING)
+            if value is _MISSING:
                 del self.host[key]
             self._meta.pop(key, None)
+        if value is not _MISSING:
+            release_resident(value)  # Dask forgot a resident chunk: free its device memory
 
     def __contains__(self, key: object) -> bool:
         # Never unspill to answer membership (MutableMapping would call __getitem__).

@@ -63,6 +63,7 @@ __all__ = [
     "register_runtime",
     "resolve_backend",
     "runtime_specs",
+    "runtimes_supporting",
     "unregister_runtime",
 ]
 

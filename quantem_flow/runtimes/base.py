@@ -1,21 +1,61 @@
-"""What every runtime adapter provides.
+"""What every runtime adapter provides: the payload contract.
 
 A runtime owns allocation, layout, compilation and synchronisation for one
-device class.  It knows nothing of Dask: it receives arrays and returns
-arrays.  Kernels are registered per (operation, representation).
+device class.  It knows nothing of Dask.  Its contract is on chunk
+*payloads*, not host arrays:
+
+``put(chunk) -> handle``
+    Place a host :class:`~quantem_flow.representations.chunk.Chunk`'s
+    payload where the runtime computes (device memory, another process) and
+    return the handle: a ``Chunk`` whose ``payload`` lives in the runtime,
+    whose ``residency`` is the runtime's (``host``, ``cuda:<n>``, ``mps``,
+    ``external:<name>``) and whose ``runtime`` names it.  Host runtimes
+    return the same payload.
+``run_frame_pass(handle, weights, *, want_sum, want_max) -> FramePassResult``
+    The fused pass (per-frame dot products with weight rows, sum and max
+    patterns) on the resident payload, results on the host.
+``run_gather(handle, indices) -> numpy.ndarray``
+    The values of chosen flat detector pixels for every frame, on the host.
+``release(handle) -> None``
+    Free what ``put`` allocated (idempotent; a no-op on host runtimes).  A
+    released handle cannot be run.
+
+Kernels come from the runtime's own tables of callables keyed by
+representation (:meth:`Runtime.frame_pass_kernels`,
+:meth:`Runtime.gather_kernels`) and are checked against the runtime's
+declared ``(operation, representation, dtype)`` triples
+(:class:`~quantem_flow.runtimes.registry.RuntimeSpec`): a triple the
+runtime does not declare raises
+:class:`~quantem_flow.errors.UnsupportedOperationError` naming the runtimes
+that declare it.  :meth:`Runtime.frame_pass` stays as the dense host-array
+kernel.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, ClassVar
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ..errors import ParameterError
+from ..errors import ParameterError, UnsupportedOperationError
+from ..representations.chunk import Chunk
 
-__all__ = ["FramePassResult", "Precision", "Runtime"]
+if TYPE_CHECKING:
+    from .registry import RuntimeSpec
+
+__all__ = [
+    "RELEASED",
+    "FramePassKernel",
+    "FramePassResult",
+    "GatherKernel",
+    "Precision",
+    "Runtime",
+    "host_gather",
+]
 
 #: Integer accumulations that are exact (``u32x2``: two 32-bit words with carry).
 EXACT_INTEGER_ACCUMULATIONS = ("int64", "uint64", "u32x2")
@@ -70,8 +110,8 @@ class FramePassResult:
         every weight row.  Integer data with integer weights give exact
         integer values while partial sums stay below 2**53.
     pattern_sum
-        ``(k_r * k_c,)`` sum over the frames (int64 for integer data, float64
-        otherwise), or ``None`` when not requested.
+        ``(k_r * k_c,)`` sum over the frames (int64 for integer data, uint64
+        for uint64 data, float64 otherwise), or ``None`` when not requested.
     pattern_max
         ``(k_r * k_c,)`` maximum over the frames in the data's dtype, or
         ``None``.
@@ -82,11 +122,83 @@ class FramePassResult:
     pattern_max: np.ndarray | None
 
 
+#: ``kernel(payload, weights, *, want_sum, want_max) -> FramePassResult``
+FramePassKernel = Callable[..., FramePassResult]
+#: ``kernel(payload, indices) -> (n_frames, len(indices))`` host array in the data's dtype
+GatherKernel = Callable[[Any, np.ndarray], np.ndarray]
+
+
+class _Released:
+    """The payload of a released handle (see :meth:`Runtime.release`)."""
+
+    nbytes = 0
+
+    def __repr__(self) -> str:
+        return "<released payload>"
+
+    def __reduce__(self) -> str:
+        return "RELEASED"
+
+
+#: What a released handle's payload is replaced with.
+RELEASED: Any = _Released()
+
+
+def _frames_of(payload: Any) -> tuple[int, int]:
+    """``(n_frames, n_pixels)`` of a dense ``(rows, cols, k_r, k_c)`` payload."""
+    shape = tuple(int(s) for s in payload.shape)
+    if len(shape) != 4:
+        raise ParameterError(
+            f"a dense payload is (rows, cols, k_r, k_c), got an array of shape {shape}"
+        )
+    return shape[0] * shape[1], shape[2] * shape[3]
+
+
+def host_gather(representation: str, payload: Any, indices: np.ndarray) -> np.ndarray:
+    """Gather pixels ``indices`` of every frame from a host payload (any representation).
+
+    Dense payloads are indexed directly and paired payloads scatter their
+    events; other representations are decoded one chunk at a time (the
+    gathered pixels are the operator's output, not a dense copy kept).
+    """
+    idx = np.asarray(indices, dtype=np.int64)
+    if representation == "dense":
+        arr = np.asarray(payload)
+        n, _ = _frames_of(arr)
+        return np.ascontiguousarray(arr.reshape(n, -1)[:, idx])
+    if representation == "paired":
+        require = getattr(payload, "require_applied", None)
+        if callable(require):
+            require()
+        n = int(payload.indptr.shape[0]) - 1
+        out = np.zeros((n, idx.size), dtype=payload.dtype)
+        column = np.full(int(np.prod(payload.frame_shape)), -1, dtype=np.int64)
+        column[idx] = np.arange(idx.size)
+        frame_of = np.repeat(np.arange(n), np.diff(np.asarray(payload.indptr)))
+        col = column[np.asarray(payload.indices, dtype=np.int64)]
+        keep = col >= 0
+        out[frame_of[keep], col[keep]] = np.asarray(payload.counts)[keep]
+        return out
+    from ..representations import get_representation
+
+    dense = get_representation(representation).to_dense(payload)
+    n = int(dense.shape[0]) * int(dense.shape[1])
+    return np.ascontiguousarray(dense.reshape(n, -1)[:, idx])
+
+
+def _host_gatherer(representation: str) -> GatherKernel:
+    def gather(payload: Any, indices: np.ndarray) -> np.ndarray:
+        return host_gather(representation, payload, indices)
+
+    return gather
+
+
 class Runtime(abc.ABC):
-    """A device class that runs kernels on resident payloads."""
+    """A device class that runs kernels on resident payloads (see the module docstring)."""
 
     name: ClassVar[str] = "abstract"
 
+    # -- availability and declaration -----------------------------------------------------
     @classmethod
     @abc.abstractmethod
     def available(cls) -> tuple[bool, str]:
@@ -104,7 +216,7 @@ class Runtime(abc.ABC):
         return cls.available()
 
     @property
-    def declaration(self) -> Any:
+    def declaration(self) -> RuntimeSpec:
         """The :class:`~quantem_flow.runtimes.registry.RuntimeSpec` of this runtime (by name)."""
         from .registry import get_spec
 
@@ -113,17 +225,136 @@ class Runtime(abc.ABC):
     @property
     def kernels(self) -> frozenset[tuple[str, str, str]]:
         """The ``(operation, representation, dtype)`` triples declared for this runtime."""
-        kernels: frozenset[tuple[str, str, str]] = self.declaration.kernels
-        return kernels
+        return self.declaration.kernels
 
     def supports(self, operation: str, representation: str, dtype: Any = None) -> bool:
         """Whether a kernel is declared for ``operation`` on ``representation`` (and ``dtype``)."""
-        return bool(self.declaration.supports(operation, representation, dtype))
+        return self.declaration.supports(operation, representation, dtype)
 
     def precision(self) -> Precision:
         """How this runtime accumulates (default: exact 64-bit integers, float64 reals)."""
         return Precision()
 
+    @property
+    def residency(self) -> str:
+        """Where this runtime's payloads live: ``"host"``, ``"cuda:<n>"``, ``"mps"``...
+
+        The default is the declared residency prefix (``"host"`` for host runtimes).
+        """
+        return self.declaration.residency
+
+    # -- the payload contract --------------------------------------------------------------
+    def put(self, chunk: Chunk) -> Chunk:
+        """Place ``chunk``'s payload in this runtime and return the handle.
+
+        Parameters
+        ----------
+        chunk
+            A host chunk (``residency="host"``), or a handle this runtime
+            made (returned unchanged).
+
+        Returns
+        -------
+        Chunk
+            The handle: the payload where the runtime computes,
+            ``residency`` :attr:`residency`, ``runtime`` :attr:`name`.
+            ``nbytes`` is the resident payload's bytes.
+
+        Raises
+        ------
+        UnsupportedOperationError
+            The runtime declares no kernel for the chunk's representation and
+            dtype (the message names the runtimes that do).
+        ParameterError
+            ``chunk`` is held by another runtime or was released.
+        """
+        if not isinstance(chunk, Chunk):
+            raise ParameterError(f"put() takes a Chunk, got {type(chunk).__name__}")
+        self._check_not_released(chunk, "put")
+        dtype = self.payload_dtype(chunk.representation, chunk.payload)
+        if not any(
+            rep == chunk.representation and dt == dtype.name for _, rep, dt in self.kernels
+        ):
+            self._refuse("any operation", chunk.representation, dtype)
+        if chunk.runtime == self.name and chunk.residency == self.residency:
+            return chunk  # already this runtime's handle
+        if chunk.residency != "host":
+            raise ParameterError(
+                f"put() takes host chunks; this one is resident on {chunk.residency!r} (runtime "
+                f"{chunk.runtime!r}). Moving payloads between devices is never done silently: "
+                "load it again for this runtime"
+            )
+        payload = self._put_payload(chunk.representation, chunk.payload)
+        if payload is chunk.payload and chunk.runtime == self.name:
+            return chunk
+        return dataclasses.replace(
+            chunk, payload=payload, residency=self.residency, runtime=self.name
+        )
+
+    def release(self, chunk: Chunk) -> None:
+        """Free what :meth:`put` allocated for ``chunk``; idempotent.
+
+        Host runtimes hold nothing of their own: a no-op.  Device runtimes
+        free the payload and mark the handle released (running it raises).
+        """
+        if not isinstance(chunk, Chunk):
+            raise ParameterError(f"release() takes a Chunk, got {type(chunk).__name__}")
+        if chunk.residency == "host" or chunk.payload is RELEASED:
+            return
+        with _RELEASE_LOCK:
+            if chunk.payload is RELEASED:
+                return
+            payload, chunk.payload = chunk.payload, RELEASED
+        self._release_payload(chunk.representation, payload)
+
+    def run_frame_pass(
+        self, chunk: Chunk, weights: np.ndarray, *, want_sum: bool, want_max: bool
+    ) -> FramePassResult:
+        """Run the fused pass on a handle's resident payload.
+
+        Parameters
+        ----------
+        chunk
+            A handle from :meth:`put` (a host chunk also works on a host runtime).
+        weights
+            ``(n_weights, k_r * k_c)`` float64 weight rows (may be 0 rows).
+        want_sum, want_max
+            Also accumulate the sum / maximum pattern over the frames.
+
+        Returns
+        -------
+        FramePassResult
+            Host arrays.
+
+        Raises
+        ------
+        UnsupportedOperationError
+            No ``frame_pass`` kernel is declared for the chunk's
+            representation and dtype (the message names the runtimes that have one).
+        ParameterError
+            The chunk is another runtime's, or released.
+        """
+        kernel = self._kernel(chunk, "frame_pass", self.frame_pass_kernels())
+        result: FramePassResult = kernel(
+            chunk.payload, weights, want_sum=want_sum, want_max=want_max
+        )
+        return result
+
+    def run_gather(self, chunk: Chunk, indices: np.ndarray) -> np.ndarray:
+        """Return the values of flat detector pixels ``indices`` for every frame of a handle.
+
+        Returns a host array ``(n_frames, len(indices))`` in the data's dtype.
+
+        Raises
+        ------
+        UnsupportedOperationError, ParameterError
+            As :meth:`run_frame_pass`.
+        """
+        kernel = self._kernel(chunk, "gather", self.gather_kernels())
+        values: np.ndarray = kernel(chunk.payload, np.asarray(indices, dtype=np.int64))
+        return values
+
+    # -- what runtimes provide ---------------------------------------------------------------
     @abc.abstractmethod
     def frame_pass(
         self,
@@ -133,12 +364,13 @@ class Runtime(abc.ABC):
         want_sum: bool,
         want_max: bool,
     ) -> FramePassResult:
-        """Run the fused pass over a dense block of frames.
+        """Run the fused pass over a dense block of frames (the dense kernel).
 
         Parameters
         ----------
         frames
-            ``(n_frames, k_r * k_c)`` C-contiguous host array.
+            ``(n_frames, k_r * k_c)`` C-contiguous host array (or an array
+            already in the runtime's memory).
         weights
             ``(n_weights, k_r * k_c)`` float64 weight rows (may be 0 rows).
         want_sum, want_max
@@ -150,75 +382,34 @@ class Runtime(abc.ABC):
             Host arrays.
         """
 
-    #: representation -> "module:function" of a payload kernel
-    #: ``fn(payload, weights, *, want_sum, want_max) -> FramePassResult``.
-    payload_kernels: ClassVar[dict[str, str]] = {}
+    def frame_pass_kernels(self) -> Mapping[str, FramePassKernel]:
+        """``{representation: kernel(payload, weights, *, want_sum, want_max)}``.
 
-    def run_frame_pass(
-        self,
-        representation: str,
-        payload: Any,
-        weights: np.ndarray,
-        *,
-        want_sum: bool,
-        want_max: bool,
-    ) -> FramePassResult:
-        """Run the fused pass on one chunk's payload in its representation.
-
-        Dense payloads ``(rows, cols, k_r, k_c)`` go to :meth:`frame_pass`;
-        the others to the kernel registered in :attr:`payload_kernels`, which
-        works on the payload directly (decoding block by block inside the
-        pass at most, never the whole chunk).
+        The default has the dense kernel (:meth:`frame_pass` on the payload
+        viewed as ``(n_frames, k_r * k_c)``); runtimes add their own.
         """
-        if representation == "dense":
-            arr = payload
-            n = int(arr.shape[0]) * int(arr.shape[1])
-            return self.frame_pass(
-                arr.reshape(n, -1), weights, want_sum=want_sum, want_max=want_max
-            )
-        target = self.payload_kernels.get(representation)
-        if target is None:
-            from ..errors import UnsupportedOperationError
+        return {"dense": self._dense_frame_pass}
 
-            raise UnsupportedOperationError(
-                f"runtime {self.name!r} has no frame_pass kernel for the {representation!r} "
-                f"representation; it has {sorted({'dense', *self.payload_kernels})}"
-            )
-        import importlib
+    def gather_kernels(self) -> Mapping[str, GatherKernel]:
+        """``{representation: kernel(payload, indices)}``.
 
-        module, _, fn = target.partition(":")
-        kernel = getattr(importlib.import_module(module), fn)
-        result: FramePassResult = kernel(payload, weights, want_sum=want_sum, want_max=want_max)
-        return result
-
-    def run_gather(self, representation: str, payload: Any, indices: np.ndarray) -> np.ndarray:
-        """Extract the values of flat detector pixels ``indices`` for every frame.
-
-        Returns a host array ``(n_frames, len(indices))`` in the data's dtype.
-        Dense payloads are indexed directly and paired payloads scatter their
-        events; other representations are decoded one chunk at a time (the
-        gathered pixels are the operator's output, not a dense copy kept).
+        The default gathers from host payloads of every representation
+        (:func:`host_gather`); device runtimes replace it.
         """
-        idx = np.asarray(indices, dtype=np.int64)
-        if representation == "dense":
-            arr = np.asarray(self.to_host_array(payload))
-            n = int(arr.shape[0]) * int(arr.shape[1])
-            return np.ascontiguousarray(arr.reshape(n, -1)[:, idx])
-        if representation == "paired":
-            n = int(payload.indptr.shape[0]) - 1
-            out = np.zeros((n, idx.size), dtype=payload.dtype)
-            column = np.full(int(np.prod(payload.frame_shape)), -1, dtype=np.int64)
-            column[idx] = np.arange(idx.size)
-            frame_of = np.repeat(np.arange(n), np.diff(np.asarray(payload.indptr)))
-            col = column[np.asarray(payload.indices, dtype=np.int64)]
-            keep = col >= 0
-            out[frame_of[keep], col[keep]] = np.asarray(payload.counts)[keep]
-            return out
-        from ..representations import get_representation
+        return {rep: _host_gatherer(rep) for rep in ("dense", "paired", "packed", "encoded")}
 
-        dense = get_representation(representation).to_dense(payload)
-        n = int(dense.shape[0]) * int(dense.shape[1])
-        return np.ascontiguousarray(dense.reshape(n, -1)[:, idx])
+    def payload_dtype(self, representation: str, payload: Any) -> np.dtype[Any]:
+        """The logical dtype of ``payload``'s values (native byte order)."""
+        dtype: np.dtype[Any] = np.dtype(payload.dtype)
+        return dtype.newbyteorder("=")
+
+    def _put_payload(self, representation: str, payload: Any) -> Any:
+        """Move a host payload into the runtime (default: host runtimes keep it)."""
+        return payload
+
+    def _release_payload(self, representation: str, payload: Any) -> None:
+        """Free a payload :meth:`_put_payload` made (default: drop the reference)."""
+        return None
 
     def to_host_array(self, array: Any) -> Any:
         """Return ``array`` as a host array (identity on host runtimes)."""
@@ -228,3 +419,72 @@ class Runtime(abc.ABC):
     def describe(self) -> dict[str, Any]:
         """Return a JSON-ready description for provenance."""
         return {"runtime": self.name}
+
+    # -- internals ---------------------------------------------------------------------------
+    def _dense_frame_pass(
+        self, payload: Any, weights: np.ndarray, *, want_sum: bool, want_max: bool
+    ) -> FramePassResult:
+        n, _ = _frames_of(payload)
+        return self.frame_pass(
+            payload.reshape(n, -1), weights, want_sum=want_sum, want_max=want_max
+        )
+
+    def _check_not_released(self, chunk: Chunk, what: str) -> None:
+        if chunk.payload is RELEASED:
+            raise ParameterError(
+                f"{what}() on a released chunk (rows {chunk.scan_slice[0]} of runtime "
+                f"{chunk.runtime!r}); its payload was freed. Load and put it again"
+            )
+
+    def _check_handle(self, chunk: Chunk, what: str) -> None:
+        if not isinstance(chunk, Chunk):
+            raise ParameterError(
+                f"{what}() takes a Chunk handle from put(), got {type(chunk).__name__}"
+            )
+        self._check_not_released(chunk, what)
+        mine = chunk.runtime == self.name and chunk.residency == self.residency
+        host_readable = self.residency == "host" and chunk.residency == "host"
+        if not (mine or host_readable):
+            raise ParameterError(
+                f"{what}() on runtime {self.name!r} got a chunk resident on {chunk.residency!r} "
+                f"(runtime {chunk.runtime!r}); run it on {chunk.runtime!r}, or put a host copy "
+                f"with runtime {self.name!r} first"
+            )
+
+    def _refuse(self, operation: str, representation: str, dtype: np.dtype[Any]) -> None:
+        from .registry import runtime_specs
+
+        if operation == "any operation":
+            able = [
+                n
+                for n, s in runtime_specs().items()
+                if any(rep == representation and d == dtype.name for _, rep, d in s.kernels)
+            ]
+            offered = sorted({d for _, rep, d in self.kernels if rep == representation})
+        else:
+            specs = runtime_specs().items()
+            able = [n for n, s in specs if s.supports(operation, representation, dtype)]
+            offered = list(self.declaration.dtypes(operation, representation))
+        raise UnsupportedOperationError(
+            f"runtime {self.name!r} has no {operation!r} kernel for {representation!r} "
+            f"{dtype.name} payloads"
+            + (f" (it takes {offered})" if offered else "")
+            + f"; runtimes that do: {able}"
+        )
+
+    def _kernel(self, chunk: Chunk, operation: str, table: Mapping[str, Any]) -> Any:
+        self._check_handle(chunk, f"run_{operation}")
+        dtype = self.payload_dtype(chunk.representation, chunk.payload)
+        if not self.supports(operation, chunk.representation, dtype):
+            self._refuse(operation, chunk.representation, dtype)
+        kernel = table.get(chunk.representation)
+        if kernel is None:
+            raise UnsupportedOperationError(
+                f"runtime {self.name!r} declares {operation!r} on {chunk.representation!r} but "
+                f"its kernel table has only {sorted(table)}; the declaration "
+                f"({self.declaration.origin}) and the runtime disagree"
+            )
+        return kernel
+
+
+_RELEASE_LOCK = threading.Lock()

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
-from ..base import FramePassResult, Runtime
+from ..base import FramePassKernel, FramePassResult, Runtime
 from .kernels import frame_pass_numba
 
 __all__ = ["CpuRuntime"]
@@ -16,11 +17,6 @@ class CpuRuntime(Runtime):
     """Host memory, NumPy layout, Numba kernels."""
 
     name: ClassVar[str] = "cpu"
-    payload_kernels: ClassVar[dict[str, str]] = {
-        "paired": "quantem_flow.runtimes.cpu.paired_kernels:frame_pass_paired",
-        "packed": "quantem_flow.runtimes.cpu.packed_kernels:frame_pass_packed",
-        "encoded": "quantem_flow.runtimes.cpu.encoded_kernels:frame_pass_encoded",
-    }
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -33,6 +29,19 @@ class CpuRuntime(Runtime):
         """Run the fused Numba pass on host frames."""
         per_frame, s, m = frame_pass_numba(frames, weights, want_sum=want_sum, want_max=want_max)
         return FramePassResult(per_frame=per_frame, pattern_sum=s, pattern_max=m)
+
+    def frame_pass_kernels(self) -> Mapping[str, FramePassKernel]:
+        """Dense (the fused kernel), paired (O(events)), packed and encoded (decoded in groups)."""
+        from .encoded_kernels import frame_pass_encoded
+        from .packed_kernels import frame_pass_packed
+        from .paired_kernels import frame_pass_paired
+
+        return {
+            "dense": self._dense_frame_pass,
+            "paired": frame_pass_paired,
+            "packed": frame_pass_packed,
+            "encoded": frame_pass_encoded,
+        }
 
     def describe(self) -> dict[str, Any]:
         """Kernel, precision and versions, for provenance."""

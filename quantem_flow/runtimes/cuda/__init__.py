@@ -17,8 +17,12 @@ Kernels (``kernels/*.cu``; CI compiles each with ``nvcc -arch=sm_90 -cubin``):
     Decodes bitshuffle+LZ4 pieces (Dectris chunks) on the device: LZ4 blocks
     one thread each, then bit-unshuffling one thread per byte.
 
-Host data reach the device through a pinned staging buffer and a
-non-blocking stream per thread, so a worker thread can upload and compute
+``put`` keeps a chunk on the device: a dense block as one CuPy array, a
+paired, packed or encoded payload as a
+:class:`~quantem_flow.runtimes.cuda.resident.DevicePayload` whose large
+arrays are CuPy arrays (the kernels take them without a second upload);
+``release`` drops them.  Host data reach the device through a pinned
+staging buffer and a non-blocking stream per thread, so a worker thread can upload and compute
 one chunk while another decodes the next.  Every sum is float64 or 64-bit
 integer; nothing is computed in lower precision.  Without a GPU that
 answers, :meth:`CudaRuntime.available` says why and nothing else runs.
@@ -27,6 +31,7 @@ answers, :meth:`CudaRuntime.available` says why and nothing else runs.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
@@ -34,7 +39,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ...errors import DtypeError, UnsupportedOperationError
-from ..base import FramePassResult, Runtime
+from ..base import FramePassKernel, FramePassResult, GatherKernel, Runtime, host_gather
 
 __all__ = ["KERNEL_DIR", "MAX_RAW_WEIGHTS", "CudaRuntime", "kernel_sources"]
 
@@ -78,11 +83,6 @@ class CudaRuntime(Runtime):
     """CUDA devices through CuPy; one worker process per GPU (``CUDA_VISIBLE_DEVICES``)."""
 
     name: ClassVar[str] = "cuda"
-    payload_kernels: ClassVar[dict[str, str]] = {
-        "paired": "quantem_flow.runtimes.cuda.paired:frame_pass_paired_cuda",
-        "packed": "quantem_flow.runtimes.cuda.grouped:frame_pass_packed_cuda",
-        "encoded": "quantem_flow.runtimes.cuda.bslz4:frame_pass_encoded_cuda",
-    }
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -157,6 +157,68 @@ class CudaRuntime(Runtime):
         if isinstance(array, cupy.ndarray):
             return np.asarray(cupy.asnumpy(array))
         return np.asarray(array)
+
+    # -- the payload contract ---------------------------------------------------------------
+    def _put_payload(self, representation: str, payload: Any) -> Any:
+        """Upload a host payload: dense blocks through pinned staging, the others' arrays.
+
+        Paired, packed and encoded payloads become a
+        :class:`~quantem_flow.runtimes.cuda.resident.DevicePayload` whose
+        large arrays are on the device (see that module); the kernels read
+        them there, so a persisted chunk is uploaded once.
+        """
+        import cupy
+
+        if representation == "dense":
+            return self.to_device(payload)
+        from .resident import DevicePayload
+
+        if representation == "encoded" and payload.codec != "bitshuffle-lz4":
+            raise UnsupportedOperationError(
+                f"the CUDA runtime decodes bitshuffle-lz4 pieces on the device; this payload is "
+                f"{payload.codec!r}. Use backend='cpu' or convert with codec='bitshuffle-lz4'"
+            )
+        return DevicePayload.upload(
+            representation, payload, self.to_device, device=int(cupy.cuda.Device().id)
+        )
+
+    def _release_payload(self, representation: str, payload: Any) -> None:
+        """Drop the device arrays; their memory returns to CuPy's pool for the next chunk."""
+        free = getattr(payload, "free", None)
+        if callable(free):
+            free()
+
+    def frame_pass_kernels(self) -> Mapping[str, FramePassKernel]:
+        """Dense (fused raw kernel), paired (``paired.cu``), packed, encoded (group decoding)."""
+        from .bslz4 import frame_pass_encoded_cuda
+        from .grouped import frame_pass_packed_cuda
+        from .paired import frame_pass_paired_cuda
+
+        return {
+            "dense": self._dense_frame_pass,
+            "paired": frame_pass_paired_cuda,
+            "packed": frame_pass_packed_cuda,
+            "encoded": frame_pass_encoded_cuda,
+        }
+
+    def gather_kernels(self) -> Mapping[str, GatherKernel]:
+        """Dense: pixels taken on the device.  Others: the payload copied back, then gathered."""
+
+        def dense(payload: Any, indices: np.ndarray) -> np.ndarray:
+            import cupy
+
+            n = int(payload.shape[0]) * int(payload.shape[1])
+            flat = payload.reshape(n, -1)
+            return np.ascontiguousarray(self.to_host(flat[:, cupy.asarray(indices)]))
+
+        def other(rep: str) -> GatherKernel:
+            def gather(payload: Any, indices: np.ndarray) -> np.ndarray:
+                host = payload.to_host(self.to_host) if hasattr(payload, "to_host") else payload
+                return host_gather(rep, host, indices)
+
+            return gather
+
+        return {"dense": dense, **{rep: other(rep) for rep in ("paired", "packed", "encoded")}}
 
     # -- kernels -------------------------------------------------------------------------
     def frame_pass(

@@ -22,7 +22,7 @@ import numpy as np
 from ...errors import CorruptChunkError, DtypeError, UnsupportedOperationError
 from ..base import FramePassResult
 
-__all__ = ["BlockTable", "block_table", "decode_host", "frame_pass_encoded_cuda"]
+__all__ = ["BlockTable", "block_table", "decode_host", "frame_pass_encoded_cuda", "subset_table"]
 
 _HEADER = struct.Struct(">QI")
 _SIZE = struct.Struct(">I")
@@ -49,6 +49,8 @@ class BlockTable:
     piece_out: np.ndarray  # output byte offset of each piece (n_pieces + 1,)
     scratch_bytes: int
     absent: np.ndarray  # pieces of length 0 (filled with the fill value)
+    piece_of_raw: np.ndarray  # piece of each raw tail
+    pieces: np.ndarray  # the pieces the table covers, in output order
 
 
 def _corrupt(payload: Any, piece: int, why: str) -> CorruptChunkError:
@@ -77,6 +79,7 @@ def block_table(payload: Any, pieces: np.ndarray) -> BlockTable:
     raw_src: list[int] = []
     raw_dst: list[int] = []
     raw_len: list[int] = []
+    raw_piece: list[int] = []
     piece_out = [0]
     absent: list[int] = []
     scratch = 0
@@ -125,6 +128,7 @@ def block_table(payload: Any, pieces: np.ndarray) -> BlockTable:
             raw_src.append(pos)
             raw_dst.append(base + done * s)
             raw_len.append(left)
+            raw_piece.append(p)
 
     def i64(a: list[int]) -> np.ndarray:
         return np.asarray(a, dtype=np.int64)
@@ -142,6 +146,49 @@ def block_table(payload: Any, pieces: np.ndarray) -> BlockTable:
         piece_out=i64(piece_out),
         scratch_bytes=scratch,
         absent=i64(absent),
+        piece_of_raw=i64(raw_piece),
+        pieces=np.asarray(pieces, dtype=np.int64).reshape(-1),
+    )
+
+
+def subset_table(full: BlockTable, pieces: np.ndarray, itemsize: int) -> BlockTable:
+    """The table of ``pieces`` (sorted, unique) cut from ``full``, a table of all pieces.
+
+    The same as ``block_table(payload, pieces)`` without reading the
+    payload's bytes again: a resident payload's framing is walked once, at
+    upload, and each group of frames selects its pieces from that table.
+    """
+    want = np.asarray(pieces, dtype=np.int64).reshape(-1)
+    pos = np.searchsorted(full.pieces, want)
+    if pos.size and (pos.max() >= full.pieces.size or np.any(full.pieces[pos] != want)):
+        raise ValueError(f"pieces {want.tolist()} are not all in the table")
+    sizes = full.piece_out[pos + 1] - full.piece_out[pos]
+    piece_out = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    # output offsets move from the piece's place in ``full`` to its place here
+    shift = np.zeros(int(full.pieces.max()) + 1 if full.pieces.size else 1, dtype=np.int64)
+    shift[want] = piece_out[:-1] - full.piece_out[pos]
+    keep = np.isin(full.piece_of_block, want)
+    n_elem = full.n_elem[keep]
+    scratch_sizes = n_elem.astype(np.int64) * itemsize
+    scratch_off = np.concatenate([[0], np.cumsum(scratch_sizes)[:-1]]).astype(np.int64)
+    raw = np.isin(full.piece_of_raw, want)
+    piece_of = full.piece_of_block[keep]
+    piece_raw = full.piece_of_raw[raw]
+    return BlockTable(
+        src_off=full.src_off[keep],
+        src_len=full.src_len[keep],
+        scratch_off=scratch_off if n_elem.size else np.zeros(0, np.int64),
+        n_elem=n_elem,
+        out_off=full.out_off[keep] + shift[piece_of],
+        raw_src=full.raw_src[raw],
+        raw_dst=full.raw_dst[raw] + shift[piece_raw],
+        raw_len=full.raw_len[raw],
+        piece_of_block=piece_of,
+        piece_out=piece_out,
+        scratch_bytes=int(scratch_sizes.sum()),
+        absent=full.absent[np.isin(full.absent, want)],
+        piece_of_raw=piece_raw,
+        pieces=want,
     )
 
 
@@ -197,9 +244,13 @@ def _unshuffle(rows: np.ndarray, n: int, s: int) -> np.ndarray:
     return np.packbits(bits.reshape(s, 8, n).transpose(2, 0, 1), axis=2, bitorder="little").ravel()
 
 
-def decode_host(payload: Any, pieces: np.ndarray) -> np.ndarray:
-    """Decode ``pieces`` on the host through the block table (the kernels' mirror)."""
-    table = block_table(payload, pieces)
+def decode_host(payload: Any, pieces: np.ndarray, table: BlockTable | None = None) -> np.ndarray:
+    """Decode ``pieces`` on the host through the block table (the kernels' mirror).
+
+    ``table`` defaults to ``block_table(payload, pieces)``.
+    """
+    if table is None:
+        table = block_table(payload, pieces)
     data = np.asarray(payload.data)
     s = np.dtype(payload.value_dtype).itemsize
     out = np.zeros(int(table.piece_out[-1]), dtype=np.uint8)
@@ -247,7 +298,10 @@ def frame_pass_encoded_cuda(
     kr, kc = (int(v) for v in payload.frame_shape)
     k = kr * kc
     n = int(payload.scan_shape[0]) * int(payload.scan_shape[1])
-    d_data = cupy.asarray(np.asarray(payload.data), dtype=cupy.uint8)
+    data = payload.data
+    # resident (DevicePayload): the bytes are on the device and the framing was walked at put
+    d_data = data if isinstance(data, cupy.ndarray) else cupy.asarray(np.asarray(data), cupy.uint8)
+    full = getattr(payload, "extra", {}).get("block_table")
     runs = np.asarray(payload.runs, dtype=np.int64)
     # scan-order frames: (piece, frame within the piece)
     frame_piece = np.repeat(runs[:, 0], runs[:, 2])
@@ -268,7 +322,10 @@ def frame_pass_encoded_cuda(
 
     def decode(f0: int, f1: int, out: Any) -> None:
         pieces = np.unique(frame_piece[f0:f1])
-        table = block_table(payload, pieces)
+        if full is not None:
+            table = subset_table(full, pieces, dt.itemsize)
+        else:
+            table = block_table(payload, pieces)
         buf = cupy.empty(int(table.piece_out[-1]), dtype=cupy.uint8)
         if table.absent.size:
             buf.view(dt).fill(payload.fill_value)

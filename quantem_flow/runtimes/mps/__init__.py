@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 
 from ...errors import ParameterError, RuntimeUnavailableError, UnsupportedOperationError
-from ..base import FramePassResult, Runtime
+from ..base import FramePassKernel, FramePassResult, GatherKernel, Runtime
 
 __all__ = ["MpsRuntime"]
 
@@ -156,6 +157,57 @@ class MpsRuntime(Runtime):
                 frames, weights, want_sum=want_sum, want_max=want_max, path=self.path
             )
         return FramePassResult(per_frame=per_frame, pattern_sum=s, pattern_max=m)
+
+    # -- the payload contract ------------------------------------------------------------
+    def frame_pass_kernels(self) -> Mapping[str, FramePassKernel]:
+        """Dense payloads only (MLX arrays of ``(rows, cols, k_r, k_c)``)."""
+        return {"dense": self._dense_pass}
+
+    def gather_kernels(self) -> Mapping[str, GatherKernel]:
+        """Dense payloads: pixels taken on the device, copied to the host."""
+        return {"dense": self._dense_gather}
+
+    def payload_dtype(self, representation: str, payload: Any) -> np.dtype[Any]:
+        """The NumPy dtype equal to the MLX array's (a host payload's, byte order native)."""
+        if not (type(payload).__module__ or "").startswith("mlx"):
+            return super().payload_dtype(representation, payload)  # a host payload
+        from .kernels import numpy_dtype
+
+        return np.dtype(numpy_dtype(payload.dtype))
+
+    def _put_payload(self, representation: str, payload: Any) -> Any:
+        """Copy a dense host block into MLX memory, dtype kept exactly."""
+        return self.to_device(payload)
+
+    def _dense_pass(
+        self, payload: Any, weights: np.ndarray, *, want_sum: bool, want_max: bool
+    ) -> FramePassResult:
+        from .kernels import frame_pass_mlx
+
+        shape = tuple(int(v) for v in payload.shape)
+        with _LOCK:
+            frames = payload.reshape(shape[0] * shape[1], -1)
+            per_frame, s, m = frame_pass_mlx(
+                frames, weights, want_sum=want_sum, want_max=want_max, path=self.path
+            )
+        return FramePassResult(per_frame=per_frame, pattern_sum=s, pattern_max=m)
+
+    def _dense_gather(self, payload: Any, indices: np.ndarray) -> np.ndarray:
+        import mlx.core as mx
+
+        from .kernels import to_host
+
+        shape = tuple(int(v) for v in payload.shape)
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= shape[2] * shape[3]):
+            raise ParameterError(
+                f"gather indices must lie in [0, {shape[2] * shape[3]}) (flat detector pixels), "
+                f"got {int(idx.min())} .. {int(idx.max())}"
+            )
+        with _LOCK:
+            flat = payload.reshape(shape[0] * shape[1], -1)
+            taken = mx.take(flat, mx.array(idx.astype(np.int32)), axis=1)
+            return np.ascontiguousarray(to_host(taken))
 
     def to_device(self, array: np.ndarray | Any) -> Any:
         """Copy a host array into MLX memory (residency ``"mps"``), dtype kept exactly."""
