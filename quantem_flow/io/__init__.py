@@ -135,8 +135,73 @@ def open_source(
     fmt = format or detect_format(path_or_array)
     cls = reader_class(fmt)
     try:
-        return cls(path_or_array, **options)
+        source = cls(path_or_array, **options)
     except TypeError as exc:
         if "unexpected keyword" in str(exc) or "required keyword" in str(exc):
             raise ParameterError(f"reader {fmt!r}: {exc}") from exc
         raise
+    check_declared_sizes(source, path_or_array)
+    return source
+
+
+#: Most pixels one detector frame may declare (16384 x 16384): every kernel holds
+#: detector-sized weights, so a header declaring more fails at compute time.
+MAX_FRAME_PIXELS = 1 << 28
+
+#: Where each reader's shape comes from, for messages.
+_DECLARED_BY = {
+    "hdf5": "the shape of the HDF5 dataset",
+    "dectris": "the shape of the data files' datasets (and the master's metadata)",
+    "counted": "the attributes Nx/Ny (or frame_dimensions/scan_dimensions) of the file",
+    "zarr": "'shape' in the array's zarr.json",
+    "npy": "the shape in the .npy header",
+    "raw": "the frame_shape / shape given",
+    "mib": "the frame size in the .mib frame header",
+    "empad": "the frame size in the EMPAD .xml",
+}
+
+
+def check_declared_sizes(source: Source, where: Any) -> None:
+    """Refuse, at open, shapes declared in a header that no chunk could ever hold.
+
+    Chunks hold whole scan rows and kernels hold detector-sized weights, so
+    a frame of more than :data:`MAX_FRAME_PIXELS` pixels, or a single scan
+    row larger than this machine's memory, would only fail later with a
+    ``MemoryError`` in a worker.  Formats whose file must hold every byte
+    (``.npy``, raw, Merlin, EMPAD) already check the file size at open.
+
+    Raises
+    ------
+    ShapeError
+        Naming the declared shape, where it was declared and the size.
+    """
+    from ..errors import ShapeError
+
+    R, C, kr, kc = (int(v) for v in source.shape)
+    field = _DECLARED_BY.get(source.format, f"the {source.format} header")
+    name = f"{source.format} input {str(where)!r}"
+    if min(R, C, kr, kc) < 1:
+        raise ShapeError(
+            f"{name}: {field} declares the shape {(R, C, kr, kc)}, with an empty axis; a 4D-STEM "
+            "input needs at least one scan position and one detector pixel -- the header is "
+            "damaged or the wrong dataset was opened"
+        )
+    if kr * kc > MAX_FRAME_PIXELS:
+        raise ShapeError(
+            f"{name}: {field} declares detector frames of {kr} x {kc} = {kr * kc} pixels, more "
+            f"than the {MAX_FRAME_PIXELS} (16384 x 16384) any kernel can hold weights for; the "
+            "header is probably damaged -- check the detector size it declares"
+        )
+    row = C * kr * kc * int(source.dtype.itemsize)
+    try:
+        psutil: Any = importlib.import_module("psutil")
+        ram = int(psutil.virtual_memory().total)
+    except (ImportError, OSError):  # pragma: no cover - psutil is a dependency of distributed
+        return
+    if row > ram:
+        raise ShapeError(
+            f"{name}: {field} declares the shape {(R, C, kr, kc)}; one scan row of it is "
+            f"{row / 2**30:.1f} GiB decoded, more than this machine's {ram / 2**30:.1f} GiB of "
+            "memory, and chunks hold whole scan rows -- the header is probably damaged; check "
+            "the scan width and detector size it declares"
+        )
