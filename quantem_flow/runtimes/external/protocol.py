@@ -138,7 +138,7 @@ STORAGE_SCHEMAS: Final = {
 ACCUMULATIONS: Final = ("int64", "uint64", "u32x2", "float64", "float32")
 
 _INDEX_DTYPES = ("uint16", "uint32")
-_COUNT_DTYPES = ("uint8", "uint16", "uint32")
+_COUNT_DTYPES = ("uint8", "uint16", "uint32", "uint64")
 
 
 def pad8(n: int) -> int:
@@ -1235,6 +1235,13 @@ def parse_run_gather(message: Message) -> np.ndarray:
     return idx
 
 
+def _pattern_sum_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """int64 for integer data (uint64 for uint64 data), float64 for real data."""
+    if dtype.kind in "uib":
+        return np.dtype(np.uint64 if dtype == np.uint64 else np.int64)
+    return np.dtype(np.float64)
+
+
 def _output(name: str, arr: np.ndarray) -> dict[str, Any]:
     return {"name": name, "dtype": np.dtype(arr.dtype).name, "shape": [int(s) for s in arr.shape]}
 
@@ -1318,7 +1325,7 @@ def parse_frame_pass_result(
     }
     data_dtype = np.dtype(dtype)
     if want_sum:
-        sum_dt: np.dtype[Any] = np.dtype(np.int64 if data_dtype.kind in "uib" else np.float64)
+        sum_dt = _pattern_sum_dtype(data_dtype)
         expect["pattern_sum"] = (sum_dt, (n_pixels,))
     if want_max:
         expect["pattern_max"] = (data_dtype, (n_pixels,))

@@ -368,15 +368,20 @@ def _frames(stored: _Stored) -> Any:
             yield f0, out
 
 
+def _least(dtype: np.dtype[Any]) -> Any:
+    return np.iinfo(dtype).min if dtype.kind in "ui" else -np.inf
+
+
 def _frame_pass(
     stored: _Stored, w: np.ndarray, want_sum: bool, want_max: bool
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     rows, cols, kr, kc = stored.shape
     n, k = rows * cols, kr * kc
-    integer = stored.dtype.kind in "ui"
     per_frame = np.zeros((n, w.shape[0]), dtype=np.float64)
-    psum = np.zeros(k, dtype=np.int64 if integer else np.float64) if want_sum else None
+    psum = np.zeros(k, dtype=pr._pattern_sum_dtype(stored.dtype)) if want_sum else None
     pmax: np.ndarray | None = None
+    if want_max and n == 0:  # the maximum of nothing: the dtype's least value
+        pmax = np.full(k, _least(stored.dtype), dtype=stored.dtype)
     if stored.representation == "paired":
         p = stored.payload
         frame = np.repeat(np.arange(n), np.diff(np.asarray(p.indptr)))
@@ -385,8 +390,8 @@ def _frame_pass(
         for j in range(w.shape[0]):
             per_frame[:, j] = np.bincount(frame, weights=counts * w[j, idx], minlength=n)
         if psum is not None:
-            np.add.at(psum, idx, p.counts.astype(np.int64))
-        if want_max:
+            np.add.at(psum, idx, p.counts.astype(psum.dtype))
+        if want_max and n:
             pmax = np.zeros(k, dtype=stored.dtype)
             np.maximum.at(pmax, idx, p.counts.astype(stored.dtype))
         return per_frame, psum, pmax
@@ -397,8 +402,6 @@ def _frame_pass(
         if want_max and frames.shape[0]:
             m = frames.max(axis=0)
             pmax = m if pmax is None else np.maximum(pmax, m)
-    if want_max and pmax is None:
-        pmax = np.zeros(k, dtype=stored.dtype)
     return per_frame, psum, pmax
 
 

@@ -1,0 +1,42 @@
+"""The shared runtime conformance suite over the bridge: reference worker, webgpu, webgpu-browser.
+
+The cases are those :mod:`quantem_flow.testing` makes for every declared
+``(operation, representation, dtype)``; they reach the workers only through
+the payload contract (put, run_frame_pass, run_gather, release), over
+``qf-worker/1``.  ``webgpu`` needs Node and ``web/dist`` (``cd web && npm ci
+&& npm run build``), ``webgpu-browser`` also Chromium; when they are missing
+the cases skip and say why (a skip is not evidence).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+testing = pytest.importorskip(
+    "quantem_flow.testing", reason="the conformance suite is not in quantem_flow.testing yet"
+)
+
+from quantem_flow.runtimes.external.spec import register_requested  # noqa: E402
+from quantem_flow.runtimes.external.workers import register_reference_runtime  # noqa: E402
+
+register_reference_runtime("external-reference")
+register_requested(["webgpu", "webgpu-browser"])
+
+_SLOW = {"webgpu-browser": [pytest.mark.slow]}
+
+
+@pytest.mark.parametrize(
+    "case", testing.conformance_params(["external-reference"], operations=["frame_pass", "gather"])
+)
+def test_reference_worker_conforms(case: object) -> None:
+    testing.run_case(case)
+
+
+@pytest.mark.parametrize(
+    "case",
+    testing.conformance_params(
+        ["webgpu", "webgpu-browser"], operations=["frame_pass", "gather"], marks=_SLOW
+    ),
+)
+def test_webgpu_conforms(case: object) -> None:
+    testing.run_case(case)
