@@ -67,9 +67,9 @@ def test_undeclared_triples_and_foreign_handles_are_refused(rng: np.random.Gener
     with pytest.raises(UnsupportedOperationError, match="'gather' kernel for 'dense' bool"):
         rt.run_gather(flags, np.arange(3))
     on_gpu = Chunk("dense", "cuda:0", ((0, 1), (0, 2)), np.zeros((1, 2, *DET)), "dense-v1", "cuda")
-    with pytest.raises(ParameterError, match="resident on 'cuda:0'.*run it on 'cuda'"):
+    with pytest.raises(ParameterError, match=r"resident on 'cuda:0'.*run it on 'cuda'"):
         rt.run_frame_pass(on_gpu, np.ones((1, 126)), want_sum=False, want_max=False)
-    with pytest.raises(ParameterError, match="put.. takes host chunks"):
+    with pytest.raises(ParameterError, match=r"put\(\) takes host chunks"):
         rt.put(on_gpu)
 
 

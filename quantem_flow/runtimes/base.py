@@ -164,8 +164,8 @@ def host_gather(representation: str, payload: Any, indices: np.ndarray) -> np.nd
     idx = np.asarray(indices, dtype=np.int64)
     if representation == "dense":
         arr = np.asarray(payload)
-        n, _ = _frames_of(arr)
-        return np.ascontiguousarray(arr.reshape(n, -1)[:, idx])
+        n, k = _frames_of(arr)
+        return np.ascontiguousarray(arr.reshape(n, k)[:, idx])
     if representation == "paired":
         require = getattr(payload, "require_applied", None)
         if callable(require):
@@ -182,8 +182,8 @@ def host_gather(representation: str, payload: Any, indices: np.ndarray) -> np.nd
     from ..representations import get_representation
 
     dense = get_representation(representation).to_dense(payload)
-    n = int(dense.shape[0]) * int(dense.shape[1])
-    return np.ascontiguousarray(dense.reshape(n, -1)[:, idx])
+    n, k = _frames_of(dense)
+    return np.ascontiguousarray(dense.reshape(n, k)[:, idx])
 
 
 def _host_gatherer(representation: str) -> GatherKernel:
@@ -272,9 +272,7 @@ class Runtime(abc.ABC):
             raise ParameterError(f"put() takes a Chunk, got {type(chunk).__name__}")
         self._check_not_released(chunk, "put")
         dtype = self.payload_dtype(chunk.representation, chunk.payload)
-        if not any(
-            rep == chunk.representation and dt == dtype.name for _, rep, dt in self.kernels
-        ):
+        if not any(rep == chunk.representation and dt == dtype.name for _, rep, dt in self.kernels):
             self._refuse("any operation", chunk.representation, dtype)
         if chunk.runtime == self.name and chunk.residency == self.residency:
             return chunk  # already this runtime's handle
@@ -424,10 +422,8 @@ class Runtime(abc.ABC):
     def _dense_frame_pass(
         self, payload: Any, weights: np.ndarray, *, want_sum: bool, want_max: bool
     ) -> FramePassResult:
-        n, _ = _frames_of(payload)
-        return self.frame_pass(
-            payload.reshape(n, -1), weights, want_sum=want_sum, want_max=want_max
-        )
+        n, k = _frames_of(payload)
+        return self.frame_pass(payload.reshape(n, k), weights, want_sum=want_sum, want_max=want_max)
 
     def _check_not_released(self, chunk: Chunk, what: str) -> None:
         if chunk.payload is RELEASED:

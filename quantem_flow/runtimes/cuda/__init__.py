@@ -207,8 +207,8 @@ class CudaRuntime(Runtime):
         def dense(payload: Any, indices: np.ndarray) -> np.ndarray:
             import cupy
 
-            n = int(payload.shape[0]) * int(payload.shape[1])
-            flat = payload.reshape(n, -1)
+            rows, cols, kr, kc = (int(v) for v in payload.shape)
+            flat = payload.reshape(rows * cols, kr * kc)
             return np.ascontiguousarray(self.to_host(flat[:, cupy.asarray(indices)]))
 
         def other(rep: str) -> GatherKernel:

@@ -186,7 +186,7 @@ class MpsRuntime(Runtime):
 
         shape = tuple(int(v) for v in payload.shape)
         with _LOCK:
-            frames = payload.reshape(shape[0] * shape[1], -1)
+            frames = payload.reshape(shape[0] * shape[1], shape[2] * shape[3])
             per_frame, s, m = frame_pass_mlx(
                 frames, weights, want_sum=want_sum, want_max=want_max, path=self.path
             )
@@ -205,7 +205,7 @@ class MpsRuntime(Runtime):
                 f"got {int(idx.min())} .. {int(idx.max())}"
             )
         with _LOCK:
-            flat = payload.reshape(shape[0] * shape[1], -1)
+            flat = payload.reshape(shape[0] * shape[1], shape[2] * shape[3])
             taken = mx.take(flat, mx.array(idx.astype(np.int32)), axis=1)
             return np.ascontiguousarray(to_host(taken))
 
