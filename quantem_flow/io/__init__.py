@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import importlib
 import os
+import struct
+import tokenize
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError, ParameterError
+from ..errors import FormatError, ParameterError, QuantemFlowError, SourceNotFoundError
 from .base import FrameSource, Source, SourceIdentity, check_exists
 
 __all__ = [
@@ -132,16 +134,47 @@ def open_source(
         if format not in (None, "memory"):
             raise ParameterError(f"an in-memory array needs format='memory', got {format!r}")
         return reader_class("memory")(path_or_array, **options)
-    fmt = format or detect_format(path_or_array)
-    cls = reader_class(fmt)
+    fmt: str | None = format
     try:
+        fmt = format or detect_format(path_or_array)
+        cls = reader_class(fmt)
         source = cls(path_or_array, **options)
+    except QuantemFlowError:
+        raise
     except TypeError as exc:
         if "unexpected keyword" in str(exc) or "required keyword" in str(exc):
             raise ParameterError(f"reader {fmt!r}: {exc}") from exc
         raise
+    except FileNotFoundError as exc:
+        raise SourceNotFoundError(
+            f"a file of the input {str(path_or_array)!r} does not exist ({exc}); restore it or "
+            "check the path"
+        ) from exc
+    except FOREIGN_READ_ERRORS as exc:
+        raise FormatError(
+            f"{str(path_or_array)!r} could not be opened as {fmt or 'a known format'}: "
+            f"{type(exc).__name__}: {str(exc)[:300]}. The file is damaged, truncated or not in "
+            "that format; check it with the format's own tools (h5ls/h5dump for HDF5), or "
+            "pass format= if the guess was wrong"
+        ) from exc
     check_declared_sizes(source, path_or_array)
     return source
+
+
+#: Exceptions that third-party parsers (h5py, zarr, NumPy's header parser, XML
+#: decoders) raise on damaged input; readers turn them into the project's errors.
+FOREIGN_READ_ERRORS: tuple[type[BaseException], ...] = (
+    RuntimeError,
+    OSError,
+    ValueError,
+    LookupError,
+    ArithmeticError,
+    SyntaxError,
+    EOFError,
+    MemoryError,
+    tokenize.TokenError,
+    struct.error,
+)
 
 
 #: Most pixels one detector frame may declare (16384 x 16384): every kernel holds

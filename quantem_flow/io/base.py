@@ -84,9 +84,15 @@ def header_digest(*parts: Any) -> str:
 def path_size(path: str | os.PathLike[str]) -> int:
     """Return the size of a file, or of all files below a directory, in bytes."""
     p = Path(path)
-    if p.is_dir():
-        return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-    return p.stat().st_size
+    try:
+        if p.is_dir():
+            return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        return p.stat().st_size
+    except FileNotFoundError as exc:
+        raise SourceNotFoundError(
+            f"input file {str(p)!r} disappeared after the dataset was opened ({exc}); restore "
+            "it, or open the dataset again"
+        ) from exc
 
 
 def check_exists(path: str | os.PathLike[str], *, what: str = "input file") -> Path:

@@ -65,7 +65,7 @@ from ..representations.paired import (
     check_threshold,
     pairs_from_events,
 )
-from .base import FrameSource, SourceIdentity, check_exists, header_digest
+from .base import FrameSource, SourceIdentity, check_exists, header_digest, path_size
 from .hdf5 import attribute_value, open_h5
 
 if TYPE_CHECKING:
@@ -439,7 +439,7 @@ class CountedSource(FrameSource):
         return SourceIdentity(
             format=self.format,
             paths=(str(self._path),),
-            file_sizes=(self._path.stat().st_size,),
+            file_sizes=(path_size(self._path),),
             header_sha256=header_digest(
                 COUNTED_FRAMES,
                 self._n_entries,
@@ -597,7 +597,7 @@ def write_counted(
     """
     import h5py
 
-    from .. import __version__
+    from .results_store import _package_version
 
     out = Path(path).expanduser().resolve()
     if out.exists() and not overwrite:
@@ -613,7 +613,7 @@ def write_counted(
     try:
         with h5py.File(partial, "w") as f:
             f.attrs["version"] = np.int32(3)
-            f.attrs["written_by"] = f"quantem_flow {__version__}"
+            f.attrs["written_by"] = f"quantem_flow {_package_version()}"
             f.attrs["quantem_flow_provenance"] = json.dumps(
                 {
                     "source": ds.source.identity.to_dict(),

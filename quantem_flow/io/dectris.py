@@ -35,6 +35,7 @@ from .base import (
     SourceIdentity,
     check_exists,
     header_digest,
+    path_size,
     sidecar_calibration,
 )
 from .encoded_chunks import check_bitshuffle_chunks, needs_bitshuffle_guard
@@ -350,7 +351,7 @@ class DectrisSource(FrameSource):
         return SourceIdentity(
             format=self.format,
             paths=tuple(str(p) for p in paths),
-            file_sizes=tuple(p.stat().st_size for p in paths),
+            file_sizes=tuple(path_size(p) for p in paths),
             header_sha256=header_digest(
                 self._link_names,
                 [(str(p.name), d) for p, d in self._parts],
@@ -419,7 +420,7 @@ class DectrisSource(FrameSource):
                     )
                 else:
                     out[pos - start : end - start] = self._dset(i)[pos - first : end - first]
-            except OSError as exc:
+            except (OSError, RuntimeError, ValueError) as exc:
                 raise CorruptChunkError(
                     f"could not read or decode frames [{pos}, {end}) of the acquisition "
                     f"(frames [{pos - first}, {end - first}) of {dset_path!r} in data file "

@@ -18,7 +18,7 @@ from ..errors import (
     ShapeError,
     UnsupportedOperationError,
 )
-from .base import FrameSource, SourceIdentity, check_exists, header_digest
+from .base import FrameSource, SourceIdentity, check_exists, header_digest, path_size
 
 __all__ = ["Hdf5Source", "attribute_value", "list_candidate_datasets", "open_h5"]
 
@@ -30,7 +30,14 @@ def open_h5(path: Path) -> Any:
 
     try:
         return h5py.File(path, "r")
-    except OSError as exc:
+    except FileNotFoundError as exc:
+        from ..errors import SourceNotFoundError
+
+        raise SourceNotFoundError(
+            f"HDF5 file {str(path)!r} does not exist (any more): {exc}; restore it or open the "
+            "dataset again"
+        ) from exc
+    except (OSError, RuntimeError, ValueError) as exc:
         raise FormatError(f"{str(path)!r} is not a readable HDF5 file: {exc}") from exc
 
 
@@ -293,7 +300,7 @@ class Hdf5Source(FrameSource):
         return SourceIdentity(
             format=self.format,
             paths=(str(self._path),),
-            file_sizes=(self._path.stat().st_size,),
+            file_sizes=(path_size(self._path),),
             header_sha256=header_digest(
                 self._dataset_path,
                 self._stored_shape,
@@ -333,7 +340,7 @@ class Hdf5Source(FrameSource):
         self._guard(selection)
         try:
             return np.asarray(self._dset()[selection], dtype=self._dtype)
-        except OSError as exc:
+        except (OSError, RuntimeError, ValueError) as exc:
             raise CorruptChunkError(
                 f"could not read or decode {what} of {self._dataset_path!r} in "
                 f"{str(self._path)!r}: {exc}. The file may be truncated or a compressed chunk "
@@ -363,7 +370,7 @@ class Hdf5Source(FrameSource):
         self._guard(selection)
         try:
             self._dset().read_direct(out, source_sel=selection)
-        except OSError as exc:
+        except (OSError, RuntimeError, ValueError) as exc:
             raise CorruptChunkError(
                 f"could not read or decode {what} of {self._dataset_path!r} in "
                 f"{str(self._path)!r}: {exc}. The file may be truncated or a compressed chunk "

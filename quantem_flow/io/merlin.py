@@ -28,7 +28,14 @@ import numpy as np
 
 from ..calibration import Calibration
 from ..errors import FormatError
-from .base import FrameSource, SourceIdentity, check_exists, header_digest, sidecar_calibration
+from .base import (
+    FrameSource,
+    SourceIdentity,
+    check_exists,
+    header_digest,
+    path_size,
+    sidecar_calibration,
+)
 from .raw import RawSource
 
 __all__ = ["MIB_DTYPES", "MerlinSource", "parse_hdr", "parse_mib_header"]
@@ -252,7 +259,7 @@ class MerlinSource(FrameSource):
         return SourceIdentity(
             format=self.format,
             paths=tuple(str(p) for p in paths),
-            file_sizes=tuple(p.stat().st_size for p in paths),
+            file_sizes=tuple(path_size(p) for p in paths),
             header_sha256=header_digest(
                 self._first_header,
                 self._file_dtype.str,

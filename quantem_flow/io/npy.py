@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import DtypeError, FormatError, ScanShapeError, ShapeError
-from .base import FrameSource, SourceIdentity, check_exists, header_digest
+from .base import FrameSource, SourceIdentity, check_exists, header_digest, path_size
 from .fileio import PositionalFile
 
 __all__ = ["NpySource"]
@@ -111,7 +111,7 @@ class NpySource(FrameSource):
         return SourceIdentity(
             format=self.format,
             paths=(str(self._path),),
-            file_sizes=(self._path.stat().st_size,),
+            file_sizes=(path_size(self._path),),
             header_sha256=header_digest(*self._header),
         )
 

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import DtypeError, FormatError, ParameterError, ShapeError
-from .base import FrameSource, SourceIdentity, check_exists, header_digest
+from .base import FrameSource, SourceIdentity, check_exists, header_digest, path_size
 from .fileio import PositionalFile
 
 __all__ = ["RawSource"]
@@ -75,6 +75,11 @@ class RawSource(FrameSource):
             frame_shape = (int(shape[2]), int(shape[3]))
         if frame_shape is None or len(frame_shape) != 2:
             raise ShapeError(f"frame_shape must be (k_r, k_c), got {frame_shape!r}")
+        if min(int(v) for v in frame_shape) < 1:
+            raise ShapeError(
+                f"frame_shape must be two positive sizes (k_r, k_c), got {tuple(frame_shape)!r}; "
+                "give the detector's size in pixels"
+            )
         if min(offset, frame_header_bytes, frame_footer_bytes) < 0:
             raise ParameterError("offset and frame header/footer bytes must be >= 0")
         self._offset = int(offset)
@@ -119,7 +124,7 @@ class RawSource(FrameSource):
         return SourceIdentity(
             format=self.format,
             paths=(str(self._path),),
-            file_sizes=(self._path.stat().st_size,),
+            file_sizes=(path_size(self._path),),
             header_sha256=header_digest(
                 first,
                 str(self._file_dtype),

@@ -27,14 +27,15 @@ path needs ``overwrite=True``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -53,6 +54,7 @@ __all__ = [
 ]
 
 RESULTS_LAYOUT_VERSION = 1
+_T = TypeVar("_T")
 """Version of the on-disk layout written by :func:`save_results`."""
 
 _VERSION_ATTR = "quantem_flow_results_version"
@@ -618,6 +620,29 @@ def _load_zarr(path: Path) -> dict[str, Result]:
     return out
 
 
+def _foreign_to_format_error(func: Callable[..., _T]) -> Callable[..., _T]:
+    """Turn exceptions of h5py/zarr/numcodecs on a damaged results file into FormatError."""
+
+    @functools.wraps(func)
+    def wrapper(path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> _T:
+        from . import FOREIGN_READ_ERRORS
+
+        try:
+            return func(path, *args, **kwargs)
+        except QuantemFlowError:
+            raise
+        except FOREIGN_READ_ERRORS as exc:
+            raise FormatError(
+                f"{str(path)!r} could not be read as a quantem-flow results file: "
+                f"{type(exc).__module__}.{type(exc).__name__}: {str(exc)[:300]}. It is damaged, "
+                "or was written with a codec this installation lacks; restore it or save the "
+                "results again"
+            ) from exc
+
+    return wrapper
+
+
+@_foreign_to_format_error
 def load_results(path: str | os.PathLike[str]) -> dict[str, Result]:
     """Load every result saved by :func:`save_results`.
 

@@ -1,0 +1,103 @@
+"""No foreign exception escapes a reader (issue 11, item 10).
+
+The named cases from the reliability probe, then a bounded, seeded fuzz run
+over every reader in a child process (a crash or a hang fails the test).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import quantem_flow as qf
+from quantem_flow.errors import (
+    FormatError,
+    QuantemFlowError,
+    ShapeError,
+    SourceNotFoundError,
+)
+from tests.io.writers import write_dectris
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_mutated_npy_headers_raise_format_error(tmp_path: Path) -> None:
+    path = tmp_path / "d.npy"
+    np.save(path, np.zeros((2, 3, 4, 4), dtype=np.uint16))
+    raw = path.read_bytes()
+    header_end = raw.index(b"}")
+    cases = {
+        "token": raw[:header_end] + b"(" + raw[header_end + 1 :],  # tokenize.TokenError
+        "overflow": raw.replace(b"(2, 3, 4, 4)", b"(9999999999999999999999, 3, 4, 4)"[:12]),
+        "huge": raw.replace(b"'shape': (2, 3", b"'shape': (9**99"),
+    }
+    for name, content in cases.items():
+        bad = tmp_path / f"{name}.npy"
+        bad.write_bytes(content)
+        with pytest.raises(QuantemFlowError) as info:
+            qf.open(bad).load_block((0, 1))
+        assert str(bad) in str(info.value), name
+
+
+def test_raw_frame_shape_with_a_zero_axis_is_a_shape_error(tmp_path: Path) -> None:
+    path = tmp_path / "d.raw"
+    path.write_bytes(b"\x00" * 64)
+    with pytest.raises(ShapeError, match="frame_shape must be two positive sizes"):
+        qf.open(path, format="raw", dtype="<u2", frame_shape=(0, 16), scan_shape=(1, 1))
+
+
+def test_a_dectris_data_file_removed_after_open(tmp_path: Path) -> None:
+    frames = np.random.default_rng(0).poisson(2, size=(6, 16, 16)).astype(np.uint16)
+    master = write_dectris(tmp_path, "acq", frames, frames_per_file=4)
+    ds = qf.open(master, scan_shape=(2, 3))
+    (tmp_path / "acq_data_000002.h5").unlink()
+    with pytest.raises(SourceNotFoundError, match=r"acq_data_000002\.h5"):
+        qf.compute(qf.virtual_bf(ds), client="synchronous")
+
+
+def test_corrupt_hdf5_metadata_is_a_format_error(tmp_path: Path) -> None:
+    import h5py
+
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=np.zeros((6, 8, 8), dtype=np.uint16))
+    raw = bytearray(path.read_bytes())
+    pos = raw.index(b"TREE")  # the root group's B-tree signature
+    raw[pos : pos + 4] = b"XXXX"
+    path.write_bytes(bytes(raw))
+    with pytest.raises(FormatError, match=r"d\.h5"):
+        qf.open(path, scan_shape=(2, 3))
+
+
+def test_load_results_with_an_unknown_codec_is_a_format_error(tmp_path: Path) -> None:
+    import json
+
+    (bf,) = qf.compute(
+        qf.virtual_bf(qf.open(np.ones((2, 3, 8, 8), dtype=np.uint16)), radius=2, center=(4, 4)),
+        client="synchronous",
+    )
+    store = qf.save_results({"bf": bf}, tmp_path / "r.zarr")
+    meta_path = store / "bf" / "data" / "zarr.json"
+    meta = json.loads(meta_path.read_text())
+    meta["codecs"].append({"name": "no-such-codec", "configuration": {}})
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(FormatError, match=r"r\.zarr"):
+        qf.load_results(store)
+
+
+@pytest.mark.slow
+def test_bounded_fuzz_over_every_reader_raises_only_project_errors() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.fuzz_readers", "20261203", "12"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    report = proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, f"the fuzzer found foreign exceptions or crashed:\n{report}"
+    assert "DONE" in proc.stdout and ", 0 foreign exceptions" in proc.stdout, report
