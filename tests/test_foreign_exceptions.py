@@ -101,3 +101,15 @@ def test_bounded_fuzz_over_every_reader_raises_only_project_errors() -> None:
     report = proc.stdout[-4000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, f"the fuzzer found foreign exceptions or crashed:\n{report}"
     assert "DONE" in proc.stdout and ", 0 foreign exceptions" in proc.stdout, report
+
+
+def test_a_huge_ssb_pad_to_is_refused_before_allocating() -> None:
+    from quantem_flow.errors import ParameterError
+    from quantem_flow.operators.ssb import ssb
+
+    cal = qf.Calibration(
+        scan_sampling=0.5, scan_units="Å", detector_sampling=1.0, detector_units="mrad"
+    )
+    ds = qf.open(np.ones((4, 5, 16, 16), dtype=np.uint16), calibration=cal)
+    with pytest.raises(ParameterError, match=r"pad_to=\[1000000, 1000000\] needs about"):
+        ssb(ds, voltage_kV=300, semiangle_mrad=20, pad_to=(1_000_000, 1_000_000))

@@ -471,6 +471,20 @@ class SSB(ChunkOperator):
                     f"pad_to={list(self.pad_to)} is smaller than the scan {[R, C]}; padding "
                     "never crops: give pad_to >= the scan shape on both axes (or None)"
                 )
+            # the padded object, its FFT accumulators and the transfer function are complex128
+            need = 4 * 16 * self.pad_to[0] * self.pad_to[1]
+            try:
+                import importlib
+
+                ram = int(importlib.import_module("psutil").virtual_memory().total)
+            except (ImportError, OSError):  # pragma: no cover - psutil comes with distributed
+                ram = need
+            if need > ram:
+                raise ParameterError(
+                    f"pad_to={list(self.pad_to)} needs about {need / 2**30:.1f} GiB for the "
+                    f"padded complex FFT grids, more than this machine's {ram / 2**30:.1f} GiB; "
+                    f"give a pad_to closer to the scan shape {[R, C]}"
+                )
 
     def _detector_mrad(
         self, cal: Calibration, radius_px: float
