@@ -30,7 +30,14 @@ import numpy as np
 
 from .calibration import Axis
 from .errors import ParameterError
-from .results import ComplexObject, DiffractionImage, PhaseImage, Result, VectorField
+from .results import (
+    ComplexObject,
+    DiffractionImage,
+    PhaseImage,
+    Result,
+    VectorField,
+    register_plotter,
+)
 
 __all__ = [
     "detector_geometry",
@@ -735,3 +742,6 @@ def _png_metadata() -> dict[str, str]:
     from .io.results_store import _package_version
 
     return {"Software": f"quantem-flow {_package_version()}"}
+
+
+register_plotter(plot_result)

@@ -7,13 +7,13 @@ calibrate it, the unit of its values and its :class:`Provenance`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
 from .calibration import Axis
-from .errors import ParameterError, ShapeError
+from .errors import ParameterError, ShapeError, UnsupportedOperationError
 from .provenance import Provenance
 
 __all__ = [
@@ -24,8 +24,22 @@ __all__ = [
     "Result",
     "ScanImage",
     "VectorField",
+    "register_plotter",
     "result_from_parts",
 ]
+
+#: The function :meth:`Result.plot` delegates to (see :func:`register_plotter`).
+_PLOTTER: list[Callable[..., Any]] = []
+
+
+def register_plotter(plotter: Callable[..., Any]) -> None:
+    """Register the function :meth:`Result.plot` delegates to.
+
+    :mod:`quantem_flow.plotting` registers its ``plot_result`` on import
+    (``import quantem_flow`` imports it), so results never import the
+    plotting layer above them.
+    """
+    _PLOTTER[:] = [plotter]
 
 
 @dataclasses.dataclass(eq=False)
@@ -131,9 +145,12 @@ class Result:
         matplotlib.figure.Figure
             The figure drawn in.
         """
-        from .plotting import plot_result
-
-        return plot_result(self, **options)
+        if not _PLOTTER:  # pragma: no cover - importing quantem_flow registers it
+            raise UnsupportedOperationError(
+                "no plotter is registered; import quantem_flow (its plotting module registers "
+                "quantem_flow.plotting.plot_result)"
+            )
+        return _PLOTTER[0](self, **options)
 
     def __repr__(self) -> str:
         return (

@@ -168,7 +168,8 @@ class EncodedPayload:
     runs
         ``int64`` ``(n_runs, 3)``: ``(piece, first frame, frames)`` in scan order.
     post_ops
-        Detector transforms (:class:`~quantem_flow.dataset.DetectorOp`)
+        Detector transforms
+        (:class:`~quantem_flow.representations.detector_ops.DetectorOp`)
         applied after decoding, in order.
     origins
         Where the pieces came from (``"data file X, dataset /entry/data/data"``).
@@ -259,7 +260,7 @@ class EncodedPayload:
         """Logical dtype of the frames after :attr:`post_ops` (native byte order)."""
         dt = self.value_dtype.newbyteorder("=")
         if any(op.kind == "bin" for op in self.post_ops):
-            from ..dataset import binned_dtype
+            from .detector_ops import binned_dtype
 
             dt = binned_dtype(dt)
         return np.dtype(dt)

@@ -741,7 +741,8 @@ class Paired(Representation):
 
         Crops remap indices and drop pairs outside the region; binning sums
         the counts of each bin (partial edge bins kept), merges them per frame
-        and widens ``value_dtype`` like :func:`~quantem_flow.dataset.binned_dtype`;
+        and widens ``value_dtype`` like
+        :func:`~quantem_flow.representations.detector_ops.binned_dtype`;
         the counts dtype is chosen again for the largest merged count.  A
         pending threshold (from a native read) is applied last, to the values
         as transformed, as a conversion from dense would.
@@ -800,11 +801,11 @@ def crop_pairs(p: PairedPayload, region: tuple[int, int, int, int]) -> PairedPay
 def bin_pairs(p: PairedPayload, factor: tuple[int, int]) -> PairedPayload:
     """Sum ``factor`` detector pixels into one on the pairs, keeping partial edge bins.
 
-    Matches :func:`~quantem_flow.dataset.bin_frames` exactly: the bins are
-    ``ceil(k / f)`` per axis and ``value_dtype`` widens like
-    :func:`~quantem_flow.dataset.binned_dtype`.
+    Matches :func:`~quantem_flow.representations.detector_ops.bin_frames`
+    exactly: the bins are ``ceil(k / f)`` per axis and ``value_dtype`` widens
+    like :func:`~quantem_flow.representations.detector_ops.binned_dtype`.
     """
-    from ..dataset import binned_dtype
+    from .detector_ops import binned_dtype
 
     fr, fc = factor
     if fr < 1 or fc < 1:
