@@ -485,9 +485,44 @@ def _worker_command(args: argparse.Namespace) -> list[str]:
         cmd += ["--nthreads", str(args.nthreads)]
     if args.name is not None:
         cmd += ["--name", args.name]
+    cmd += _tls_argv(args, address)
     cmd += ["--preload", "quantem_flow.graphs.worker"]
     cmd += preload_argv(runtimes=runtimes, budget_fraction=args.budget_fraction)
     return cmd
+
+
+def _tls_argv(args: argparse.Namespace, address: str) -> list[str]:
+    """``dask worker`` TLS options from --tls-ca-file/--tls-cert/--tls-key, checked."""
+    files = {
+        "--tls-ca-file": getattr(args, "tls_ca_file", None),
+        "--tls-cert": getattr(args, "tls_cert", None),
+        "--tls-key": getattr(args, "tls_key", None),
+    }
+    given = {k: v for k, v in files.items() if v is not None}
+    if not given:
+        if address.startswith("tls://"):
+            raise ParameterError(
+                f"the scheduler {address!r} speaks TLS but no certificates were given; pass "
+                "--tls-ca-file CA.pem --tls-cert WORKER.pem --tls-key WORKER.key"
+            )
+        return []
+    if "--tls-ca-file" not in given or "--tls-cert" not in given:
+        raise ParameterError(
+            f"TLS needs at least --tls-ca-file and --tls-cert (and --tls-key unless the key is "
+            f"in the certificate file); got {sorted(given)}"
+        )
+    if not address.startswith("tls://"):
+        raise ParameterError(
+            f"TLS certificates were given but the scheduler address {address!r} is not "
+            "tls://HOST:PORT; start the scheduler with TLS and give its tls:// address"
+        )
+    argv: list[str] = []
+    for flag, value in given.items():
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ParameterError(f"{flag} {str(path)!r} is not a readable file")
+        argv += [flag, str(path.resolve())]
+    return argv
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -682,6 +717,14 @@ def _parser() -> argparse.ArgumentParser:
         help="bytes, e.g. '8 GiB', or 'auto' (default) for this machine's RAM",
     )
     p.add_argument("--name", help="worker name (default: its address)")
+    p.add_argument(
+        "--tls-ca-file",
+        metavar="CA.pem",
+        help="CA certificate for TLS (scheduler address tls://HOST:PORT); with --tls-cert and "
+        "--tls-key every connection is encrypted and mutually authenticated",
+    )
+    p.add_argument("--tls-cert", metavar="CERT.pem", help="this worker's TLS certificate")
+    p.add_argument("--tls-key", metavar="KEY.pem", help="this worker's TLS private key")
     p.add_argument(
         "--host",
         default="127.0.0.1",
