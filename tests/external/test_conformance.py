@@ -17,10 +17,9 @@ testing = pytest.importorskip(
 )
 
 from quantem_flow.runtimes.external.spec import register_requested  # noqa: E402
-from quantem_flow.runtimes.external.workers import register_reference_runtime  # noqa: E402
 
-register_reference_runtime("external-reference")
-register_requested(["webgpu", "webgpu-browser"])
+register_requested(["external-reference", "webgpu", "webgpu-browser"])
+
 
 @pytest.mark.parametrize(
     "case", testing.conformance_params(["external-reference"], operations=["frame_pass", "gather"])

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from ..registry import RuntimeSpec
 
-__all__ = ["EXTERNAL_SPECS", "KERNELS", "WEBGPU_BROWSER_SPEC", "WEBGPU_SPEC", "register_requested"]
+__all__ = [
+    "EXTERNAL_SPECS",
+    "KERNELS",
+    "REFERENCE_SPEC",
+    "WEBGPU_BROWSER_SPEC",
+    "WEBGPU_SPEC",
+    "register_requested",
+]
 
 _DENSE = ("uint8", "uint16", "uint32", "float32")
 _COUNTED = ("uint8", "uint16", "uint32", "int8", "int16", "int32")
@@ -52,8 +59,31 @@ WEBGPU_BROWSER_SPEC = RuntimeSpec(
 )
 
 
+_ALL = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64")
+_REFERENCE_KERNELS = frozenset(
+    {(op, "dense", d) for op in ("frame_pass", "gather") for d in (*_ALL, "float32", "float64")}
+    | {
+        (op, rep, d)
+        for op in ("frame_pass", "gather")
+        for rep in ("paired", "packed")
+        for d in _ALL
+    }
+)
+
+REFERENCE_SPEC = RuntimeSpec(
+    name="external-reference",
+    factory="quantem_flow.runtimes.external.workers:ReferenceRuntime",
+    dependency=None,
+    kernels=_REFERENCE_KERNELS,
+    auto_rank=None,
+    probe="quantem_flow.runtimes.external.workers:probe_reference",
+    residency="external",
+    description="the NumPy reference qf-worker/1 worker in a child process (tests, CI without "
+    "Node; $QF_REFERENCE_WORKER_ARGS adds arguments)",
+)
+
 #: The external runtimes, registered on demand (see :func:`register_requested`).
-EXTERNAL_SPECS = {spec.name: spec for spec in (WEBGPU_SPEC, WEBGPU_BROWSER_SPEC)}
+EXTERNAL_SPECS = {spec.name: spec for spec in (WEBGPU_SPEC, WEBGPU_BROWSER_SPEC, REFERENCE_SPEC)}
 
 
 def register_requested(names: object) -> list[str]:
@@ -83,7 +113,7 @@ def register_requested(names: object) -> list[str]:
         spec = EXTERNAL_SPECS.get(name) if isinstance(name, str) else None
         if spec is None:
             continue
-        if runtime_specs().get(spec.name) != spec:
+        if spec.name not in runtime_specs():  # a spec registered under that name stays
             register_runtime(spec)
         done.append(spec.name)
     return done

@@ -45,6 +45,7 @@ __all__ = [
     "WebGpuNodeRuntime",
     "external_probe",
     "external_specs",
+    "probe_reference",
     "probe_webgpu",
     "probe_webgpu_browser",
     "reference_runtime_spec",
@@ -93,16 +94,26 @@ class ReferenceRuntime(PipeRuntime):
         return True, f"reference worker on {sys.executable}"
 
     def command(self) -> list[str]:
-        """``python -m quantem_flow.runtimes.external.reference_worker ...``."""
+        """``python -m quantem_flow.runtimes.external.reference_worker ...``.
+
+        ``$QF_REFERENCE_WORKER_BUDGET`` overrides the budget and
+        ``$QF_REFERENCE_WORKER_ARGS`` adds arguments (shell-split), so a worker
+        process started elsewhere (a cluster) can be configured.
+        """
+        import shlex
+
+        budget = os.environ.get("QF_REFERENCE_WORKER_BUDGET", str(self.budget))
+        extra = shlex.split(os.environ.get("QF_REFERENCE_WORKER_ARGS", ""))
         return [
             sys.executable,
             "-m",
             "quantem_flow.runtimes.external.reference_worker",
             "--budget-bytes",
-            str(self.budget),
+            budget,
             "--runtime",
             self.name,
             *self.extra_args,
+            *extra,
         ]
 
 
@@ -290,6 +301,11 @@ def external_probe(name: str, *, budget_fraction: float = 1.0) -> Any:
 def probe_webgpu(*, nthreads: int, memory_limit: int, budget_fraction: float) -> Any:
     """Probe of ``webgpu``: start ``node web/dist/node-worker.js`` and say hello."""
     return external_probe("webgpu")
+
+
+def probe_reference(*, nthreads: int, memory_limit: int, budget_fraction: float) -> Any:
+    """Probe of ``external-reference``: start the reference worker and say hello."""
+    return external_probe("external-reference")
 
 
 def probe_webgpu_browser(*, nthreads: int, memory_limit: int, budget_fraction: float) -> Any:
