@@ -246,3 +246,28 @@ def test_webgpu_availability_names_the_build(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("QF_WEBGPU_PAGE", "/nonexistent/page")
     ok, why = WebGpuBrowserRuntime.available()
     assert not ok and "npm run build" in why
+
+
+def test_release_never_waits_for_a_kernel_in_flight(
+    runtime: ExternalRuntime, rng: np.random.Generator
+) -> None:
+    import threading
+    import time
+
+    chunk = runtime.put(chunk_of("dense", _data(rng)))
+    busy, done = threading.Event(), threading.Event()
+
+    def kernel_in_flight() -> None:
+        with runtime._lock:
+            busy.set()
+            done.wait(10)
+
+    thread = threading.Thread(target=kernel_in_flight)
+    thread.start()
+    busy.wait(10)
+    t0 = time.monotonic()
+    runtime.release(chunk)  # what Dask's event loop does when it forgets the key
+    assert time.monotonic() - t0 < 0.5 and chunk.payload is RELEASED
+    done.set()
+    thread.join()
+    assert runtime.stats()["handles"] == 0  # sent before the next request

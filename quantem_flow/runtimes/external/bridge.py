@@ -24,6 +24,7 @@ load the chunk again.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import dataclasses
@@ -33,6 +34,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -159,6 +161,17 @@ def _payload_shape(
     return np.dtype(payload.dtype), (rows, cols, kr, kc)
 
 
+#: Bridges alive in this process, closed at exit (a browser must not outlive us).
+_LIVE: weakref.WeakSet[ExternalRuntime] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for runtime in list(_LIVE):
+        with contextlib.suppress(Exception):
+            runtime.close()
+
+
 class ExternalRuntime(Runtime):
     """A runtime whose payloads and kernels live in an external ``qf-worker/1`` worker.
 
@@ -200,6 +213,9 @@ class ExternalRuntime(Runtime):
             self._make_connection, name=self.name, timeout=timeout, hello_timeout=hello_timeout
         )
         self._lock = threading.RLock()
+        self._release_lock = threading.Lock()
+        self._pending_release: list[tuple[int, int]] = []
+        _LIVE.add(self)
         self._weights: collections.OrderedDict[tuple[str, tuple[int, ...]], tuple[int, int]] = (
             collections.OrderedDict()
         )
@@ -229,7 +245,7 @@ class ExternalRuntime(Runtime):
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> pr.HelloInfo:
-        """Start the worker if needed and return its ``hello``."""
+        """Start the worker if needed and return its ``hello`` (sends queued releases)."""
         with self._lock:
             generation = self.session.generation
             info = self.session.start()
@@ -237,6 +253,8 @@ class ExternalRuntime(Runtime):
                 self._weights.clear()
                 if generation:
                     self._event("restarted", generation=self.session.generation)
+            if self._pending_release:
+                self._flush_releases()
             return info
 
     @property
@@ -277,14 +295,17 @@ class ExternalRuntime(Runtime):
         return precision_cls(integer=acc["integer"], real=acc["real"])
 
     def close(self) -> None:
-        """Say ``bye`` and stop the worker (idempotent)."""
+        """Say ``bye`` and stop the worker (idempotent; also run at interpreter exit)."""
         with self._lock:
             self._weights.clear()
+            self._pending_release.clear()
             self.session.close()
+            _LIVE.discard(self)
 
     def stats(self) -> dict[str, Any]:
         """The worker's ``stats`` (handles, resident bytes per representation, budget)."""
         with self._lock:
+            self.start()  # sends queued releases first
             return self.session.stats()
 
     def _event(self, kind: str, **details: Any) -> None:
@@ -390,20 +411,44 @@ class ExternalRuntime(Runtime):
         return Chunk(**kwargs)
 
     def release(self, chunk: Chunk) -> None:
-        """Free a resident chunk in the worker; idempotent.
+        """Free a resident chunk in the worker; idempotent and never blocking.
 
         The chunk's payload becomes :data:`~quantem_flow.runtimes.base.RELEASED`
-        (running it raises); a handle of a worker that has since ended needs
+        (running it raises) at once.  The ``release`` message is sent now if
+        the bridge is idle, otherwise just before its next request (Dask calls
+        this from its event loop when it forgets a key: it must not wait for a
+        kernel in flight).  A handle of a worker that has since ended needs
         nothing sent.  Host chunks hold nothing here: a no-op.
         """
         if not isinstance(chunk, Chunk):
             raise ParameterError(f"release() takes a Chunk, got {type(chunk).__name__}")
-        with self._lock:
+        with self._release_lock:
             h = chunk.payload
             if not isinstance(h, ExternalHandle):
                 return
             chunk.payload = RELEASED
-            self._release_handle(h)
+            if h.released or h.bridge != self.bridge_id:
+                return
+            assert h.handle is not None
+            self._pending_release.append((h.handle, h.generation))
+            h.handle = None
+            h.reload = None
+        if self._lock.acquire(blocking=False):
+            try:
+                self._flush_releases()
+            finally:
+                self._lock.release()
+
+    def _flush_releases(self) -> None:
+        """Send the releases queued by :meth:`release` (called with the lock held)."""
+        with self._release_lock:
+            pending, self._pending_release = self._pending_release, []
+        by_generation: dict[int, list[int]] = {}
+        for handle, generation in pending:
+            by_generation.setdefault(generation, []).append(handle)
+        for generation, handles in by_generation.items():
+            with contextlib.suppress(ExternalWorkerLostError):
+                self.session.release(handles, generation=generation)
 
     def _release_handle(self, h: ExternalHandle) -> None:
         if h.released or h.bridge != self.bridge_id:
