@@ -1,0 +1,108 @@
+"""External runtimes through the command line, the cluster helper and a person's browser."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import quantem_flow as qf
+from quantem_flow.cli import main
+from quantem_flow.runtimes.external.reference_worker import ReferenceWorker, serve_websocket
+from quantem_flow.runtimes.external.workers import WebGpuBrowserRuntime, WebGpuNodeRuntime
+from tests.conftest import probe_data
+
+
+def test_worker_command_names_external_runtimes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["worker", "tcp://127.0.0.1:8786", "--runtime", "external-reference,cpu", "--dry-run"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "--qf-runtimes external-reference,cpu" in out
+    assert main(
+        [
+            "worker",
+            "tcp://127.0.0.1:8786",
+            "--runtime",
+            "webgpu-browser",
+            "--no-launch",
+            "--dry-run",
+        ]
+    ) in (0, 2)
+    out = capsys.readouterr()
+    if WebGpuBrowserRuntime.available()[0]:
+        assert out.out.startswith("QF_WEBGPU_BROWSER_LAUNCH=0 ")
+    assert main(["worker", "tcp://127.0.0.1:8786", "--runtime", "webgpu-nope", "--dry-run"]) == 2
+    assert "available" in capsys.readouterr().err
+
+
+def test_person_opens_the_printed_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``--no-launch``: the bridge prints a loopback URL; whoever opens it becomes the worker."""
+    (tmp_path / "index.html").write_text("<p>page</p>")
+    monkeypatch.setenv("QF_WEBGPU_PAGE", str(tmp_path))
+    monkeypatch.setenv("QF_WEBGPU_BROWSER_LAUNCH", "0")
+    rt = WebGpuBrowserRuntime(hello_timeout=30)
+    started: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: started.setdefault("hello", rt.start()))
+    thread.start()
+    url = None
+    deadline = time.monotonic() + 20
+    text = ""
+    while url is None and time.monotonic() < deadline:
+        text += capfd.readouterr().err
+        found = re.search(r"open (http://127\.0\.0\.1:\d+/\?token=[\w-]+) in a browser", text)
+        url = found.group(1) if found else None
+        time.sleep(0.05)
+    assert url is not None, text
+    socket_url = url.replace("http://", "ws://").replace("/?token=", "/qf-worker?token=")
+    page = threading.Thread(
+        target=lambda: asyncio.run(serve_websocket(socket_url, ReferenceWorker(runtime="webgpu"))),
+        daemon=True,
+    )
+    page.start()
+    thread.join(30)
+    try:
+        assert started["hello"].runtime == "webgpu"
+        assert rt.session.ping() < 5
+    finally:
+        rt.close()
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_local_cluster_with_a_webgpu_worker(rng: np.random.Generator) -> None:
+    ok, why = WebGpuNodeRuntime.available()
+    if not ok:
+        pytest.skip(why)
+    from distributed import Client
+
+    from quantem_flow.graphs.cluster import start_local_cluster
+
+    cluster = start_local_cluster(workers=[{"runtimes": ["cpu"]}, {"runtimes": ["webgpu"]}])
+    client = Client(cluster, set_as_default=False)
+    try:
+        workers = client.scheduler_info()["workers"]
+        (gpu,) = [a for a, w in workers.items() if "qf-runtime-webgpu" in w["resources"]]
+        assert workers[gpu]["resources"]["qf-budget-webgpu"] > 0
+        data = probe_data(rng, scan=(6, 5))
+        ds = qf.open(data, chunk_rows=2)
+        (bf,) = qf.compute(
+            qf.virtual_bf(ds, radius=4.5, center=(8.6, 14.2)), client=client, backend="webgpu"
+        )
+        (ref,) = qf.compute(qf.virtual_bf(ds, radius=4.5, center=(8.6, 14.2)), client="synchronous")
+        np.testing.assert_array_equal(bf.data, ref.data)
+        assert {r["worker"] for r in bf.provenance.execution["chunks"]} == {gpu}
+        details = bf.provenance.execution["runtime_details"]
+        assert details[0]["accumulation"]["integer"] == "u32x2"
+    finally:
+        client.close()
+        cluster.close()
