@@ -739,7 +739,11 @@ CHROMIUM_FLAGS = (
 
 
 class ChromiumProcess:
-    """A headless Chromium pointed at a worker page; :meth:`close` kills it and its profile."""
+    """A headless Chromium (under its watchdog) pointed at a worker page.
+
+    :meth:`close` kills the watchdog's process group (the browser and all its
+    processes) and removes the profile.
+    """
 
     def __init__(self, process: subprocess.Popen[bytes], profile: str) -> None:
         self.process = process
@@ -747,7 +751,7 @@ class ChromiumProcess:
 
     @property
     def pid(self) -> int:
-        """Process id of the browser."""
+        """Process id of the watchdog, which leads the browser's process group."""
         return int(self.process.pid)
 
     def close(self) -> None:
@@ -800,11 +804,26 @@ def launch_chromium(
         raise ParameterError(f"launch_chromium opens loopback worker pages only, got {url!r}")
     profile = tempfile.mkdtemp(prefix="qf-chromium-")
     argv = [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *extra_args, url]
+    # The browser runs under a small watchdog that leads its process group: when this
+    # process goes away (even by SIGKILL) the watchdog kills the group and removes the
+    # profile, so no headless browser outlives the bridge that launched it.
     process = subprocess.Popen(
-        argv,
+        [sys.executable, "-c", _WATCHDOG, str(os.getpid()), profile, *argv],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     return ChromiumProcess(process, profile)
+
+
+_WATCHDOG = """
+import os, shutil, signal, subprocess, sys, time
+parent, profile, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+while child.poll() is None and os.getppid() == parent:
+    time.sleep(0.5)
+shutil.rmtree(profile, ignore_errors=True)
+os.killpg(0, signal.SIGKILL)
+"""
