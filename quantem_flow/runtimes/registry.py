@@ -515,6 +515,10 @@ def get_spec(name: str) -> RuntimeSpec:
     spec = specs.get(name) if isinstance(name, str) else None
     if spec is not None:
         return spec
+    from .external.spec import register_requested
+
+    if register_requested([name]):  # external runtimes (webgpu...) register when named
+        return runtime_specs()[name]
     broken = entry_point_errors().get(name) if isinstance(name, str) else None
     if broken:
         raise RuntimeUnavailableError(

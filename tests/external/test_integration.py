@@ -106,3 +106,22 @@ def test_local_cluster_with_a_webgpu_worker(rng: np.random.Generator) -> None:
     finally:
         client.close()
         cluster.close()
+
+
+def test_a_client_knows_external_runtimes_by_name() -> None:
+    """A fresh process (a client of a remote cluster) resolves ``backend="webgpu"`` by name."""
+    import subprocess
+    import sys
+
+    code = (
+        "from quantem_flow.runtimes import resolve_backend, runtime_specs\n"
+        "assert 'webgpu' not in runtime_specs()\n"
+        "print(resolve_backend('webgpu-browser').chosen if "
+        "__import__('quantem_flow.runtimes.external.workers', fromlist=['x'])"
+        ".WebGpuBrowserRuntime.available()[0] else 'webgpu-browser')\n"
+        "from quantem_flow.runtimes import get_spec\n"
+        "print(get_spec('webgpu').residency, get_spec('external-reference').name)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["webgpu-browser", "external", "external-reference"]
