@@ -129,15 +129,23 @@ def test_bad_frames_from_the_bridge(pipes: Start, data: bytes, code: str) -> Non
 def test_too_large(pipes: Start) -> None:
     s = _session(pipes, "--max-message-bytes", "1000")
     assert s.start().limits["max_message_bytes"] == 1000
+    big = np.zeros((1, 1, 40, 40), np.uint8)
+    # the bridge knows the limit from hello and never sends such a frame
     with pytest.raises(ProtocolError) as info:
-        s.put(
-            representation="dense",
-            payload=np.zeros((1, 1, 40, 40), np.uint8),
-            scan_slice=((0, 1), (0, 1)),
-        )
+        s.put(representation="dense", payload=big, scan_slice=((0, 1), (0, 1)))
     assert info.value.code == "too_large" and info.value.worker == "ref-test"
-    assert not s.connected  # the worker closed; the next request restarts it
-    assert s.ping() >= 0 and s.generation == 2
+    assert "smaller chunks" in str(info.value) and s.connected and s.generation == 1
+    # a peer that sends one anyway gets too_large, and the worker closes
+    conn = s.connection
+    assert conn is not None
+    conn.send(
+        pr.put(id=99, handle=9, representation="dense", payload=big, scan_slice=((0, 1), (0, 1)))
+    )
+    reply = conn.recv(20)
+    assert reply.type == "error" and reply.header["code"] == "too_large" and reply.id is None
+    conn.process.wait(timeout=10)  # type: ignore[attr-defined]
+    assert conn.exit_code == 2  # type: ignore[attr-defined]
+    assert s.ping() >= 0 and s.generation == 2  # the next request restarts it
 
 
 def test_unknown_handle_and_bad_requests(pipes: Start) -> None:

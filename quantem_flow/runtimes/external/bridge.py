@@ -48,7 +48,7 @@ from ...errors import (
     UnsupportedOperationError,
 )
 from ...representations.chunk import Chunk
-from ..base import RELEASED, FramePassResult, Runtime
+from ..base import RELEASED, FramePassResult, Precision, Runtime
 from . import protocol as pr
 from .session import ExternalSession
 from .transport import Connection
@@ -284,15 +284,10 @@ class ExternalRuntime(Runtime):
             return any(op == operation and rep == representation for op, rep, _ in kernels)
         return (operation, representation, np.dtype(dtype).name) in kernels
 
-    def precision(self) -> Any:
+    def precision(self) -> Precision:
         """How the worker accumulates (its hello's ``accumulation``)."""
-        from .. import base
-
         acc = self.hello.accumulation
-        precision_cls = getattr(base, "Precision", None)
-        if precision_cls is None:  # pragma: no cover - before the registry refactor
-            return dict(acc)
-        return precision_cls(integer=acc["integer"], real=acc["real"])
+        return Precision(integer=acc["integer"], real=acc["real"])
 
     def close(self) -> None:
         """Say ``bye`` and stop the worker (idempotent; also run at interpreter exit)."""

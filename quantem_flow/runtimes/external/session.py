@@ -282,6 +282,7 @@ class ExternalSession:
             rid = next(self._ids)
             message = build(rid)
             kind = message.type
+            self._check_limits(message, handle)
             t0 = time.monotonic()
             try:
                 conn.send(message, timeout=wait, handle=handle)
@@ -316,6 +317,34 @@ class ExternalSession:
                     handle=handle,
                 )
             return reply
+
+    def _check_limits(self, message: pr.Message, handle: int | None) -> None:
+        """Refuse, without sending it, a message over the worker's declared limits."""
+        if self.hello is None:
+            return
+        limits = self.hello.limits
+        largest = max((v.nbytes for v in message.buffer_views()), default=0)
+        if largest > limits["max_buffer_bytes"]:
+            raise ProtocolError(
+                f"external worker {self.name!r} takes buffers of at most "
+                f"{limits['max_buffer_bytes']} bytes; this {message.type} has one of {largest} "
+                "bytes. Use smaller chunks (fewer scan rows per chunk)",
+                code="too_large",
+                worker=self.name,
+                message_type=message.type,
+                handle=handle,
+            )
+        total = message.nbytes
+        if total > limits["max_message_bytes"]:
+            raise ProtocolError(
+                f"external worker {self.name!r} takes frames of at most "
+                f"{limits['max_message_bytes']} bytes; this {message.type} is {total} bytes. "
+                "Use smaller chunks (fewer scan rows per chunk)",
+                code="too_large",
+                worker=self.name,
+                message_type=message.type,
+                handle=handle,
+            )
 
     # ---------------------------------------------------------------- messages
     def put(
