@@ -5,7 +5,8 @@
 // in order and adds into the running pattern (so group dispatches accumulate).
 // Integer variants: integer data, sum as 64-bit words; real variants: float32
 // data, sum in ACC_T; max as raw 32-bit words (NaN propagates like numpy.max).
-// pc: n_frames, K, elem_bytes, is_float, flags (1 = sum, 2 = max).
+// pc: n_frames, K, elem_bytes, is_float, flags (1 = sum, 2 = max), frame_offset (the
+// first frame of the buffer this dispatch reads: the host splits long runs, see session.cpp).
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer Frames { uint frames[]; };
 #if ACC_INT
@@ -33,7 +34,7 @@ void main() {
 #endif
     uint mx = want_max ? maxw[p] : 0u;
     for (uint f = 0u; f < pc.n_frames; ++f) {
-      uint bits = elem(f * pc.K + p);
+      uint bits = elem((pc.frame_offset + f) * pc.K + p);
 #if ACC_INT
       s = add64(s, uvec2(bits, 0u));
       mx = max(mx, bits);

@@ -84,6 +84,9 @@ const char *type_name(VkPhysicalDeviceType t) {
   }
 }
 
+// Frames one pattern dispatch walks in a loop (below gallivm's 65535-iteration cap).
+constexpr uint64_t kMaxLoopFrames = 32768;
+
 uint32_t groups_for(uint64_t items) {
   uint64_t g = (items + 63) / 64;
   return static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>(g, 65535)));
@@ -855,12 +858,17 @@ void Session::frame_pass(qfv_handle ch, qfv_handle wh, qfv_pass_result &res) {
       d.push.rows = static_cast<uint32_t>(std::min<uint64_t>(8, m - r0));
       ds.push_back(d);
     }
-    if (want_sum || want_max) {
+    // The pattern shader loops over frames in one thread per pixel.  Mesa's gallivm
+    // (lavapipe, llvmpipe) ends any shader loop after 65535 iterations
+    // (LP_MAX_TGSI_LOOP_ITERATIONS) without an error, so long runs of frames are
+    // split into dispatches of kMaxLoopFrames that accumulate in order.
+    for (uint64_t s0 = 0; (want_sum || want_max) && s0 < nf; s0 += kMaxLoopFrames) {
       Dispatch d{pipe("pattern." + pat_acc),
                  {frames, sum.buffer, mx.buffer, nullptr, nullptr, nullptr},
                  base,
                  groups_for(k)};
-      d.push.n_frames = static_cast<uint32_t>(nf);
+      d.push.n_frames = static_cast<uint32_t>(std::min<uint64_t>(kMaxLoopFrames, nf - s0));
+      d.push.frame_offset = static_cast<uint32_t>(s0);
       d.push.elem_bytes = esz;
       d.push.is_float = is_float ? 1u : 0u;
       ds.push_back(d);
