@@ -52,6 +52,11 @@ WORKER_ENTRY_KEYS = (
 STARTUP_TIMEOUT_S = 60.0
 
 
+#: Restarts of one worker program allowed within :data:`RESTART_WINDOW_S` seconds.
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 300.0
+
+
 class WorkerProgram(ProcessInterface):  # type: ignore[misc]
     """A quantem-flow worker run as a program of its own, for ``SpecCluster``/``LocalCluster``.
 
@@ -131,6 +136,10 @@ class WorkerProgram(ProcessInterface):  # type: ignore[misc]
         self.process: asyncio.subprocess.Process | None = None
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
         self._drain: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._closing = False
+        #: ``(time, exit status)`` of each unexpected exit, restarted or not
+        self.exits: list[tuple[float, int | None]] = []
 
     def _environment(self) -> dict[str, str]:
         import dask.config
@@ -153,7 +162,66 @@ class WorkerProgram(ProcessInterface):  # type: ignore[misc]
             print(line, file=sys.stderr)
 
     async def start(self) -> None:
-        """Start the worker program and wait until it has registered."""
+        """Start the worker program, wait until it has registered, then watch it."""
+        await self._spawn()
+        await super().start()
+        self._watch = asyncio.ensure_future(self._supervise())
+
+    async def _supervise(self) -> None:
+        """Restart the worker program when it dies unexpectedly (as a Nanny would).
+
+        A worker killed by a signal, the OOM killer or a crash (a non-zero
+        exit status; a worker the scheduler closes exits with 0) is restarted
+        at once, at most :data:`MAX_RESTARTS` times within
+        :data:`RESTART_WINDOW_S` seconds; each exit is logged at WARNING
+        with its status, and a worker that is not restarted is logged at
+        ERROR, so a lost worker is either restored or reported, never
+        silently gone.
+        """
+        import logging
+        import time
+
+        log = logging.getLogger("quantem_flow.cluster")
+        while not self._closing:
+            proc = self.process
+            if proc is None:
+                return
+            status = await proc.wait()
+            if self._closing or status == 0:
+                return  # closed on purpose (by the cluster or the scheduler): not restarted
+            now = time.monotonic()
+            self.exits.append((now, status))
+            recent = [t for t, _ in self.exits if now - t < RESTART_WINDOW_S]
+            what = f"signal {-status}" if status is not None and status < 0 else f"status {status}"
+            if len(recent) > MAX_RESTARTS:
+                log.error(
+                    "quantem-flow worker %r (pid %s) exited with %s; not restarted: it exited "
+                    "%d times within %.0f s. Its stderr ended with: %s",
+                    self.name,
+                    getattr(self, "pid", "?"),
+                    what,
+                    len(recent),
+                    RESTART_WINDOW_S,
+                    self._tail(),
+                )
+                return
+            log.warning(
+                "quantem-flow worker %r (pid %s, %s) exited with %s; restarting it",
+                self.name,
+                getattr(self, "pid", "?"),
+                getattr(self, "address", "?"),
+                what,
+            )
+            try:
+                await self._spawn()
+            except Exception as exc:  # reported, never silent
+                log.error("quantem-flow worker %r could not be restarted: %s", self.name, exc)
+                return
+            log.warning("quantem-flow worker %r is back at %s", self.name, self.address)
+
+    async def _spawn(self) -> None:
+        if self._drain is not None:
+            self._drain.cancel()
         self.process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -186,7 +254,6 @@ class WorkerProgram(ProcessInterface):  # type: ignore[misc]
         info = json.loads(line)
         self.address = info["address"]
         self.pid = int(info["pid"])
-        await super().start()
 
     def _tail(self) -> str:
         return " | ".join(list(self.stderr_tail)[-8:]) or "(nothing)"
@@ -203,7 +270,10 @@ class WorkerProgram(ProcessInterface):  # type: ignore[misc]
             await proc.wait()
 
     async def close(self) -> None:
-        """Stop the worker program (SIGTERM, then SIGKILL after 10 s)."""
+        """Stop the worker program (SIGTERM, then SIGKILL after 10 s); no restart."""
+        self._closing = True
+        if self._watch is not None:
+            self._watch.cancel()
         await self._kill()
         if self._drain is not None:
             self._drain.cancel()
