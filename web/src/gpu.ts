@@ -14,6 +14,19 @@ import {
   type Layout,
 } from "./kernels.js";
 
+/**
+ * Frames one dense/packed dispatch may walk.  Mesa's gallivm (llvmpipe and lavapipe, which
+ * run Dawn's OpenGL ES backend here) silently ends a shader after 65535 loop iterations
+ * (LP_MAX_TGSI_LOOP_ITERATIONS), and it counts the iterations of nested loops together:
+ * measured, the fused kernel with 2 weight rows stopped after 3121 frames (21 iterations a
+ * frame).  So the frames of one dispatch are bounded by a conservative count of the loop
+ * iterations one frame takes, and longer runs are split into dispatches that accumulate.
+ */
+export function loopFrames(rows: number): number {
+  const perFrame = (P + 1) * (rows + 2) + 8 * (rows + 1) + 16; // incl. the 7-step reductions
+  return Math.max(1, Math.floor(60000 / perFrame));
+}
+
 export type Representation = "dense" | "paired" | "packed";
 
 /** One storage binding's worth of whole frames. */
@@ -214,7 +227,9 @@ export class Engine {
         // Frames per dispatch: keep the partial buffer within the binding limit (and 32 MiB).
         const perFrameBytes = c.representation === "paired" ? R * W * 4 : G * R * W * 4;
         const cap = Math.min(this.bindingLimit, 32 * 1024 * 1024);
-        const step = perFrameBytes > 0 ? Math.max(1, Math.floor(cap / perFrameBytes)) : seg.n;
+        // ... and the frame loop of one dispatch below MAX_LOOP_FRAMES (see its note).
+        const fit = perFrameBytes > 0 ? Math.max(1, Math.floor(cap / perFrameBytes)) : seg.n;
+        const step = Math.max(1, Math.min(fit, loopFrames(R)));
         for (let a = 0; a < seg.n; a += step) {
           const n = Math.min(step, seg.n - a);
           const part = this.zeros(Math.max(4, n * perFrameBytes));
