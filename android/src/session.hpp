@@ -130,7 +130,7 @@ public:
   std::atomic<uint64_t> validation_messages{0};
 };
 
-constexpr uint64_t kScratchBytes = 16u << 20;  // packed decode buffer (frames of u32)
+constexpr uint64_t kScratchBytes = 16u << 20; // packed decode buffer (frames of u32)
 // One decoded frame fits the scratch, and the frame pass walks a frame in 64-thread
 // strides: 2**21 pixels keep that loop at 32768 iterations, below the 65535 after which
 // Mesa's gallivm (lavapipe) silently ends a shader loop (a 2048 x 2048 frame came out short).
