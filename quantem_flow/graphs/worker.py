@@ -133,7 +133,13 @@ def _probe(
     ):
         raise ParameterError(f"nthreads must be a positive integer or None, got {nthreads!r}")
     requested = _check_runtime_names(runtimes)
-    names = requested if requested is not None else tuple(runtime_specs())
+    # by default every registered runtime except external ones: probing those starts a
+    # process or a browser, so they are advertised only when named
+    names = (
+        requested
+        if requested is not None
+        else tuple(n for n, s in runtime_specs().items() if s.residency != "external")
+    )
     host = _host_bytes(memory_limit)
     slots: dict[str, float] = {}
     budgets: dict[str, int] = {}

@@ -17,20 +17,32 @@ testing = pytest.importorskip(
 )
 
 from quantem_flow.runtimes.external.spec import register_requested  # noqa: E402
+from quantem_flow.runtimes.registry import unregister_runtime  # noqa: E402
 
-register_requested(["external-reference", "webgpu", "webgpu-browser"])
-
-
-@pytest.mark.parametrize(
-    "case", testing.conformance_params(["external-reference"], operations=["frame_pass", "gather"])
+_EXTERNAL = ["external-reference", "webgpu", "webgpu-browser"]
+# The cases are made at collection; the runtimes are registered only while this module
+# runs (see the fixture), so other modules that enumerate the registry never see them.
+register_requested(_EXTERNAL)
+_REFERENCE_CASES = testing.conformance_params(
+    ["external-reference"], operations=["frame_pass", "gather"]
 )
+_NODE_CASES = testing.conformance_params(["webgpu"], operations=["frame_pass", "gather"])
+_BROWSER_CASES = testing.conformance_params(["webgpu-browser"])
+for _name in _EXTERNAL:
+    unregister_runtime(_name)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _registered(_registry_restored: None) -> None:
+    register_requested(_EXTERNAL)  # removed again by conftest's _registry_restored
+
+
+@pytest.mark.parametrize("case", _REFERENCE_CASES)
 def test_reference_worker_conforms(case: object) -> None:
     testing.run_case(case)
 
 
-@pytest.mark.parametrize(
-    "case", testing.conformance_params(["webgpu"], operations=["frame_pass", "gather"])
-)
+@pytest.mark.parametrize("case", _NODE_CASES)
 def test_webgpu_node_conforms(case: object) -> None:
     testing.run_case(case)
 
@@ -51,7 +63,7 @@ _BROWSER = {
     "case",
     [
         p
-        for p in testing.conformance_params(["webgpu-browser"])
+        for p in _BROWSER_CASES
         if (p.values[0].operation, p.values[0].representation, p.values[0].dtype) in _BROWSER
     ],
 )
