@@ -21,7 +21,7 @@ from quantem_flow.errors import ExternalWorkerError
 from quantem_flow.representations import Chunk
 from quantem_flow.runtimes import get_runtime
 from quantem_flow.runtimes.external.vulkan import VULKAN_SPEC, VulkanRuntime
-from quantem_flow.runtimes.registry import register_runtime, runtime_specs
+from quantem_flow.runtimes.registry import register_runtime, runtime_specs, unregister_runtime
 
 
 class ForcedTwoWordVulkan(VulkanRuntime):
@@ -52,9 +52,26 @@ class SmallBudgetVulkan(VulkanRuntime):
         return [*super().command(), "--budget-bytes", str(SMALL_BUDGET)]
 
 
-for _spec in (VULKAN_SPEC, FORCED_SPEC):
-    if _spec.name not in runtime_specs():
-        register_runtime(_spec)
+_SPECS = (VULKAN_SPEC, FORCED_SPEC)
+
+
+def _register() -> None:
+    for spec in _SPECS:
+        if spec.name not in runtime_specs():
+            register_runtime(spec)
+
+
+# The cases are made at collection; the runtimes are registered only while this module
+# runs (conftest's _registry_restored removes them), so other modules never see them.
+_register()
+_CASES = testing.conformance_params(["vulkan", "vulkan-u32x2"])
+for _spec in _SPECS:
+    unregister_runtime(_spec.name)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _registered(_registry_restored: None) -> None:
+    _register()
 
 
 def test_vulkan_worker_is_built_and_answers() -> None:
@@ -69,7 +86,7 @@ def test_vulkan_worker_is_built_and_answers() -> None:
     assert forced.accumulation == {"integer": "u32x2", "real": "float32"}
 
 
-@pytest.mark.parametrize("case", testing.conformance_params(["vulkan", "vulkan-u32x2"]))
+@pytest.mark.parametrize("case", _CASES)
 def test_vulkan_worker_conforms(case: object) -> None:
     testing.run_case(case)
 

@@ -16,6 +16,8 @@ __all__ = [
     "EXTERNAL_SPECS",
     "KERNELS",
     "REFERENCE_SPEC",
+    "VULKAN_KERNELS",
+    "VULKAN_SPEC",
     "WEBGPU_BROWSER_SPEC",
     "WEBGPU_SPEC",
     "register_requested",
@@ -82,8 +84,34 @@ REFERENCE_SPEC = RuntimeSpec(
     "Node; $QF_REFERENCE_WORKER_ARGS adds arguments)",
 )
 
+_VULKAN_DENSE = ("uint8", "uint16", "uint32", "float32")
+_VULKAN_COUNTED = ("uint8", "uint16", "uint32")
+#: ``(operation, representation, dtype)`` of ``qf-vulkan-worker`` (its hello is authoritative).
+VULKAN_KERNELS = frozenset(
+    {(op, "dense", d) for op in ("frame_pass", "gather") for d in _VULKAN_DENSE}
+    | {
+        (op, rep, d)
+        for op in ("frame_pass", "gather")
+        for rep in ("paired", "packed")
+        for d in _VULKAN_COUNTED
+    }
+)
+
+VULKAN_SPEC = RuntimeSpec(
+    name="vulkan",
+    factory="quantem_flow.runtimes.external.vulkan:VulkanRuntime",
+    dependency=None,
+    kernels=VULKAN_KERNELS,
+    auto_rank=None,
+    probe="quantem_flow.runtimes.external.vulkan:probe_vulkan",
+    residency="external",
+    description="C++/Vulkan worker (android/, host build) over pipes (qf-worker/1)",
+)
+
 #: The external runtimes, registered on demand (see :func:`register_requested`).
-EXTERNAL_SPECS = {spec.name: spec for spec in (WEBGPU_SPEC, WEBGPU_BROWSER_SPEC, REFERENCE_SPEC)}
+EXTERNAL_SPECS = {
+    spec.name: spec for spec in (WEBGPU_SPEC, WEBGPU_BROWSER_SPEC, REFERENCE_SPEC, VULKAN_SPEC)
+}
 
 
 def register_requested(names: object) -> list[str]:

@@ -20,24 +20,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ...errors import RuntimeUnavailableError
-from ..registry import RuntimeSpec
+from .spec import VULKAN_KERNELS, VULKAN_SPEC
 from .workers import PipeRuntime, external_probe
 
 __all__ = ["VULKAN_KERNELS", "VULKAN_SPEC", "VulkanRuntime", "probe_vulkan", "vulkan_worker_path"]
-
-_DENSE = ("uint8", "uint16", "uint32", "float32")
-_COUNTED = ("uint8", "uint16", "uint32")
-
-#: ``(operation, representation, dtype)`` of ``qf-vulkan-worker`` (its hello is authoritative).
-VULKAN_KERNELS = frozenset(
-    {(op, "dense", d) for op in ("frame_pass", "gather") for d in _DENSE}
-    | {
-        (op, rep, d)
-        for op in ("frame_pass", "gather")
-        for rep in ("paired", "packed")
-        for d in _COUNTED
-    }
-)
 
 
 def vulkan_worker_path() -> Path:
@@ -80,15 +66,3 @@ class VulkanRuntime(PipeRuntime):
 def probe_vulkan(*, nthreads: int, memory_limit: int, budget_fraction: float) -> Any:
     """Probe of ``vulkan``: start ``qf-vulkan-worker`` and say hello."""
     return external_probe("vulkan")
-
-
-VULKAN_SPEC = RuntimeSpec(
-    name="vulkan",
-    factory="quantem_flow.runtimes.external.vulkan:VulkanRuntime",
-    dependency=None,
-    kernels=VULKAN_KERNELS,
-    auto_rank=None,
-    probe="quantem_flow.runtimes.external.vulkan:probe_vulkan",
-    residency="external",
-    description="C++/Vulkan worker (android/, host build) over pipes (qf-worker/1)",
-)
