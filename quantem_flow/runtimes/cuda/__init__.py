@@ -142,6 +142,10 @@ class CudaRuntime(Runtime):
         if isinstance(array, cupy.ndarray):
             return array
         host = np.ascontiguousarray(array)
+        if not host.dtype.isnative:  # CuPy holds native byte order only; the values are kept
+            host = host.astype(host.dtype.newbyteorder("="))
+        if host.size == 0:
+            return cupy.empty(host.shape, dtype=host.dtype)
         staging = self._pinned(host.nbytes).view(host.dtype).reshape(host.shape)
         np.copyto(staging, host)
         stream = self._stream()
