@@ -158,8 +158,9 @@ def main() -> int:
             )
         )
         ping = f"{r['ping_ms']:.3f}" if "ping_ms" in r else "-"
+        put = "- (host: no copy)" if r["runtime"] == "cpu" else f"{r['put_GBps']:.2f}"
         print(
-            f"| {r['runtime']} | {r['device'][:40]} | {r['put_GBps']:.2f} | {ping} | "
+            f"| {r['runtime']} | {r['device'][:40]} | {put} | {ping} | "
             f"{1e3 * r['pass_s']:.1f} | {ratio:.1f}x | {exact} |"
         )
     if args.json:
