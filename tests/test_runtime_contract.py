@@ -126,8 +126,8 @@ class CountingRuntime(CpuRuntime):
     puts: ClassVar[list[tuple[int, int]]] = []
     releases: ClassVar[list[tuple[int, int]]] = []
 
-    def put(self, chunk: Chunk) -> Chunk:
-        handle = super().put(chunk)
+    def put(self, chunk: Chunk, *, reload: Any = None) -> Chunk:
+        handle = super().put(chunk, reload=reload)
         if handle is not chunk:
             with self.lock:
                 self.puts.append(chunk.scan_slice[0])

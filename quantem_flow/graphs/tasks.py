@@ -8,6 +8,7 @@ loaded it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import socket
 import time
@@ -172,23 +173,33 @@ def run_chunk_pass(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial
         runtime.release(handle)
 
 
-def load_resident_chunk(ds: Dataset4D, runtime_name: str, index: int, r0: int, r1: int) -> Chunk:
-    """Load one chunk and put it in the runtime once; the handle is what Dask holds.
-
-    Forgetting the handle releases it (the worker's data mapping calls the
-    runtime's ``release``).
-    """
-    runtime = get_runtime(runtime_name)
+def load_host_payload(ds: Dataset4D, r0: int, r1: int) -> Any:
+    """Load rows ``r0:r1`` of ``ds`` into a payload the caller owns (dense: a fresh array)."""
     if ds.representation == "dense":
         # decode straight into memory the chunk will own (one allocation, no staging copy)
         owned = np.empty(ds.raw_block_shape((r0, r1)), dtype=ds.source.dtype)
         block = ds.load_block((r0, r1), buffer=owned)
         if not (block.flags.owndata or np.shares_memory(block, owned)):
             block = np.array(block, copy=True)  # a read-only view (memory map, in-memory array)
-        payload: Any = block
-    else:
-        payload, _ = ds.load_payload((r0, r1))
-    return runtime.put(_host_chunk(ds, r0, r1, payload))
+        return block
+    payload, _ = ds.load_payload((r0, r1))
+    return payload
+
+
+def load_resident_chunk(ds: Dataset4D, runtime_name: str, index: int, r0: int, r1: int) -> Chunk:
+    """Load one chunk and put it in the runtime once; the handle is what Dask holds.
+
+    Forgetting the handle releases it (the worker's data mapping calls the
+    runtime's ``release``).  The runtime also gets the recipe to load the same
+    payload again (``reload``), so an external worker whose native process
+    died re-places the chunk itself (docs/external-workers.md).
+    """
+    runtime = get_runtime(runtime_name)
+    payload = load_host_payload(ds, r0, r1)
+    return runtime.put(
+        _host_chunk(ds, r0, r1, payload),
+        reload=functools.partial(load_host_payload, ds, r0, r1),
+    )
 
 
 def run_resident_kernels(spec: PassSpec, chunk: Chunk, index: int) -> ChunkPartial:

@@ -244,7 +244,7 @@ class Runtime(abc.ABC):
         return self.declaration.residency
 
     # -- the payload contract --------------------------------------------------------------
-    def put(self, chunk: Chunk) -> Chunk:
+    def put(self, chunk: Chunk, *, reload: Callable[[], Any] | None = None) -> Chunk:
         """Place ``chunk``'s payload in this runtime and return the handle.
 
         Parameters
@@ -252,6 +252,13 @@ class Runtime(abc.ABC):
         chunk
             A host chunk (``residency="host"``), or a handle this runtime
             made (returned unchanged).
+        reload
+            A picklable zero-argument callable giving the same host payload
+            again.  Runtimes whose payloads can be lost without the process
+            that holds the handle dying (an external worker's native process)
+            keep it to re-place the chunk after a restart; in-process runtimes
+            ignore it (their payloads die with the Dask worker, which the
+            scheduler re-places).
 
         Returns
         -------

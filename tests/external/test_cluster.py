@@ -134,12 +134,6 @@ def test_persisted_queries_move_no_chunk_bytes(rng: np.random.Generator, mixed: 
 
 
 @pytest.mark.cluster
-@pytest.mark.xfail(
-    reason="graph layer: load_resident_chunk (graphs/tasks.py) must pass reload= to "
-    "ExternalRuntime.put so a chunk can be re-placed after the native process dies; "
-    "see docs/external-workers.md",
-    strict=False,
-)
 def test_native_kill_mid_pass_gives_identical_result(rng: np.random.Generator, mixed: Any) -> None:
     client, ext, _, crash = mixed
     data = probe_data(rng, scan=(8, 5))
