@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BUILTIN_SPECS",
     "ENTRY_POINT_GROUP",
+    "ON_REQUEST",
     "OPERATIONS",
     "ProbeResult",
     "RuntimeRegistryWarning",
@@ -83,6 +84,14 @@ BUILTIN_SPECS = (
     "quantem_flow.runtimes.cuda.spec:SPEC",
     "quantem_flow.runtimes.mps.spec:SPEC",
 )
+
+#: ``"module:function"`` of providers of runtimes registered when first named,
+#: called as ``provider([name]) -> names registered``.  The external runtimes
+#: (``webgpu``...) start a process or a browser when probed, so workers do not
+#: probe them by default; naming one (``backend=``, ``runtimes=``) registers it.
+#: Like :data:`BUILTIN_SPECS` and the entry points, these are read by name: the
+#: registry never imports the external layer (``tests/test_layers.py``).
+ON_REQUEST = ("quantem_flow.runtimes.external.spec:register_requested",)
 
 #: Operations the engine drives, and what each kernel computes.
 OPERATIONS: dict[str, str] = {
@@ -515,10 +524,14 @@ def get_spec(name: str) -> RuntimeSpec:
     spec = specs.get(name) if isinstance(name, str) else None
     if spec is not None:
         return spec
-    from .external.spec import register_requested
-
-    if register_requested([name]):  # external runtimes (webgpu...) register when named
-        return runtime_specs()[name]
+    for target in ON_REQUEST:  # runtimes registered when named (webgpu...)
+        try:
+            registered = load_attribute(target)([name]) if isinstance(name, str) else []
+        except ImportError as exc:  # pragma: no cover - a broken installation
+            logger.warning("quantem-flow: runtime provider %s does not import: %s", target, exc)
+            continue
+        if name in registered:
+            return runtime_specs()[name]
     broken = entry_point_errors().get(name) if isinstance(name, str) else None
     if broken:
         raise RuntimeUnavailableError(
