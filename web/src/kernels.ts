@@ -53,8 +53,11 @@ fn mul64(a: u32, b: u32) -> vec2<u32> {
 }
 
 // Error-free sum of two (s, c) pairs (TwoSum on the leading parts).
+// A non-finite sum carries no error term: TwoSum's inf - inf would turn +-inf into NaN
+// (SwiftShader computes it as written; Mesa's GLSL compiler happened to fold it away).
 fn twosum(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
   let s = a.x + b.x;
+  if ((bitcast<u32>(s) & 0x7f800000u) == 0x7f800000u) { return vec2<f32>(s, 0.0); }
   let bb = s - a.x;
   let err = (a.x - (s - bb)) + (b.x - bb);
   return vec2<f32>(s, a.y + b.y + err);
