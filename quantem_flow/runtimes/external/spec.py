@@ -20,92 +20,78 @@ __all__ = [
     "VULKAN_SPEC",
     "WEBGPU_BROWSER_SPEC",
     "WEBGPU_SPEC",
+    "kernel_triples",
     "register_requested",
 ]
 
-_DENSE = ("uint8", "uint16", "uint32", "float32")
-_COUNTED = ("uint8", "uint16", "uint32", "int8", "int16", "int32")
+
+def kernel_triples(
+    dense: tuple[str, ...], counted: tuple[str, ...]
+) -> frozenset[tuple[str, str, str]]:
+    """(operation, representation, dtype) of frame_pass and gather on these dtypes."""
+    out: set[tuple[str, str, str]] = set()
+    for op in ("frame_pass", "gather"):
+        out |= {(op, "dense", d) for d in dense}
+        out |= {(op, rep, d) for rep in ("paired", "packed") for d in counted}
+    return frozenset(out)
+
+
+def _external(
+    name: str, runtime: str, probe: str, kernels: frozenset[tuple[str, str, str]], description: str
+) -> RuntimeSpec:
+    return RuntimeSpec(
+        name=name,
+        factory=runtime,
+        dependency=None,
+        kernels=kernels,
+        auto_rank=None,
+        probe=probe,
+        residency="external",
+        description=description,
+    )
+
+
+_WORKERS = "quantem_flow.runtimes.external.workers"
+_ALL = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64")
 
 #: ``(operation, representation, dtype)`` of the WebGPU worker.
-KERNELS = frozenset(
-    {(op, "dense", d) for op in ("frame_pass", "gather") for d in _DENSE}
-    | {
-        (op, rep, d)
-        for op in ("frame_pass", "gather")
-        for rep in ("paired", "packed")
-        for d in _COUNTED
-    }
+KERNELS = kernel_triples(
+    ("uint8", "uint16", "uint32", "float32"),
+    ("uint8", "uint16", "uint32", "int8", "int16", "int32"),
 )
-
-WEBGPU_SPEC = RuntimeSpec(
-    name="webgpu",
-    factory="quantem_flow.runtimes.external.workers:WebGpuNodeRuntime",
-    dependency=None,
-    kernels=KERNELS,
-    auto_rank=None,
-    probe="quantem_flow.runtimes.external.workers:probe_webgpu",
-    residency="external",
-    description="WebGPU/WGSL worker (web/) on Node + Dawn, over pipes (qf-worker/1)",
-)
-
-WEBGPU_BROWSER_SPEC = RuntimeSpec(
-    name="webgpu-browser",
-    factory="quantem_flow.runtimes.external.workers:WebGpuBrowserRuntime",
-    dependency=None,
-    kernels=KERNELS,
-    auto_rank=None,
-    probe="quantem_flow.runtimes.external.workers:probe_webgpu_browser",
-    residency="external",
-    description="WebGPU/WGSL worker (web/) in a browser page over a loopback WebSocket "
-    "(qf-worker/1)",
-)
-
-
-_ALL = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64")
-_REFERENCE_KERNELS = frozenset(
-    {(op, "dense", d) for op in ("frame_pass", "gather") for d in (*_ALL, "float32", "float64")}
-    | {
-        (op, rep, d)
-        for op in ("frame_pass", "gather")
-        for rep in ("paired", "packed")
-        for d in _ALL
-    }
-)
-
-REFERENCE_SPEC = RuntimeSpec(
-    name="external-reference",
-    factory="quantem_flow.runtimes.external.workers:ReferenceRuntime",
-    dependency=None,
-    kernels=_REFERENCE_KERNELS,
-    auto_rank=None,
-    probe="quantem_flow.runtimes.external.workers:probe_reference",
-    residency="external",
-    description="the NumPy reference qf-worker/1 worker in a child process (tests, CI without "
-    "Node; $QF_REFERENCE_WORKER_ARGS adds arguments)",
-)
-
-_VULKAN_DENSE = ("uint8", "uint16", "uint32", "float32")
-_VULKAN_COUNTED = ("uint8", "uint16", "uint32")
 #: ``(operation, representation, dtype)`` of ``qf-vulkan-worker`` (its hello is authoritative).
-VULKAN_KERNELS = frozenset(
-    {(op, "dense", d) for op in ("frame_pass", "gather") for d in _VULKAN_DENSE}
-    | {
-        (op, rep, d)
-        for op in ("frame_pass", "gather")
-        for rep in ("paired", "packed")
-        for d in _VULKAN_COUNTED
-    }
+VULKAN_KERNELS = kernel_triples(
+    ("uint8", "uint16", "uint32", "float32"), ("uint8", "uint16", "uint32")
 )
 
-VULKAN_SPEC = RuntimeSpec(
-    name="vulkan",
-    factory="quantem_flow.runtimes.external.vulkan:VulkanRuntime",
-    dependency=None,
-    kernels=VULKAN_KERNELS,
-    auto_rank=None,
-    probe="quantem_flow.runtimes.external.vulkan:probe_vulkan",
-    residency="external",
-    description="C++/Vulkan worker (android/, host build) over pipes (qf-worker/1)",
+WEBGPU_SPEC = _external(
+    "webgpu",
+    f"{_WORKERS}:WebGpuNodeRuntime",
+    f"{_WORKERS}:probe_webgpu",
+    KERNELS,
+    "WebGPU/WGSL worker (web/) on Node + Dawn, over pipes (qf-worker/1)",
+)
+WEBGPU_BROWSER_SPEC = _external(
+    "webgpu-browser",
+    f"{_WORKERS}:WebGpuBrowserRuntime",
+    f"{_WORKERS}:probe_webgpu_browser",
+    KERNELS,
+    "WebGPU/WGSL worker (web/) in a browser page over a loopback WebSocket (qf-worker/1)",
+)
+REFERENCE_SPEC = _external(
+    "external-reference",
+    f"{_WORKERS}:ReferenceRuntime",
+    f"{_WORKERS}:probe_reference",
+    kernel_triples((*_ALL, "float32", "float64"), _ALL),
+    "the NumPy reference qf-worker/1 worker in a child process (tests, CI without Node; "
+    "$QF_REFERENCE_WORKER_ARGS adds arguments)",
+)
+VULKAN_SPEC = _external(
+    "vulkan",
+    "quantem_flow.runtimes.external.vulkan:VulkanRuntime",
+    "quantem_flow.runtimes.external.vulkan:probe_vulkan",
+    VULKAN_KERNELS,
+    "C++/Vulkan worker (android/, host build) over pipes (qf-worker/1)",
 )
 
 #: The external runtimes, registered on demand (see :func:`register_requested`).

@@ -313,16 +313,6 @@ def probe_webgpu_browser(*, nthreads: int, memory_limit: int, budget_fraction: f
     return external_probe("webgpu-browser")
 
 
-def _kernel_triples(
-    dense: Sequence[str], counted: Sequence[str]
-) -> frozenset[tuple[str, str, str]]:
-    out = set()
-    for op in ("frame_pass", "gather"):
-        out |= {(op, "dense", d) for d in dense}
-        out |= {(op, rep, d) for rep in ("paired", "packed") for d in counted}
-    return frozenset(out)
-
-
 def external_specs() -> list[Any]:
     """Return the ``RuntimeSpec`` declarations of ``webgpu`` and ``webgpu-browser``."""
     from .spec import WEBGPU_BROWSER_SPEC, WEBGPU_SPEC
@@ -352,6 +342,7 @@ def reference_runtime_spec(
         Pass it to :func:`~quantem_flow.runtimes.registry.register_runtime`.
     """
     from ..registry import RuntimeSpec
+    from .spec import kernel_triples
 
     module = sys.modules[__name__]
     cls_name = _attr_name(name)
@@ -371,7 +362,7 @@ def reference_runtime_spec(
         name=name,
         factory=f"{__name__}:{cls_name}",
         dependency=None,
-        kernels=_kernel_triples(DTYPES, integer),
+        kernels=kernel_triples(tuple(DTYPES), tuple(integer)),
         auto_rank=None,
         probe=f"{__name__}:{cls_name}_probe",
         residency="external",
