@@ -531,14 +531,15 @@ def _worker(args: argparse.Namespace) -> int:
     import subprocess
 
     cmd = _worker_command(args)
-    if getattr(args, "no_launch", False):
-        # webgpu-browser prints its loopback URL (with a one-time token) instead of
-        # starting headless Chromium; the variable reaches the worker process
-        os.environ["QF_WEBGPU_BROWSER_LAUNCH"] = "0"
     if args.dry_run:
         prefix = "QF_WEBGPU_BROWSER_LAUNCH=0 " if getattr(args, "no_launch", False) else ""
         _say(prefix + shlex.join(cmd))
         return 0
+    if getattr(args, "no_launch", False):
+        # webgpu-browser prints its loopback URL (with a one-time token) instead of
+        # starting headless Chromium; the variable reaches the worker process (set only
+        # on the way to exec, so an in-process call leaves this process unchanged)
+        os.environ["QF_WEBGPU_BROWSER_LAUNCH"] = "0"
     _say(f"starting a quantem-flow worker for {args.scheduler} (Ctrl-C stops it)")
     if getattr(args, "no_launch", False):
         _say("webgpu-browser: the worker prints a loopback URL; open it in a browser with WebGPU")

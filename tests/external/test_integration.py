@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import threading
 import time
@@ -39,6 +40,8 @@ def test_worker_command_names_external_runtimes(capsys: pytest.CaptureFixture[st
     out = capsys.readouterr()
     if WebGpuBrowserRuntime.available()[0]:
         assert out.out.startswith("QF_WEBGPU_BROWSER_LAUNCH=0 ")
+    # an in-process call changes nothing here (later browser runtimes still launch Chromium)
+    assert os.environ.get("QF_WEBGPU_BROWSER_LAUNCH") != "0"
     assert main(["worker", "tcp://127.0.0.1:8786", "--runtime", "webgpu-nope", "--dry-run"]) == 2
     assert "available" in capsys.readouterr().err
 
