@@ -18,6 +18,7 @@ from quantem_flow.cli import main
 from quantem_flow.runtimes.external.reference_worker import ReferenceWorker, serve_websocket
 from quantem_flow.runtimes.external.workers import WebGpuBrowserRuntime, WebGpuNodeRuntime
 from tests.conftest import probe_data
+from tests.external.test_cluster import chunk_bytes_moved
 
 
 def test_worker_command_names_external_runtimes(capsys: pytest.CaptureFixture[str]) -> None:
@@ -106,6 +107,19 @@ def test_local_cluster_with_a_webgpu_worker(rng: np.random.Generator) -> None:
         assert {r["worker"] for r in bf.provenance.execution["chunks"]} == {gpu}
         details = bf.provenance.execution["runtime_details"]
         assert details[0]["accumulation"]["integer"] == "u32x2"
+        # persisted on the WebGPU worker: queries run there and no chunk byte moves
+        p = ds.persist(client=client, backend="webgpu")
+        try:
+            assert {w for ws in p.resident.holders().values() for w in ws} == {gpu}
+            for _ in range(2):
+                (bf2,) = qf.compute(qf.virtual_bf(p, radius=4.5, center=(8.6, 14.2)), client=client)
+                np.testing.assert_array_equal(bf2.data, ref.data)
+                recs = bf2.provenance.execution["chunks"]
+                assert {r["worker"] for r in recs} == {gpu}
+                assert all(r["resident"] for r in recs)
+            assert chunk_bytes_moved(client, p.resident.keys) == 0
+        finally:
+            p.release()
     finally:
         client.close()
         cluster.close()
