@@ -10,7 +10,7 @@ APT_PACKAGES=(
   libvulkan-dev glslc cmake g++ spirv-tools  # the android/ Vulkan worker's build and shader checks
   vulkan-validationlayers     # validation layers on in the Vulkan worker's tests
   clang-format                # the android/ format check
-  libegl1 libegl-mesa0 libgles2  # EGL + GLES: Dawn's OpenGL ES backend in Node
+  libegl1 libegl-mesa0 libgles2 libgl1-mesa-dri  # EGL + GLES + llvmpipe: Dawn's GLES backend
 )
 
 missing=()
