@@ -10,6 +10,7 @@ APT_PACKAGES=(
   libvulkan-dev glslc cmake g++ spirv-tools  # the android/ Vulkan worker's build and shader checks
   vulkan-validationlayers     # validation layers on in the Vulkan worker's tests
   clang-format                # the android/ format check
+  clang libclang-rt-14-dev    # libFuzzer + sanitizer runtimes (android/ fuzz target)
   libegl1 libegl-mesa0 libgles2 libgl1-mesa-dri  # EGL + GLES + llvmpipe: Dawn's GLES backend
 )
 
@@ -31,6 +32,12 @@ if [ -f android/CMakeLists.txt ]; then
   echo "install-toolchains: cmake build of android/ (host build on lavapipe)"
   cmake -S android -B android/build -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build android/build -j2
+  echo "install-toolchains: android/ with AddressSanitizer + UBSan, and the libFuzzer target"
+  cmake -S android -B android/build-sanitize -DCMAKE_BUILD_TYPE=Debug -DQFV_SANITIZE=ON >/dev/null
+  cmake --build android/build-sanitize -j2
+  CC=clang CXX=clang++ cmake -S android -B android/build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DQFV_FUZZ=ON -DQFV_BUILD_TESTS=OFF -DQFV_BUILD_WORKER=OFF >/dev/null
+  cmake --build android/build-fuzz -j2 --target qfv-fuzz-protocol
 fi
 
 if [ -f web/package.json ]; then
