@@ -86,3 +86,52 @@ def test_persisted_on_vulkan_then_native_kill(
         assert chunk_bytes_moved(client, p.resident.keys) == 0
     finally:
         p.release()
+
+
+def _kill_during_next_request(dask_worker: Any) -> None:
+    """In the Dask worker: SIGKILL the native process while a request is in flight."""
+    import threading
+    import time
+
+    from quantem_flow.runtimes import get_runtime
+
+    session = get_runtime("vulkan").session  # type: ignore[attr-defined]
+    lock = session._lock
+
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if lock.acquire(blocking=False):  # free: no request in flight
+                lock.release()
+                time.sleep(0.0005)
+                continue
+            pid = session.pid
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                dask_worker.qf_killed_pid = pid
+                return
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def test_native_kill_mid_pass_on_vulkan(rng: np.random.Generator, vulkan_cluster: Any) -> None:
+    client, vk = vulkan_cluster
+    data = probe_data(rng, scan=(40, 6))
+    (ref,) = qf.compute(
+        qf.virtual_bf(qf.open(data), radius=4.5, center=CENTER), client="synchronous"
+    )
+    p = qf.open(data, chunk_rows=1).persist(client=client, backend="vulkan")
+    try:
+        (before,) = qf.compute(qf.virtual_bf(p, radius=4.5, center=CENTER), client=client)
+        restarts = max(d["restarts"] for d in before.provenance.execution["runtime_details"])
+        client.run(_kill_during_next_request, workers=[vk])
+        (after,) = qf.compute(qf.virtual_bf(p, radius=4.5, center=CENTER), client=client)
+        killed = client.run(lambda dask_worker: getattr(dask_worker, "qf_killed_pid", None))
+        assert killed[vk] is not None  # the native process was killed during a request
+        np.testing.assert_array_equal(after.data, ref.data)
+        assert vk in client.scheduler_info()["workers"]
+        details = after.provenance.execution["runtime_details"]
+        assert max(d["restarts"] for d in details) == restarts + 1  # this kill, reported
+        assert max(d["re_placed_chunks"] for d in details) >= 1
+    finally:
+        p.release()
