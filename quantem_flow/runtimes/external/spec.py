@@ -10,6 +10,7 @@ are CPU emulations here (SwiftShader, Mesa) and an explicit choice anywhere.
 
 from __future__ import annotations
 
+from ..dtypes import triples
 from ..registry import RuntimeSpec
 
 __all__ = [
@@ -29,11 +30,13 @@ def kernel_triples(
     dense: tuple[str, ...], counted: tuple[str, ...]
 ) -> frozenset[tuple[str, str, str]]:
     """(operation, representation, dtype) of frame_pass and gather on these dtypes."""
-    out: set[tuple[str, str, str]] = set()
-    for op in ("frame_pass", "gather"):
-        out |= {(op, "dense", d) for d in dense}
-        out |= {(op, rep, d) for rep in ("paired", "packed") for d in counted}
-    return frozenset(out)
+    return frozenset().union(
+        *(
+            triples(op, "dense", dense) | triples(op, rep, counted)
+            for op in ("frame_pass", "gather")
+            for rep in ("paired", "packed")
+        )
+    )
 
 
 def _external(
