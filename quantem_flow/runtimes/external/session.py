@@ -178,13 +178,7 @@ class ExternalSession:
                 try:
                     info = pr.parse_hello_reply(reply)
                 except ProtocolError as exc:
-                    exc.worker = self.name
-                    raise ProtocolError(
-                        f"external worker {self.name!r}: {exc}",
-                        code=exc.code or "bad_request",
-                        worker=self.name,
-                        message_type="hello",
-                    ) from exc
+                    raise self._bad_reply(exc, "hello") from exc
                 if self.expect_runtime is not None and info.runtime != self.expect_runtime:
                     raise ProtocolError(
                         f"external worker {self.name!r} implements runtime {info.runtime!r}, "
@@ -428,13 +422,7 @@ class ExternalSession:
                 want_max=want_max,
             )
         except ProtocolError as exc:
-            raise ProtocolError(
-                f"external worker {self.name!r}: {exc}",
-                code=exc.code or "bad_request",
-                worker=self.name,
-                message_type="run",
-                handle=chunk,
-            ) from exc
+            raise self._bad_reply(exc, "run", handle=chunk) from exc
 
     def run_gather(
         self,
@@ -457,13 +445,19 @@ class ExternalSession:
         try:
             return pr.parse_gather_result(reply, n_frames=n_frames, n_indices=idx.size, dtype=dtype)
         except ProtocolError as exc:
-            raise ProtocolError(
-                f"external worker {self.name!r}: {exc}",
-                code=exc.code or "bad_request",
-                worker=self.name,
-                message_type="run",
-                handle=chunk,
-            ) from exc
+            raise self._bad_reply(exc, "run", handle=chunk) from exc
+
+    def _bad_reply(
+        self, exc: ProtocolError, message_type: str, *, handle: int | None = None
+    ) -> ProtocolError:
+        """A reply that does not parse, as this worker's ``ProtocolError``."""
+        return ProtocolError(
+            f"external worker {self.name!r}: {exc}",
+            code=exc.code or "bad_request",
+            worker=self.name,
+            message_type=message_type,
+            handle=handle,
+        )
 
     def release(self, handles: Iterable[int], *, generation: int | None = None) -> list[int]:
         """Free handles; return those the worker freed.
