@@ -18,6 +18,8 @@ __all__ = [
     "ExternalWorkerLostError",
     "ExternalWorkerTimeoutError",
     "FormatError",
+    "ImplausibleParameterError",
+    "ImplausibleParameterWarning",
     "OverwriteError",
     "ParameterError",
     "PlacementError",
@@ -214,3 +216,24 @@ class StaleHandleError(ExternalWorkerError):
 
     The payload must be put again (re-placed) before it can be used.
     """
+
+
+class ImplausibleParameterError(ParameterError):
+    """A parameter is valid but implausible for the data (geometry off the detector...).
+
+    The message gives the measured value, the value to use, and the opt-out
+    (``allow_implausible=True``, recorded in the provenance).
+
+    Attributes
+    ----------
+    parameters
+        Names of the parameters at fault (``"inner"``, ``"semiangle_mrad"``...).
+    """
+
+    def __init__(self, message: str, *, parameters: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.parameters = parameters
+
+
+class ImplausibleParameterWarning(UserWarning):
+    """An implausible parameter was allowed (``allow_implausible=True``) and recorded."""
