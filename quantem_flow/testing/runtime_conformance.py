@@ -94,6 +94,7 @@ __all__ = [
     "check_frame_pass",
     "check_frame_pass_case",
     "check_gather_case",
+    "check_nonfinite_support",
     "check_release",
     "check_ssb_case",
     "check_wide_integer_sums",
@@ -101,6 +102,7 @@ __all__ = [
     "conformance_params",
     "data_cases",
     "frames_for",
+    "nonfinite_support_inputs",
     "oracle",
     "payload_for",
     "poison",
@@ -390,10 +392,22 @@ def _sum_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
 def oracle(
     frames: np.ndarray, weights: np.ndarray, want_sum: bool, want_max: bool
 ) -> FramePassResult:
-    """Plain NumPy: what the CPU reference must agree with."""
+    """Plain NumPy: what the CPU reference must agree with.
+
+    ``per_frame[i, j]`` sums ``frames[i, p] * weights[j, p]`` over the pixels
+    with ``weights[j, p] != 0`` only: a NaN or infinite pixel outside a row's
+    support leaves that row finite.  The patterns are per pixel: NumPy's sum
+    (IEEE) and ``numpy.max`` (NaN wins, then +inf; -inf only if every frame
+    holds it).
+    """
     f = frames.astype(np.float64)
+    w = np.asarray(weights, dtype=np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
-        per_frame = f @ weights.T
+        if np.isfinite(f).all():
+            per_frame = f @ w.T
+        else:  # a zero weight skips its pixel, even a NaN or an infinity (no 0 * NaN)
+            terms = np.where(w[None, :, :] != 0.0, f[:, None, :] * w[None, :, :], 0.0)
+            per_frame = terms.sum(axis=2)
     return FramePassResult(
         per_frame=per_frame,
         pattern_sum=frames.sum(axis=0, dtype=_sum_dtype(frames.dtype)) if want_sum else None,
@@ -571,6 +585,131 @@ def check_frame_pass_case(
                 what=case,
                 precision=precision,
             )
+
+
+def nonfinite_support_inputs(
+    dtype: str, *, n: int = max(N_FRAMES), detector: tuple[int, int] = DETECTOR, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """Frames with NaN, +inf and -inf pixels inside some weight rows' support, outside others'.
+
+    Returns ``(frames, weights, expect)``: ``expect["finite_rows"]`` are the
+    rows whose support (nonzero weights) holds no bad pixel, which must come
+    out finite in every frame; ``expect["nonfinite"]`` maps ``(frame, row)``
+    to ``"nan"``, ``"+inf"`` or ``"-inf"`` (IEEE); every other element is finite.
+    """
+    rng = np.random.default_rng(seed)
+    k = detector[0] * detector[1]
+    frames = (rng.standard_normal((n, k)) * 100.0).astype(dtype)
+    a, b, c, d = 7, k // 2, k // 2 + 3, k - 1  # NaN, +inf, -inf, -inf in every frame
+    last = n - 1  # the CPU kernel's tail (frames past the last multiple of 4)
+    frames[3, a] = np.nan
+    frames[last, a] = np.nan
+    frames[5, b] = np.inf
+    frames[7, c] = -np.inf
+    frames[9 % n, b] = np.inf
+    frames[9 % n, c] = -np.inf
+    frames[:, d] = -np.inf
+    bad = [a, b, c, d]
+    weights = np.zeros((6, k))
+    disk = rng.random(k) < 0.5
+    disk[bad] = False
+    weights[0, disk] = 1.0  # a BF-like 0/1 detector away from every bad pixel
+    weights[1, ~disk] = 1.0  # an ADF-like 0/1 detector holding every bad pixel but d
+    weights[1, d] = 0.0
+    weights[2] = rng.standard_normal(k)  # signed reals (CoM-like), zero at the bad pixels
+    weights[2, bad] = 0.0
+    weights[3, b] = -2.5  # only +inf pixel, negative weight: -inf
+    weights[3, disk] = 0.5
+    weights[4, [b, c]] = 1.0  # +inf and -inf: NaN where both, else the one present
+    weights[5, a] = 0.25  # the NaN pixel only
+    expect: dict[str, Any] = {"finite_rows": [0, 2], "nonfinite": {}}
+    nf: dict[tuple[int, int], str] = expect["nonfinite"]
+    for i in (3, last):
+        nf[(i, 1)] = "nan"
+        nf[(i, 5)] = "nan"
+    nf[(5, 1)] = "+inf"
+    nf[(5, 3)] = "-inf"
+    nf[(5, 4)] = "+inf"
+    nf[(7, 1)] = "-inf"
+    nf[(7, 4)] = "-inf"
+    nf[(9 % n, 1)] = "nan"
+    nf[(9 % n, 3)] = "-inf"
+    nf[(9 % n, 4)] = "nan"
+    return frames, weights, expect
+
+
+def check_nonfinite_support(
+    factory: RuntimeFactory,
+    representation: str,
+    dtype: str,
+    *,
+    detector: tuple[int, int] = DETECTOR,
+) -> None:
+    """A NaN or infinite pixel outside a weight row's support leaves that row finite.
+
+    Rows whose support (nonzero weights) excludes every bad pixel must be
+    finite and equal, within the runtime's tolerance, to the reference over
+    the finite pixels; rows that include one are NaN or +-inf as IEEE says.
+    The sum pattern is non-finite only at the bad pixels (NaN, +inf, -inf);
+    the max pattern is NaN where a frame is NaN, +inf where one is +inf,
+    -inf only where every frame is -inf.  Real dtypes only (a no-op otherwise).
+    """
+    if np.dtype(dtype).kind != "f":
+        return
+    runtime = factory()
+    frames, weights, expect = nonfinite_support_inputs(dtype, detector=detector)
+    n, k = frames.shape
+    what = f"{runtime.name} frame_pass {representation} {dtype} non-finite pixels"
+    ref = oracle(frames, weights, True, True)
+    handle = runtime.put(payload_for(representation, frames, detector))
+    try:
+        got = runtime.run_frame_pass(handle, weights, want_sum=True, want_max=True)
+    finally:
+        runtime.release(handle)
+    per = np.asarray(got.per_frame)
+    labels = {"nan": np.isnan, "+inf": lambda v: v == np.inf, "-inf": lambda v: v == -np.inf}
+    expected_nonfinite = np.zeros(per.shape, dtype=bool)
+    for (i, j), label in expect["nonfinite"].items():
+        expected_nonfinite[i, j] = True
+        assert labels[label](ref.per_frame[i, j]), f"{what}: oracle ({i}, {j}) is not {label}"
+        assert labels[label](per[i, j]), (
+            f"{what}: per_frame[{i}, {j}] is {per[i, j]!r}, expected {label} (the row's "
+            "support holds the bad pixel)"
+        )
+    stray = ~np.isfinite(per) & ~expected_nonfinite
+    assert not stray.any(), (
+        f"{what}: {int(stray.sum())} per-frame values are non-finite although their weight "
+        f"row has weight 0 on every bad pixel, first (frame, row) "
+        f"{[tuple(int(v) for v in x) for x in np.argwhere(stray)[:5]]}: a pixel outside a "
+        "row's support must not affect it (0 * NaN must not enter the sum)"
+    )
+    finite_f = np.where(np.isfinite(frames), frames, 0).astype(np.float64)
+    clean = finite_f @ weights.T
+    for j in expect["finite_rows"]:  # the oracle agrees with the sum over finite pixels
+        np.testing.assert_allclose(ref.per_frame[:, j], clean[:, j], rtol=1e-12, atol=1e-9)
+    check_frame_pass(
+        got,
+        ref,
+        frames,
+        weights,
+        want_sum=True,
+        want_max=True,
+        what=what,
+        precision=runtime.precision(),
+    )
+    assert got.pattern_sum is not None and got.pattern_max is not None
+    s_bad = ~np.isfinite(got.pattern_sum)
+    m_bad = ~np.isfinite(got.pattern_max.astype(np.float64))
+    want_bad = np.zeros(k, dtype=bool)
+    want_bad[~np.isfinite(frames).all(axis=0)] = True
+    np.testing.assert_array_equal(
+        s_bad, want_bad, err_msg=f"{what}: pattern_sum must be non-finite at the bad pixels only"
+    )
+    m_want = np.isnan(frames).any(axis=0) | np.isposinf(frames).any(axis=0)
+    m_want |= np.isneginf(frames).all(axis=0)
+    np.testing.assert_array_equal(
+        m_bad, m_want, err_msg=f"{what}: pattern_max non-finite at the wrong pixels"
+    )
 
 
 def check_empty_block(
@@ -898,6 +1037,7 @@ def run_case(
             check_frame_pass_case(
                 make, rep, dtype, n_weights=m, kind=kind, nonfinite=nonfinite, rng=rng
             )
+        check_nonfinite_support(make, rep, dtype)
         check_empty_block(make, rep, dtype)
         check_wide_integer_sums(make, rep, dtype)
         check_release(make, rep, dtype)

@@ -24,7 +24,7 @@ import numpy as np
 from ...errors import ShapeError
 from ...representations.encoded import EncodedPayload, PieceCache
 from ..base import FramePassResult
-from .kernels import _fused, sum_dtype
+from .kernels import _fused, skip_zero_weights, sum_dtype
 
 __all__ = ["BATCH_BYTES", "frame_pass_encoded"]
 
@@ -100,6 +100,7 @@ def frame_pass_encoded(
             frames = op.apply(frames)
         flat = np.ascontiguousarray(frames, dtype=work).reshape(fill, k)
         _fused(flat, weights, out[done : done + fill], acc_sum, acc_max, want_sum, want_max)
+        skip_zero_weights(flat, weights, out[done : done + fill], m)
         done += fill
 
     fill = 0

@@ -13,10 +13,25 @@ blocks to float64, then ``@``).
 vectorised but NaN and infinities keep IEEE semantics.  Integer data times
 0/1 weights give integer-valued float64 partial sums, which are exact in
 any order while below 2**53.
+
+Non-finite pixels
+-----------------
+A pixel outside a weight row's support (weight exactly 0) must not affect
+that row, but IEEE says ``0 * NaN = NaN`` and ``0 * inf = NaN``.  The fused
+loop stays branch-free; on real data :func:`_skip_zero_weights` then looks
+at every output (``n x m`` values, a tiny fraction of the ``n x k x m``
+multiply-adds) and recomputes only the non-finite ones over the nonzero
+weights of their row.  A row whose support holds a NaN, or infinities of
+both signs, is NaN; one holding infinities of one sign is that infinity.
+Integer data cannot be non-finite and skip the check.  The sum and max
+patterns are per pixel already: a non-finite pixel makes only its own
+pattern pixel non-finite (sum: IEEE; max: NaN like ``numpy.max``, +inf
+wins, -inf loses).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numba
@@ -24,7 +39,7 @@ import numpy as np
 
 from ... import config
 
-__all__ = ["frame_pass_numba"]
+__all__ = ["frame_pass_numba", "skip_zero_weights"]
 
 _FASTMATH = {"reassoc", "contract"}
 
@@ -108,6 +123,44 @@ def _fused(frames, weights, out, acc_sum, acc_max, do_sum, do_max):  # type: ign
                     acc_max[p] = v
 
 
+@_jit
+def _skip_zero_weights(frames, weights, out, m):  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
+    # Recompute each non-finite out[i, j] (j < m) over the nonzero weights of row j only.
+    n, k = frames.shape
+    for i in range(n):
+        for j in range(m):
+            if math.isfinite(out[i, j]):
+                continue
+            w = weights[j]
+            row = frames[i]
+            acc = 0.0
+            for p in range(k):
+                x = w[p]
+                if x != 0.0:
+                    acc += np.float64(row[p]) * x
+            out[i, j] = acc
+
+
+def skip_zero_weights(frames: np.ndarray, weights: np.ndarray, out: np.ndarray, m: int) -> None:
+    """Recompute the non-finite ``out[:, :m]`` of real ``frames`` skipping zero weights.
+
+    Parameters
+    ----------
+    frames
+        ``(n, k)`` C-contiguous frames the fused kernel read.
+    weights
+        ``(>= m, k)`` C-contiguous float64 weight rows.
+    out
+        ``(n, >= m)`` per-frame dot products, repaired in place.
+    m
+        The weight rows that count (the caller's padding row is left alone).
+
+    Integer frames are never non-finite and return at once, at no cost.
+    """
+    if frames.dtype.kind == "f" and out.size:
+        _skip_zero_weights(frames, weights, out, m)
+
+
 def sum_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
     """Return the accumulator dtype of a sum over frames of ``dtype``."""
     if dtype.kind in "ui":
@@ -140,5 +193,6 @@ def frame_pass_numba(
     else:
         acc_max = np.zeros(1, dtype=frames.dtype)
     _fused(frames, weights, out, acc_sum, acc_max, want_sum, want_max)
+    skip_zero_weights(frames, weights, out, m)
     peak = acc_max.astype(max_dtype) if want_max else None  # exact: maxima of max_dtype values
     return out[:, :m], (acc_sum if want_sum else None), peak

@@ -25,6 +25,13 @@ Frames are processed in blocks of at most :data:`BLOCK_BYTES` of float64 so
 the temporary float64 copy of a chunk stays bounded, and of at most
 :data:`MAX_NARROW_SUM_FRAMES` frames so that MLX's native 32-bit sum of 8-
 and 16-bit integers cannot overflow before it is widened to int64.
+
+Non-finite pixels: the matrix product gives ``0 * NaN = NaN`` for a bad
+pixel outside a weight row's support.  On real data the (small) per-frame
+output is checked, and only frames with a non-finite value are fetched and
+recomputed over the nonzero weights
+(:func:`~quantem_flow.runtimes.nonfinite.repair_per_frame`); integer data
+skip the check.  The patterns are per pixel (NaN like ``numpy.max``).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import mlx.core as mx
 import numpy as np
 
 from ...errors import DtypeError, ShapeError, UnsupportedOperationError
+from ..nonfinite import repair_per_frame
 
 __all__ = [
     "BLOCK_BYTES",
@@ -376,6 +384,10 @@ def frame_pass_mlx(
         if prod is not None:
             per_blocks.append(to_host(prod))
     per_frame = np.concatenate(per_blocks) if m else np.zeros((n, 0), dtype=np.float64)
+    if dt.kind == "f" and m:  # 0 * NaN: recompute non-finite outputs over nonzero weights
+        per_frame = repair_per_frame(
+            per_frame, w_host, lambda rows: to_host(mx.take(arr, mx.array(rows), axis=0))
+        )
 
     pattern_sum: np.ndarray | None = None
     pattern_max: np.ndarray | None = None
