@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ProtocolError
+from ..nonfinite import repair_per_frame
 from . import protocol as pr
 
 __all__ = ["ReferenceWorker", "main", "serve_connection", "serve_pipes", "serve_websocket"]
@@ -391,7 +392,11 @@ def _frame_pass(
             np.maximum.at(pmax, idx, p.counts.astype(stored.dtype))
         return per_frame, psum, pmax
     for f0, frames in _frames(stored):
-        per_frame[f0 : f0 + frames.shape[0]] = frames.astype(np.float64) @ w.T
+        with np.errstate(invalid="ignore", over="ignore"):
+            block = frames.astype(np.float64) @ w.T
+        if frames.dtype.kind == "f" and w.shape[0]:  # skip zero weights where 0 * NaN struck
+            repair_per_frame(block, w, lambda rows, fr=frames: fr[rows])
+        per_frame[f0 : f0 + frames.shape[0]] = block
         if psum is not None:
             psum += frames.sum(axis=0, dtype=psum.dtype)
         if want_max and frames.shape[0]:
