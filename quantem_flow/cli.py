@@ -263,26 +263,96 @@ def _write_figures(results: Mapping[str, Any], folder: Path | None) -> None:
     _say(f"figures:   {folder} ({len(paths)} PNG: {', '.join(p.name for p in paths.values())})")
 
 
-def _run(args: argparse.Namespace) -> int:
-    from .pipeline import check_outputs, load_pipeline, run_pipeline
+def _example_pipeline_file(args: argparse.Namespace) -> tuple[Path, str | None]:
+    """Copy a shipped example into ``--output-dir`` and write its synthetic data if missing.
 
-    pipe = load_pipeline(args.pipeline)
-    targets = pipe.save_targets(args.output_dir)
+    Returns the pipeline file to run and the ``--output-dir`` to pass on
+    (``None``: the save paths are relative to the copied file's folder).
+    """
+    from .pipeline import example_pipeline, load_pipeline, strict_yaml_load
+    from .synthetic import write_synthetic
+
+    name = args.example
+    template = example_pipeline(name).read_text(encoding="utf-8")
+    out = Path(args.output_dir or f"quantem-flow-{name}").expanduser().absolute()
+    yaml_path = out / f"{name}.yaml"
+    planned = load_pipeline(strict_yaml_load(template, f"example {name}"), base_dir=out)
+    replace = bool(args.overwrite or (planned.save is not None and planned.save.overwrite))
+    if yaml_path.exists() and yaml_path.read_text(encoding="utf-8") != template and not replace:
+        raise ParameterError(
+            f"{str(yaml_path)!r} exists and differs from the shipped example {name!r}; pass "
+            "--overwrite to replace it, choose another --output-dir, or run your edited copy "
+            f"with `quantem-flow run {yaml_path}`"
+        )
+    existing = planned.save_targets().existing()
+    if existing and not replace:  # before any data is written
+        raise ParameterError(
+            f"output file(s) of example {name!r} already exist: "
+            f"{[str(p) for p in existing[:4]]}; pass --overwrite or choose another --output-dir"
+        )
+    data = planned.input.path
+    if not data.exists():
+        params = DEMO_SIZES["small"]
+        R, C = params["scan_shape"]
+        kr, kc = params["detector_shape"]
+        _say(
+            f"example:   {name}: writing its synthetic input (scan {R} x {C}, detector "
+            f"{kr} x {kc}, {params['dtype']}) to {data}"
+        )
+        write_synthetic(data, format="hdf5", **params)
+    else:
+        _say(f"example:   {name}: its input {data} exists; using it")
+    out.mkdir(parents=True, exist_ok=True)
+    yaml_path.write_text(template, encoding="utf-8")
+    return yaml_path, None
+
+
+def _refuse_shipped_example(path: Path) -> None:
+    """Refuse to run a shipped example in place (its data and outputs would land there)."""
+    from .pipeline import example_pipeline
+
+    folder = example_pipeline("demo").parent.resolve()
+    if path.expanduser().resolve().parent == folder:
+        name = path.name.removesuffix(".yaml")
+        raise ParameterError(
+            f"{str(path)!r} is an example shipped inside the package; it is not run in place "
+            f"(its data and results would be written there): run `quantem-flow run --example "
+            f"{name} [--output-dir DIR]`, which copies it to DIR and writes its synthetic input"
+        )
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .pipeline import load_pipeline, prepare_pipeline, run_pipeline
+
+    if (args.pipeline is None) == (args.example is None):
+        raise ParameterError(
+            "quantem-flow run takes a pipeline file or --example NAME (one of them), got "
+            + ("both" if args.pipeline is not None else "neither")
+        )
+    output_dir = args.output_dir
+    if args.example is not None:
+        path, output_dir = _example_pipeline_file(args)
+    else:
+        path = Path(args.pipeline)
+        _refuse_shipped_example(path)
+    pipe = load_pipeline(path)
+    targets = pipe.save_targets(output_dir)
     figures = None if args.no_figures else _figures_dir(targets, args.figures)
     replace = bool(args.overwrite or (pipe.save is not None and pipe.save.overwrite))
     _check_figures(list(pipe.outputs), figures, replace)
-    check_outputs(pipe, targets, pipe.open())  # the input, files not ours: before any cluster
+    # everything that needs no pixel data, before any cluster starts
+    prepared = prepare_pipeline(
+        pipe, output_dir=output_dir, overwrite=True if args.overwrite else None
+    )
     client, where = _start_client(args.scheduler)
     try:
         _say(f"pipeline:  {pipe.origin}", f"input:     {pipe.input.path}", f"scheduler: {where}")
         _report_dashboard(client)
         _say(f"computing {', '.join(pipe.outputs)} in one pass ...")
         results = run_pipeline(
-            pipe,
+            prepared,
             client=None if args.scheduler is None else client,
-            output_dir=args.output_dir,
             progress=not args.no_progress,
-            overwrite=True if args.overwrite else None,
         )
     finally:
         _finish_client(client, args.scheduler)
@@ -308,7 +378,7 @@ def _pearson(a: Any, b: Any) -> float:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .pipeline import example_pipeline, load_pipeline, run_pipeline
+    from .pipeline import example_pipeline, load_pipeline, prepare_pipeline, run_pipeline
     from .synthetic import synthetic_truth, write_synthetic
 
     params = DEMO_SIZES[args.size]
@@ -345,6 +415,7 @@ def _demo(args: argparse.Namespace) -> int:
         f"{_mib(data_path.stat().st_size)} on disk)",
         f"pipeline:  {yaml_path}",
     )
+    prepared = prepare_pipeline(pipe, overwrite=args.overwrite)  # before any cluster starts
     scheduler = "synchronous" if args.synchronous else None
     client, where = _start_client(scheduler)
     try:
@@ -352,10 +423,7 @@ def _demo(args: argparse.Namespace) -> int:
         _report_dashboard(client)
         _say(f"computing {', '.join(pipe.outputs)} in one pass ...")
         results = run_pipeline(
-            pipe,
-            client=None if scheduler is None else client,
-            progress=True,
-            overwrite=args.overwrite,
+            prepared, client=None if scheduler is None else client, progress=True
         )
     finally:
         _finish_client(client, scheduler)
@@ -616,9 +684,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_info)
 
-    p = sub.add_parser("run", help="run a YAML pipeline")
-    p.add_argument("pipeline", help="the pipeline .yaml file")
-    p.add_argument("--output-dir", help="folder the save paths are relative to")
+    p = sub.add_parser("run", help="run a YAML pipeline (docs/pipelines.md)")
+    p.add_argument("pipeline", nargs="?", help="the pipeline .yaml file")
+    p.add_argument(
+        "--example",
+        metavar="NAME",
+        help="run a shipped example (demo, calibrated) instead: copied into --output-dir "
+        "(default ./quantem-flow-NAME) with its synthetic input written there",
+    )
+    p.add_argument(
+        "--output-dir",
+        help="folder the save paths are relative to (default: the pipeline file's folder)",
+    )
     p.add_argument(
         "--scheduler",
         metavar="ADDRESS|synchronous",

@@ -66,6 +66,7 @@ import dataclasses
 import importlib.resources
 import json
 import os
+import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -76,7 +77,13 @@ import numpy as np
 from .calibration import Calibration
 from .dataset import Dataset4D
 from .dataset import open as open_dataset
-from .errors import FormatError, OverwriteError, ParameterError, QuantemFlowError
+from .errors import (
+    CalibrationError,
+    FormatError,
+    OverwriteError,
+    ParameterError,
+    QuantemFlowError,
+)
 from .io import READERS
 from .io.base import check_exists
 from .operators.base import LazyResult
@@ -85,15 +92,19 @@ from .results import Result
 
 __all__ = [
     "OPERATIONS",
+    "READER_OPTIONS",
     "InputSpec",
     "OutputSpec",
     "Pipeline",
+    "PreparedRun",
     "SaveSpec",
     "SaveTargets",
     "check_outputs",
     "example_pipeline",
     "load_pipeline",
+    "prepare_pipeline",
     "run_pipeline",
+    "yaml_terms",
 ]
 
 PIPELINE_VERSION = 1
@@ -135,11 +146,31 @@ OPERATIONS: dict[str, tuple[str, ...]] = {
         "center",
         "pad_to",
         "fit_aberrations",
+        "fit_max_pixels",
+        "fit_max_evaluations",
         "pixel_block",
         "backend",
         "allow_complex64",
     ),
 }
+
+
+def _add_optional_parameters() -> None:
+    """Add ``allow_implausible`` to the operations whose operator takes it."""
+    import inspect
+
+    from . import operators as ops
+
+    for op, params in OPERATIONS.items():
+        fn = getattr(ops, op)
+        if "allow_implausible" in inspect.signature(fn).parameters and (
+            "allow_implausible" not in params
+        ):
+            OPERATIONS[op] = (*params, "allow_implausible")
+
+
+_add_optional_parameters()
+
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "virtual_annular": ("inner", "outer"),
     "virtual_mask": ("mask",),
@@ -334,6 +365,43 @@ class Pipeline:
     spec: Mapping[str, Any]
     description: str = ""
 
+    def error(
+        self, exc: QuantemFlowError, where: str, *, output: str | None = None
+    ) -> QuantemFlowError:
+        """Return ``exc`` restated for this pipeline's author.
+
+        The message is prefixed with the pipeline and the YAML key path
+        ``where`` (``outputs.adf``, ``input.options``...), and advice written
+        for Python callers (``Calibration(detector_sampling=...)``,
+        ``scan_shape=(rows, cols)``, ``inner=``) is rewritten as the YAML
+        keys that set the same thing (``input.calibration``,
+        ``input.options.scan_shape``, ``outputs.adf.inner``).  The class is
+        kept, so callers may catch the same error as before.
+
+        Parameters
+        ----------
+        exc
+            The error raised while opening, building or computing.
+        where
+            The key path the error concerns (empty: none in particular).
+        output
+            The output being built, when known.
+        """
+        message = str(exc)
+        if message.startswith("pipeline "):
+            return exc
+        if output is None and not where:
+            # "virtual_bf: ..." raised while computing: name the output when only one has that op
+            head = re.match(r"([a-z_]+): ", message)
+            owners = [n for n, o in self.outputs.items() if head and o.op == head.group(1)]
+            if len(owners) == 1:
+                output, where = owners[0], f"outputs.{owners[0]}"
+                message = message[len(head.group(0)) if head else 0 :]
+        text = yaml_terms(message, self, output=output)
+        if where and not text.startswith(where + "."):
+            text = f"{where}: {text}"
+        return _same_class(exc, f"pipeline {self.origin}: {text}")
+
     def open(self) -> Dataset4D:
         """Open the input lazily and apply the transforms."""
         inp = self.input
@@ -347,9 +415,7 @@ class Pipeline:
                 **dict(inp.options),
             )
         except QuantemFlowError as exc:
-            if isinstance(exc, ParameterError) and "reader " in str(exc):
-                raise _prefixed(exc, f"pipeline {self.origin}: input.options: ") from exc
-            raise
+            raise self.error(exc, _input_key(exc)) from exc
         for i, (kind, arg) in enumerate(self.transforms):
             try:
                 if kind == "crop_scan":
@@ -359,7 +425,7 @@ class Pipeline:
                 else:
                     ds = ds.bin_detector(arg)
             except QuantemFlowError as exc:
-                raise _prefixed(exc, f"pipeline {self.origin}: transforms[{i}].{kind}: ") from exc
+                raise self.error(exc, f"transforms[{i}].{kind}") from exc
         return ds
 
     def build(self, dataset: Dataset4D | None = None) -> dict[str, LazyResult]:
@@ -383,7 +449,6 @@ class Pipeline:
 
         out = self.outputs[name]
         p = dict(out.params)
-        where = f"pipeline {self.origin}: outputs.{name}: "
         try:
             _check_units(out, ds)
             result: LazyResult
@@ -399,7 +464,7 @@ class Pipeline:
             else:
                 result = getattr(ops, out.op)(ds, name=name, **p)
         except QuantemFlowError as exc:
-            raise _prefixed(exc, where) from exc
+            raise self.error(exc, f"outputs.{name}", output=name) from exc
         lazy[name] = result
         return result
 
@@ -439,15 +504,166 @@ class Pipeline:
         }
 
 
+def _same_class(exc: QuantemFlowError, message: str) -> QuantemFlowError:
+    """Return an error of the class of ``exc`` with ``message`` (``exc`` if it cannot be)."""
+    try:
+        new = type(exc)(message)
+    except TypeError:  # pragma: no cover - every quantem_flow error takes one message
+        return exc
+    new.__cause__ = exc.__cause__
+    return new
+
+
 def _prefixed(exc: QuantemFlowError, prefix: str) -> QuantemFlowError:
     """Return an error of the same class whose message starts with ``prefix``."""
     message = str(exc)
     if message.startswith("pipeline "):
         return exc
-    try:
-        return type(exc)(prefix + message)
-    except TypeError:  # pragma: no cover - every quantem_flow error takes one message
-        return exc
+    return _same_class(exc, prefix + yaml_terms(message))
+
+
+#: Reader options a pipeline may give under ``input.options`` (any reader).
+READER_OPTIONS: tuple[str, ...] = (
+    "dataset_path",
+    "array_path",
+    "scan_shape",
+    "frame_offset",
+    "dtype",
+    "frame_shape",
+    "shape",
+    "offset",
+    "frame_header_bytes",
+    "frame_footer_bytes",
+    "verify",
+)
+
+_PY_VALUE = r"""(\([^()]*\)|\[[^\[\]]*\]|'[^']*'|"[^"]*"|\.\.\.|[A-Za-z0-9_+\-]+(?:\.[0-9]+)?)?"""
+
+
+def _yaml_value(text: str | None) -> str:
+    """A Python literal of an error message as YAML (``(a, b)`` -> ``[a, b]``)."""
+    v = (text or "").strip()
+    if v in ("", "..."):
+        return v
+    words = {"None": "null", "True": "true", "False": "false"}
+    if v in words:
+        return words[v]
+    if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"":
+        return v[1:-1]
+    if v.startswith("(") and v.endswith(")"):
+        return "[" + v[1:-1] + "]"
+    return v
+
+
+def _key(path: str, value: str | None) -> str:
+    shown = _yaml_value(value)
+    return f"{path}: {shown}" if shown and shown != "..." else path
+
+
+def _calibration_terms(match: re.Match[str]) -> str:
+    args = [a.strip() for a in match.group(1).split(",") if a.strip()]
+    pairs = [a.split("=", 1) if "=" in a else [a, ""] for a in args]
+    if not pairs:
+        return "input.calibration"
+    if len(pairs) == 1:
+        return _key(f"input.calibration.{pairs[0][0].strip()}", pairs[0][1])
+    inner = ", ".join(f"{k.strip()}: {_yaml_value(v) or '...'}" for k, v in pairs)
+    return f"input.calibration: {{{inner}}}"
+
+
+def yaml_terms(message: str, pipeline: Pipeline | None = None, *, output: str | None = None) -> str:
+    """Rewrite Python advice in an error message as pipeline YAML keys.
+
+    ``Calibration(detector_sampling=..., detector_units='mrad')`` becomes
+    ``input.calibration: {detector_sampling: ..., detector_units: mrad}``,
+    ``scan_shape=(rows, cols)`` becomes ``input.options.scan_shape: [rows,
+    cols]``, ``inner=`` of the output being built becomes
+    ``outputs.<name>.inner``, ``overwrite=True`` becomes ``save.overwrite:
+    true (or --overwrite)``; the rest of the message is kept.
+
+    Parameters
+    ----------
+    message
+        The error message, as raised by the layer below.
+    pipeline
+        The pipeline (its outputs name the parameter keys); ``None``
+        rewrites input and calibration advice only.
+    output
+        The output being built, when known; otherwise a parameter is given
+        the path of the one output whose operation takes it.
+
+    Returns
+    -------
+    str
+        The message in the pipeline's terms.
+    """
+    text = re.sub(
+        r"\s+(?:to|in)\s+open\(\)(?:\s+or\s+(?:ds\.)?with_calibration\([^()]*\))?",
+        " in the pipeline",
+        message,
+    )
+    text = re.sub(r"\b(?:ds\.)?with_calibration\(([^()]*)\)", _calibration_terms, text)
+    text = re.sub(r"(?<![\w.])Calibration\(([^()]*)\)", _calibration_terms, text)
+    text = re.sub(
+        r"\bds\.(crop_scan|crop_detector|bin_detector)\(([^()]*)\)",
+        lambda m: f"transforms: [{{{m.group(1)}: {_yaml_value('(' + m.group(2) + ')')}}}]",
+        text,
+    )
+    text = re.sub(r"\boverwrite=True\b", "save.overwrite: true (or --overwrite)", text)
+    cal_fields = {f.name for f in dataclasses.fields(Calibration)}
+
+    def param_path(name: str) -> str | None:
+        if pipeline is None:
+            return None
+        if output is not None and output in pipeline.outputs:
+            if name in OPERATIONS[pipeline.outputs[output].op]:
+                return f"outputs.{output}.{name}"
+            return None
+        owners = [n for n, o in pipeline.outputs.items() if name in OPERATIONS[o.op]]
+        if len(owners) == 1:
+            return f"outputs.{owners[0]}.{name}"
+        return f"outputs.<name>.{name}" if owners else None
+
+    def keyword(match: re.Match[str]) -> str:
+        name, value = match.group(1), match.group(2)
+        path: str | None
+        if name in READER_OPTIONS:
+            path = f"input.options.{name}"
+        elif name in cal_fields:
+            path = f"input.calibration.{name}"
+        else:
+            path = param_path(name)
+        return match.group(0) if path is None else _key(path, value)
+
+    text = re.sub(r"(?<![\w.\-])([A-Za-z_][A-Za-z0-9_]*)=" + _PY_VALUE, keyword, text)
+    if pipeline is not None and output is not None and output in pipeline.outputs:
+        # "inner must be >= 0": a message that starts with the parameter's name
+        op = pipeline.outputs[output].op
+        first = re.match(r"'?([A-Za-z_][A-Za-z0-9_]*)'?(?=[\s:,])", text)
+        if first is not None and first.group(1) in OPERATIONS[op]:
+            text = f"outputs.{output}.{first.group(1)}" + text[first.end() :]
+    return re.sub(
+        r"\b([Pp])ass ((?:input|outputs|save)\.)",
+        lambda m: f"{'S' if m.group(1) == 'P' else 's'}et {m.group(2)}",
+        text,
+    )
+
+
+def _input_key(exc: QuantemFlowError) -> str:
+    """The ``input`` key an error of opening concerns."""
+    from .errors import DatasetPathError, ScanShapeError, SourceNotFoundError
+
+    if isinstance(exc, SourceNotFoundError):
+        return "input.path"
+    if isinstance(exc, ScanShapeError):
+        return "input.options.scan_shape"
+    if isinstance(exc, DatasetPathError):
+        return "input.options.dataset_path"
+    if isinstance(exc, CalibrationError):
+        return "input.calibration"
+    if isinstance(exc, ParameterError) and "reader " in str(exc):
+        return "input.options"
+    return "input"
 
 
 def _check_units(out: OutputSpec, ds: Dataset4D) -> None:
@@ -456,6 +672,8 @@ def _check_units(out: OutputSpec, ds: Dataset4D) -> None:
         units = out.params.get(key)
         if isinstance(units, str) and units != "auto":
             ds.calibration.detector_scale(units)
+    if out.params.get("center") == "calibration":
+        ds.calibration.require_origin()
 
 
 def _load_mask(path: Path) -> np.ndarray:
@@ -673,7 +891,7 @@ def _parse_input(chk: _Checker, raw: Any, base: Path) -> InputSpec:
             raise chk.fail(
                 "input.format", f"unknown format {fmt!r}; known formats: {sorted(READERS)}"
             )
-    options = dict(chk.mapping(m.get("options") or {}, "input.options"))
+    options = _parse_options(chk, m.get("options"), fmt)
     cal = None
     if m.get("calibration") is not None:
         cal_map = chk.mapping(m["calibration"], "input.calibration")
@@ -702,6 +920,41 @@ def _parse_input(chk: _Checker, raw: Any, base: Path) -> InputSpec:
         chunk_mib=chunk_mib,
         chunk_rows=chunk_rows,
     )
+
+
+def _reader_options(fmt: str) -> tuple[str, ...]:
+    """The keyword options of the reader ``fmt`` (from its signature), plus ``verify``."""
+    import inspect
+
+    from .io import reader_class
+
+    params = inspect.signature(reader_class(fmt).__init__).parameters.values()  # type: ignore[misc]
+    names = [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    return (*names, "verify")
+
+
+def _parse_options(chk: _Checker, raw: Any, fmt: str | None) -> dict[str, Any]:
+    options = dict(chk.mapping(raw or {}, "input.options"))
+    allowed = READER_OPTIONS if fmt is None else _reader_options(fmt)
+    chk.keys(options, "input.options" + ("" if fmt is None else f" (format {fmt})"), allowed)
+    for key, value in options.items():
+        where = f"input.options.{key}"
+        if key == "scan_shape":
+            if value == "square":
+                continue
+            rows_cols = chk.integers(value, where + " (or 'square')", 2)
+            if min(rows_cols) < 1:
+                raise chk.fail(where, f"expected two integers >= 1, got {value!r}")
+        elif key in ("frame_shape", "shape"):
+            chk.integers(value, where, 2 if key == "frame_shape" else 4)
+        elif key in ("frame_offset", "offset", "frame_header_bytes", "frame_footer_bytes"):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise chk.fail(where, f"expected an integer >= 0, got {_describe(value)}")
+        elif key in ("dataset_path", "array_path", "dtype"):
+            chk.text(value, where)
+        elif key == "verify" and value not in ("none", "checksums"):
+            raise chk.fail(where, f"expected 'none' or 'checksums', got {_describe(value)}")
+    return options
 
 
 def _parse_transforms(chk: _Checker, raw: Any) -> tuple[tuple[str, Any], ...]:
@@ -763,6 +1016,8 @@ def _parse_param(chk: _Checker, op: str, key: str, value: Any, where: str, base:
         raise chk.fail(where, f"expected 'auto', true or false, got {_describe(value)}")
     if key == "highpass":
         return chk.number(value, where)
+    if key == "allow_implausible":
+        return chk.boolean(value, where)
     if key == "mask":
         p = Path(chk.text(value, where)).expanduser()
         return str(p if p.is_absolute() else base / p)
@@ -799,8 +1054,10 @@ def _parse_ssb_param(chk: _Checker, key: str, value: Any, where: str) -> Any:
         return chk.number(value, where)
     if key in ("pad_to",):
         return None if value is None else list(chk.integers(value, where, 2))
-    if key == "pixel_block":
-        return int(chk.number(value, where))
+    if key in ("pixel_block", "fit_max_pixels", "fit_max_evaluations"):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise chk.fail(where, f"expected an integer >= 1, got {_describe(value)}")
+        return value
     if key in ("backend",):
         return chk.text(value, where)
     if key == "allow_complex64":
@@ -953,8 +1210,97 @@ def _write_json(path: Path, doc: Mapping[str, Any]) -> None:
             tmp.unlink()
 
 
-def run_pipeline(
+@dataclasses.dataclass(frozen=True)
+class PreparedRun:
+    """A pipeline checked against its input, ready to compute.
+
+    Build one with :func:`prepare_pipeline`; :func:`run_pipeline` computes it.
+
+    Attributes
+    ----------
+    pipeline
+        The validated pipeline.
+    dataset
+        The opened input (metadata only), transforms applied.
+    lazy
+        ``{output name: lazy result}`` in the pipeline's order.
+    targets
+        Where the run writes.
+    overwrite
+        Whether existing files (quantem-flow's own) may be replaced.
+    """
+
+    pipeline: Pipeline
+    dataset: Dataset4D
+    lazy: Mapping[str, LazyResult]
+    targets: SaveTargets
+    overwrite: bool
+
+
+def prepare_pipeline(
     pipeline: Pipeline | str | os.PathLike[str] | Mapping[str, Any],
+    *,
+    output_dir: str | os.PathLike[str] | None = None,
+    overwrite: bool | None = None,
+) -> PreparedRun:
+    """Check everything about a run that needs no pixel data, and build it lazily.
+
+    Reads the YAML, opens the input (metadata only), applies the
+    transforms, checks the output files (existing ones, the input among
+    them) and builds every output's lazy result, which validates every
+    parameter against the dataset's shape and calibration (``mrad`` radii
+    on an uncalibrated detector, a missing mask file, bad SSB
+    parameters...).  No frame is read and no cluster is started, so a bad
+    pipeline fails at once.
+
+    Parameters
+    ----------
+    pipeline
+        A :class:`Pipeline`, or a YAML file or mapping for :func:`load_pipeline`.
+    output_dir
+        Folder the ``save`` paths are relative to (see
+        :meth:`Pipeline.save_targets`).
+    overwrite
+        Replace existing output files; ``None`` takes ``save.overwrite``.
+
+    Returns
+    -------
+    PreparedRun
+        The run, to give to :func:`run_pipeline`.
+
+    Raises
+    ------
+    ParameterError
+        For an output file that exists without overwriting asked for, or a
+        parameter the operator refuses; the message names the YAML key.
+    OverwriteError
+        For an output that is the input, or an existing file not written
+        by quantem-flow.
+    CalibrationError
+        If an output asks for calibrated units (``mrad``, ``1/Å``) of an
+        uncalibrated detector.
+    SourceNotFoundError
+        If the input (or a mask file) does not exist.
+    """
+    pipe = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
+    targets = pipe.save_targets(output_dir)
+    replace = overwrite if overwrite is not None else bool(pipe.save and pipe.save.overwrite)
+    existing = targets.existing()
+    if existing and not replace:
+        shown = [str(p) for p in existing[:4]] + (["..."] if len(existing) > 4 else [])
+        raise ParameterError(
+            f"pipeline {pipe.origin}: output file(s) already exist: {shown}; results are never "
+            "overwritten silently -- set save.overwrite: true in the pipeline, pass "
+            "--overwrite, or write elsewhere with --output-dir DIR"
+        )
+    ds = pipe.open()
+    check_outputs(pipe, targets, ds)
+    lazy = pipe.build(ds)
+    return PreparedRun(pipeline=pipe, dataset=ds, lazy=lazy, targets=targets, overwrite=replace)
+
+
+def run_pipeline(
+    pipeline: PreparedRun | Pipeline | str | os.PathLike[str] | Mapping[str, Any],
     *,
     client: Any = None,
     output_dir: str | os.PathLike[str] | None = None,
@@ -966,18 +1312,21 @@ def run_pipeline(
     Parameters
     ----------
     pipeline
-        A :class:`Pipeline`, or a YAML file or mapping for :func:`load_pipeline`.
+        A :class:`PreparedRun` from :func:`prepare_pipeline`, a
+        :class:`Pipeline`, or a YAML file or mapping for :func:`load_pipeline`.
     client
         ``None`` (the embedded local cluster on 127.0.0.1), ``"synchronous"``,
         a ``distributed.Client``, or a scheduler address ``"tcp://host:port"``
         (connected for this run and closed after).
     output_dir
         Folder the ``save`` paths are relative to (default: the YAML file's
-        folder); see :meth:`Pipeline.save_targets`.
+        folder); see :meth:`Pipeline.save_targets`.  Not with a
+        :class:`PreparedRun` (it was given to :func:`prepare_pipeline`).
     progress
         Show a progress bar (``None``: on a terminal).
     overwrite
         Replace existing output files; ``None`` takes ``save.overwrite``.
+        Not with a :class:`PreparedRun`.
 
     Returns
     -------
@@ -987,33 +1336,30 @@ def run_pipeline(
 
     Raises
     ------
-    ParameterError
-        If an output file exists and overwriting was not asked for (checked
-        before anything is computed).
-    CalibrationError
-        If an output asks for calibrated units (``mrad``, ``1/Å``) of an
-        uncalibrated detector (checked before anything is computed).
-    SourceNotFoundError
-        If the input (or a mask file) does not exist.
+    ParameterError, OverwriteError, CalibrationError, SourceNotFoundError
+        As :func:`prepare_pipeline`, all before anything is computed or a
+        scheduler is contacted.  Errors raised while computing name the
+        pipeline, and YAML keys instead of Python arguments.
     """
     from .graphs import compute
     from .io.results_store import results_to_json, save_results
     from .operators.display import save_png
 
-    pipe = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
-    targets = pipe.save_targets(output_dir)
-    replace = overwrite if overwrite is not None else bool(pipe.save and pipe.save.overwrite)
-    existing = targets.existing()
-    if existing and not replace:
-        shown = [str(p) for p in existing[:4]] + (["..."] if len(existing) > 4 else [])
-        raise ParameterError(
-            f"pipeline {pipe.origin}: output file(s) already exist: {shown}; results are never "
-            "overwritten silently -- set save.overwrite: true, pass --overwrite, or choose "
-            "another output folder"
-        )
-    ds = pipe.open()
-    check_outputs(pipe, targets, ds)  # before anything is computed
-    lazy = pipe.build(ds)
+    if isinstance(pipeline, PreparedRun):
+        if output_dir is not None or overwrite is not None:
+            raise ParameterError(
+                "output_dir and overwrite were already given to prepare_pipeline; call "
+                "run_pipeline(prepared) without them, or prepare the pipeline again"
+            )
+        prepared = pipeline
+    else:
+        prepared = prepare_pipeline(pipeline, output_dir=output_dir, overwrite=overwrite)
+    pipe, lazy, targets, replace = (
+        prepared.pipeline,
+        prepared.lazy,
+        prepared.targets,
+        prepared.overwrite,
+    )
     compute_client, close_after = _connect(client)
     try:
         if isinstance(compute_client, str):
@@ -1027,6 +1373,8 @@ def run_pipeline(
             # the progress bar's as_completed() looks up the *current* client
             with current.as_current():
                 computed = compute(*lazy.values(), client=compute_client, progress=progress)
+    except QuantemFlowError as exc:
+        raise pipe.error(exc, "") from exc
     finally:
         if close_after:
             compute_client.close()

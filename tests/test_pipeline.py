@@ -356,14 +356,13 @@ def test_unknown_key_lists_the_allowed_keys() -> None:
 
 def test_bad_values_found_at_build_name_the_output(base: Path) -> None:
     pipe = load_pipeline(spec(outputs={"adf": {"op": "virtual_adf", "inner": -2}}), base_dir=base)
-    with pytest.raises(ParameterError, match=r"outputs\.adf: inner must be >= 0"):
+    with pytest.raises(ParameterError, match=r": outputs\.adf\.inner must be >= 0"):
         pipe.build()
     pipe = load_pipeline(spec(transforms=[{"crop_scan": [0, 99, 0, 4]}]), base_dir=base)
     with pytest.raises(qf.errors.ShapeError, match=r"transforms\[0\]\.crop_scan"):
         pipe.open()
-    pipe = load_pipeline(spec(input={"path": "data.npy", "options": {"colour": 1}}), base_dir=base)
-    with pytest.raises(ParameterError, match=r"input\.options"):
-        pipe.open()
+    with pytest.raises(ParameterError, match=r"input\.options.*'colour'.*allowed keys"):
+        load_pipeline(spec(input={"path": "data.npy", "options": {"colour": 1}}), base_dir=base)
 
 
 def test_bad_client_address(base: Path) -> None:
