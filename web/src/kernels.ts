@@ -114,7 +114,10 @@ fn load(f: u32, p: u32) -> u32 {
  *
  * exact: integer data and integer (i32) weights: |x*w| as 64-bit products summed in
  * 96-bit positive and negative accumulators (never overflows for K < 2**32).
- * Otherwise float32 products summed with (s, c) compensated pairs.
+ * Otherwise float32 products summed with (s, c) compensated pairs. On float data a
+ * zero weight skips its pixel (select, no branch): a NaN or infinite pixel outside a
+ * row's support leaves the row finite (no 0 * NaN); inside, the row is NaN or +-inf
+ * as IEEE says. The sum and max patterns are per pixel (NaN wins the max, like numpy).
  */
 export function fusedSource(
   layout: Layout,
@@ -142,7 +145,11 @@ export function fusedSource(
           let mag = mul64(xb, u32(abs(wi)));
           if (wi >= 0) { apos[r] = add96(apos[r], vec3<u32>(mag, 0u)); }
           else { aneg[r] = add96(aneg[r], vec3<u32>(mag, 0u)); }`
-    : `let prod = xv * ${wf};
+    : arith === "float"
+      ? `let wv = ${wf};
+          let prod = select(0.0, xv * wv, wv != 0.0);
+          af[r] = twosum(af[r], vec2<f32>(prod, 0.0));`
+      : `let prod = xv * ${wf};
           af[r] = twosum(af[r], vec2<f32>(prod, 0.0));`;
   const reduce = exact
     ? `redp[t] = apos[r]; redn[t] = aneg[r];

@@ -396,3 +396,39 @@ test("float32 max: NaN propagates, inf and -inf handled bitwise", async () => {
   // -0 then 0: the first stays (strict >, like the CPU runtime's kernel)
   assert.deepEqual(Array.from(mx), [2, NaN, -Infinity, Infinity, -0, NaN]);
 });
+
+test("float32 per frame: a NaN or inf pixel outside a weight row's support leaves it finite", async () => {
+  // pixel 1 NaN in frame 0, pixel 2 +inf in frame 1, pixel 2 -inf and pixel 3 +inf in frame 2
+  const vals = [
+    [1, NaN, 2, 3, 4, 5],
+    [1, 2, Infinity, 3, 4, 5],
+    [1, 2, -Infinity, Infinity, 4, 5],
+  ];
+  const K = 6;
+  const ch = nextHandle++;
+  ok(
+    await putPayload(
+      { rep: "dense", dtype: "float32", rows: 3, cols: 1, kr: 2, kc: 3, maxv: 0, density: 1 },
+      vals,
+      ch,
+    ),
+  );
+  const rowsW = [
+    [1, 0, 0, 0, 1, 1], // away from every bad pixel
+    [0, 1, 0, 0, 0, 0], // the NaN pixel only
+    [0, 0, -2, 0, 0, 0.5], // the infinities of pixel 2, negative weight
+    [0, 0, 1, 1, 0, 0], // +inf and -inf together in frame 2
+  ];
+  const wts = new Float64Array(rowsW.flat());
+  const wh = nextHandle++;
+  ok(
+    await w.request({ type: "put_weights", handle: wh, shape: [4, K], dtype: "float64" }, [
+      bytesOf(wts),
+    ]),
+  );
+  const r = ok(
+    await w.request({ type: "run", operation: "frame_pass", chunk: ch, weights: wh, options: {} }),
+  );
+  const per = Array.from(new Float64Array(r.buffers[0].slice().buffer));
+  assert.deepEqual(per, [10, NaN, -1.5, 5, 10, 2, -Infinity, Infinity, 10, 2, Infinity, NaN]);
+});
