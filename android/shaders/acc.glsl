@@ -1,7 +1,9 @@
 // Accumulator variants, chosen at build time by one of ACC_I64, ACC_U32X2,
 // ACC_F64, ACC_F32 (glslc -D...).  Integer variants hold exact signed 64-bit
 // sums (int64_t, or two 32-bit words with carry); real variants hold float64
-// (needs shaderFloat64) or float32.
+// (needs shaderFloat64) or float32.  In the real variants a zero weight skips
+// its pixel (a select, no 0 * NaN): a NaN or infinite pixel outside a weight
+// row's support leaves that row finite; inside, the row is NaN or +-inf (IEEE).
 #if defined(ACC_I64)
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
 #define ACC_T int64_t
@@ -78,14 +80,14 @@ ACC_T acc_zero() { return 0.0lf; }
 ACC_T acc_add(ACC_T a, ACC_T b) { return a + b; }
 ACC_T acc_fma(ACC_T a, uint bits, W_T w) {
   double v = pc.is_float != 0u ? double(uintBitsToFloat(bits)) : double(bits);
-  return a + v * w;
+  return a + (w != 0.0lf ? v * w : 0.0lf);  // a zero weight skips its pixel: no 0 * NaN
 }
 #else
 ACC_T acc_zero() { return 0.0; }
 ACC_T acc_add(ACC_T a, ACC_T b) { return a + b; }
 ACC_T acc_fma(ACC_T a, uint bits, W_T w) {
   float v = pc.is_float != 0u ? uintBitsToFloat(bits) : float(bits);
-  return a + v * w;
+  return a + (w != 0.0 ? v * w : 0.0);  // a zero weight skips its pixel: no 0 * NaN
 }
 #endif
 
