@@ -24,7 +24,11 @@ arrays are CuPy arrays (the kernels take them without a second upload);
 ``release`` drops them.  Host data reach the device through a pinned
 staging buffer and a non-blocking stream per thread, so a worker thread can upload and compute
 one chunk while another decodes the next.  Every sum is float64 or 64-bit
-integer; nothing is computed in lower precision.  Without a GPU that
+integer; nothing is computed in lower precision.  On real data a zero
+weight skips its pixel (``qf_term`` in ``common.cuh``; after cuBLAS, the
+non-finite outputs are recomputed on the host over nonzero weights), so a
+NaN or infinite pixel outside a weight row's support leaves it finite.
+Without a GPU that
 answers, :meth:`CudaRuntime.available` says why and nothing else runs.
 """
 
@@ -40,6 +44,7 @@ import numpy as np
 
 from ...errors import DtypeError, UnsupportedOperationError
 from ..base import FramePassKernel, FramePassResult, GatherKernel, Runtime, host_gather
+from ..nonfinite import repair_per_frame
 
 __all__ = ["KERNEL_DIR", "MAX_RAW_WEIGHTS", "CudaRuntime", "kernel_sources"]
 
@@ -283,6 +288,11 @@ class CudaRuntime(Runtime):
                     block = d_frames[i : i + tile].astype(cupy.float64)
                     per_frame[i : i + tile] = block @ d_all.T
         stream.synchronize()
+        host_per_frame = self.to_host(per_frame)
+        if n and m > MAX_RAW_WEIGHTS and not integer:  # cuBLAS: 0 * NaN, repaired on the host
+            host_per_frame = repair_per_frame(
+                host_per_frame, w, lambda rows: self.to_host(d_frames[cupy.asarray(rows)])
+            )
         out_sum = None
         if want_sum:
             host_sum = self.to_host(psum)
@@ -294,7 +304,7 @@ class CudaRuntime(Runtime):
                 out_max = np.full(k, low, dtype=dtype)
             else:
                 out_max = self.to_host(pmax).astype(dtype)
-        return FramePassResult(self.to_host(per_frame), out_sum, out_max)
+        return FramePassResult(host_per_frame, out_sum, out_max)
 
     def describe(self) -> dict[str, Any]:
         """Device, libraries and precision, for provenance."""

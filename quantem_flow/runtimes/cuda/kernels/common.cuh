@@ -20,6 +20,20 @@ __device__ __forceinline__ double qf_warp_sum(double v) {
     return v;
 }
 
+// One term x * w of a per-frame dot product of frames of type T.  Integer
+// data are never non-finite: the plain product, no test.  Real data: a zero
+// weight skips its pixel, so a NaN or infinite pixel outside a weight row's
+// support leaves that row finite (IEEE would give 0 * NaN = 0 * inf = NaN).
+template <typename T> struct qf_is_real { static constexpr bool value = false; };
+template <> struct qf_is_real<float> { static constexpr bool value = true; };
+template <> struct qf_is_real<double> { static constexpr bool value = true; };
+
+template <typename T>
+__device__ __forceinline__ double qf_term(double x, double w) {
+    if (qf_is_real<T>::value) return w != 0.0 ? x * w : 0.0;
+    return x * w;
+}
+
 // Maximum that propagates NaN like numpy.max: once NaN, stays NaN.
 __device__ __forceinline__ double qf_nanmax(double a, double b) {
     if (a != a) return a;

@@ -1,5 +1,6 @@
 // Fused frame pass on dense frames, one read of every frame:
-//   per_frame[f, j] = sum_p frames[f, p] * weights[j, p]      (float64)
+//   per_frame[f, j] = sum_p frames[f, p] * weights[j, p]      (float64;
+//                     real data skip zero weights: see qf_term)
 //   psum[p]         = sum_f frames[f, p]                        (int64 / float64)
 //   pmax[p]         = max_f frames[f, p]                        (as float64, cast on the host)
 //
@@ -60,7 +61,7 @@ __device__ void qf_frame_pass(
             double acc = 0.0;
 #pragma unroll
             for (int q = 0; q < QF_PIX_PER_THREAD; ++q) {
-                if (valid[q]) acc += v[q] * w[pix[q]];
+                if (valid[q]) acc += qf_term<T>(v[q], w[pix[q]]);
             }
             acc = qf_warp_sum(acc);
             if (lane == 0) atomicAdd(&partial[(f - f0) * QF_MAX_WEIGHTS + j], acc);
