@@ -167,7 +167,7 @@ def test_bf_adf_com_over_a_file_larger_than_the_workers_memory(tmp_path: Path, f
         def run() -> None:
             try:
                 result["out"] = qf.compute(
-                    qf.virtual_bf(ds, radius=200, center=(32, 32)),
+                    qf.virtual_bf(ds, radius=46, center=(32, 32)),  # every pixel (<= 45.3)
                     qf.virtual_adf(ds, inner=20, center=(32, 32)),
                     qf.center_of_mass(ds, center=(32, 32)),
                     client=client,

@@ -397,6 +397,7 @@ class FrameSource(Source):
         scan_shape: Sequence[int] | str | None,
         path: Path | None,
         frame_offset: int = 0,
+        scan_shape_from: str | None = None,
     ) -> None:
         self._n_frames = int(n_frames)
         self._frame_shape = (int(frame_shape[0]), int(frame_shape[1]))
@@ -404,6 +405,8 @@ class FrameSource(Source):
         self._scan = resolve_scan_shape(
             self._n_frames, scan_shape, path=path, frame_offset=frame_offset
         )
+        if scan_shape_from is not None:  # read from the file (a 4-D array), not given
+            self._scan = dataclasses.replace(self._scan, how=scan_shape_from)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:

@@ -21,7 +21,7 @@ from .base import (
     make_provenance,
     weight_key,
 )
-from .geometry import annulus, pixel_scale, resolve_center
+from .geometry import annulus, check_region_on_detector, pixel_scale, resolve_center
 from .probe import ProbeEstimate
 
 __all__ = ["CenterOfMass", "center_of_mass"]
@@ -50,6 +50,11 @@ class CenterOfMass(ChunkOperator):
         ``"px"``, ``"mrad"`` or ``"1/Å"``.
     probe
         A precomputed probe estimate.
+    allow_implausible
+        Compute with a mask disk lying mostly off the detector anyway (less
+        than half of its area on the detector is refused; see
+        :func:`~quantem_flow.operators.geometry.check_region_on_detector`);
+        recorded in the provenance and warned about.
     """
 
     name: ClassVar[str] = "center_of_mass"
@@ -62,6 +67,7 @@ class CenterOfMass(ChunkOperator):
         mask_units: str = "px",
         units: str = "auto",
         probe: ProbeEstimate | None = None,
+        allow_implausible: bool = False,
     ):
         if mask_radius is not None and not float(mask_radius) > 0:
             raise ParameterError(f"mask_radius must be > 0 or None, got {mask_radius!r}")
@@ -70,6 +76,11 @@ class CenterOfMass(ChunkOperator):
         self.mask_units = mask_units
         self.units = units
         self.probe = probe
+        if not isinstance(allow_implausible, (bool, np.bool_)):
+            raise ParameterError(
+                f"allow_implausible must be True or False, got {allow_implausible!r}"
+            )
+        self.allow_implausible = bool(allow_implausible)
 
     def parameters(self) -> dict[str, Any]:
         """Parameters as given."""
@@ -79,6 +90,7 @@ class CenterOfMass(ChunkOperator):
             "mask_radius": self.mask_radius,
             "mask_units": self.mask_units,
             "units": self.units,
+            "allow_implausible": self.allow_implausible,
         }
 
     def validate(self, ds: Dataset4D) -> None:
@@ -96,15 +108,30 @@ class CenterOfMass(ChunkOperator):
         scale, units = pixel_scale(units, cal)
         center, record = resolve_center(self.center, ctx, self.probe)
         shape = ds.detector_shape
+        plausibility: dict[str, Any] = {"plausible": True, "rule": "whole detector"}
+        allowed_notes: list[str] = []
         if self.mask_radius is None:
             mask = np.ones(shape, dtype=np.float64)
         else:
-            mscale, _ = pixel_scale(self.mask_units, cal)
+            mscale, munits = pixel_scale(self.mask_units, cal)
             mask = annulus(shape, center, 0.0, float(self.mask_radius), mscale).astype(np.float64)
             if not mask.any():
                 raise ParameterError(
                     f"mask_radius={self.mask_radius} {self.mask_units} selects no pixel"
                 )
+            plausibility, allowed_notes = check_region_on_detector(
+                shape,
+                center,
+                mscale,
+                munits,
+                inner=0.0,
+                outer=float(self.mask_radius),
+                operator="center_of_mass",
+                inner_name=None,
+                outer_name="mask_radius",
+                allow_implausible=self.allow_implausible,
+                alternatives=["mask_radius=None (the whole detector)"],
+            )
         rr = (np.arange(shape[0], dtype=np.float64) - center[0])[:, None] * np.ones(shape[1])
         cc = np.ones(shape[0])[:, None] * (np.arange(shape[1], dtype=np.float64) - center[1])
         w_sum, w_r, w_c = mask, mask * rr, mask * cc
@@ -119,6 +146,7 @@ class CenterOfMass(ChunkOperator):
             if self.mask_radius is None
             else array_identity(mask.astype(bool)),
             "definition": "sum(I * (k - center)) / sum(I) over the mask, times the pixel size",
+            "plausibility": plausibility,
         }
 
         def finalize(out: PassOutputs) -> VectorField:
@@ -132,7 +160,7 @@ class CenterOfMass(ChunkOperator):
                     ]
                 )
             com[:, empty] = math.nan
-            notes = []
+            notes = list(allowed_notes)
             if empty.any():
                 notes.append(
                     f"{int(empty.sum())} frame(s) had zero counts in the mask; their centre of "
@@ -172,6 +200,7 @@ def center_of_mass(
     mask_units: str = "px",
     units: str = "auto",
     probe: ProbeEstimate | None = None,
+    allow_implausible: bool = False,
     name: str | None = None,
 ) -> LazyResult:
     """Centre of mass of every diffraction pattern, as a vector field.
@@ -192,6 +221,10 @@ def center_of_mass(
         ``"mrad"`` or ``"1/Å"``.
     probe
         A precomputed :class:`ProbeEstimate`.
+    allow_implausible
+        Compute with a mask disk lying mostly off the detector anyway
+        (otherwise :class:`~quantem_flow.errors.ImplausibleParameterError`);
+        recorded in the provenance and warned about.
     name
         Label of the result (default ``"com"``).
 
@@ -204,6 +237,11 @@ def center_of_mass(
     if not isinstance(ds, Dataset4D):
         raise ParameterError(f"expected a Dataset4D, got {type(ds).__name__}")
     op = CenterOfMass(
-        center=center, mask_radius=mask_radius, mask_units=mask_units, units=units, probe=probe
+        center=center,
+        mask_radius=mask_radius,
+        mask_units=mask_units,
+        units=units,
+        probe=probe,
+        allow_implausible=allow_implausible,
     )
     return LazyResult(op, dataset=ds, name=name or "com")

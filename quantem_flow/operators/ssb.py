@@ -70,7 +70,7 @@ import numpy as np
 
 from ..calibration import Axis, Calibration, electron_wavelength_angstrom, length_scale
 from ..dataset import Dataset4D
-from ..errors import CalibrationError, DtypeError, ParameterError
+from ..errors import CalibrationError, DtypeError, ImplausibleParameterError, ParameterError
 from ..provenance import array_identity
 from ..results import ComplexObject
 from ..runtimes.registry import get_spec
@@ -94,7 +94,7 @@ from .base import (
     PlanContext,
     make_provenance,
 )
-from .geometry import detector_distance, resolve_center
+from .geometry import allow_implausible_note, detector_distance, resolve_center
 from .probe import ProbeEstimate, find_probe
 
 __all__ = ["SSB", "SSBGeometry", "ssb"]
@@ -112,6 +112,14 @@ FIT_NAMES: dict[str, str] = {
 _COEFF = re.compile(r"^C(\d)(\d)$")
 _ANGLE = re.compile(r"^phi(\d)(\d)_deg$")
 _RTOL = 1e-6
+
+#: ``semiangle_mrad`` must agree with the bright-field disk radius measured from
+#: the data (probe estimate x detector sampling) within this relative
+#: tolerance of the measured radius plus one detector pixel: the segmented
+#: radius of a sharp aperture disk is within half a pixel; 20 % covers a disk
+#: blurred by deflections, and anything beyond is a wrong semiangle or a wrong
+#: detector calibration.
+SEMIANGLE_RTOL = 0.2
 
 Pair = float | tuple[float, float] | Sequence[float]
 
@@ -274,6 +282,7 @@ class SSB(ChunkOperator):
         pixel_block: int = 256,
         backend: str = "auto",
         allow_complex64: bool = False,
+        allow_implausible: bool = False,
     ):
         kv = _finite(voltage_kV, "voltage_kV")
         if not kv > 0:
@@ -348,6 +357,11 @@ class SSB(ChunkOperator):
         self.fit_max_evaluations = int(fit_max_evaluations)
         self.pixel_block = int(pixel_block)
         self.allow_complex64 = bool(allow_complex64)
+        if not isinstance(allow_implausible, (bool, np.bool_)):
+            raise ParameterError(
+                f"allow_implausible must be True or False, got {allow_implausible!r}"
+            )
+        self.allow_implausible = bool(allow_implausible)
         self.backend = backend
         self.choice = resolve_ssb_backend(backend, allow_complex64=self.allow_complex64)
 
@@ -379,6 +393,7 @@ class SSB(ChunkOperator):
             "pixel_block": self.pixel_block,
             "backend": self.backend,
             "allow_complex64": self.allow_complex64,
+            "allow_implausible": self.allow_implausible,
         }
 
     # -- resolution ----------------------------------------------------------------------
@@ -520,6 +535,53 @@ class SSB(ChunkOperator):
             [note],
         )
 
+    def _check_semiangle(
+        self,
+        radius_px: float,
+        det_mrad: tuple[float, float],
+        det_rec: dict[str, Any],
+    ) -> tuple[dict[str, Any], list[str]]:
+        """Compare ``semiangle_mrad`` with the measured bright-field disk (reads nothing)."""
+        if "bf_disk_radius_px" in det_rec:
+            return {
+                "consistent": None,
+                "reason": "not checked: the detector sampling was derived from the bright-field "
+                "disk (semiangle_mrad / radius px), so the disk measures semiangle_mrad by "
+                "construction",
+            }, []
+        px = math.sqrt(det_mrad[0] * det_mrad[1])
+        measured = radius_px * px
+        tolerance = SEMIANGLE_RTOL * measured + px
+        consistent = abs(self.semiangle_mrad - measured) <= tolerance
+        record: dict[str, Any] = {
+            "consistent": consistent,
+            "semiangle_mrad": self.semiangle_mrad,
+            "measured_mrad": measured,
+            "measured_radius_px": radius_px,
+            "detector_sampling_mrad": list(det_mrad),
+            "tolerance_mrad": tolerance,
+            "rule": f"|semiangle_mrad - measured| <= {SEMIANGLE_RTOL} x measured + one pixel; "
+            "measured = probe radius (px, sqrt(area / pi) of the segmented disk) x "
+            "sqrt(row x col pixel size, mrad)",
+        }
+        if consistent:
+            return record, []
+        core = (
+            f"ssb: semiangle_mrad={self.semiangle_mrad:g} disagrees with the bright-field disk "
+            f"measured from the data: radius {radius_px:.3g} px x {px:.4g} mrad/px = measured "
+            f"{measured:.3g} mrad (tolerance {tolerance:.2g} mrad: {SEMIANGLE_RTOL:.0%} + one "
+            f"pixel; detector sampling from {det_rec.get('detector_sampling_from', '?')})."
+        )
+        if not self.allow_implausible:
+            raise ImplausibleParameterError(
+                f"{core} Give semiangle_mrad={measured:.3g} (the measured disk), or fix the "
+                "detector sampling (detector_sampling_mrad or the calibration) if the disk is "
+                "right; or pass allow_implausible=True to reconstruct anyway (recorded in the "
+                "provenance, with a warning)",
+                parameters=("semiangle_mrad",),
+            )
+        return record, [allow_implausible_note(core)]
+
     def geometry(self, ctx: PlanContext) -> tuple[SSBGeometry, list[str]]:
         """Resolve the probe, units and bright-field pixels."""
         ds = ctx.dataset
@@ -539,6 +601,8 @@ class SSB(ChunkOperator):
                 probe_from = f"found with threshold {self.bf_threshold} (sampled frames)"
         center, center_rec = resolve_center(self.center, ctx, est)
         det_mrad, det_rec, notes = self._detector_mrad(cal, float(est.radius))
+        semiangle_check, check_notes = self._check_semiangle(float(est.radius), det_mrad, det_rec)
+        notes.extend(check_notes)
         lam = electron_wavelength_angstrom(self.voltage_kV)
         alpha = self.semiangle_mrad * 1e-3
         shape = ds.detector_shape
@@ -572,6 +636,8 @@ class SSB(ChunkOperator):
             **step_rec,
             "detector_sampling_mrad": list(det_mrad),
             **det_rec,
+            "semiangle_check": semiangle_check,
+            "allow_implausible": self.allow_implausible,
             "rotation_deg": self.rotation_deg,
             "transpose": self.transpose,
             "rotation_convention": "transpose (g_r, g_c) -> (g_c, g_r) first, then "
@@ -998,6 +1064,7 @@ def ssb(
     pixel_block: int = 256,
     backend: str = "auto",
     allow_complex64: bool = False,
+    allow_implausible: bool = False,
     name: str | None = None,
 ) -> LazyResult:
     r"""Single-sideband ptychography: the complex transmission function over the scan.
@@ -1070,6 +1137,14 @@ def ssb(
         mps only with ``allow_complex64``), ``"cpu"``, ``"cuda"`` or ``"mps"``.
     allow_complex64
         Allow a runtime without complex128 FFT (MLX) to compute in complex64.
+    allow_implausible
+        Reconstruct even when ``semiangle_mrad`` disagrees with the
+        bright-field disk measured from the data (probe radius x detector
+        sampling; tolerance :data:`SEMIANGLE_RTOL` of the measured radius
+        plus one pixel), which otherwise raises
+        :class:`~quantem_flow.errors.ImplausibleParameterError`; recorded in
+        the provenance and warned about.  Nothing is compared when the
+        detector sampling is derived from the disk itself.
     name
         Label of the result (default ``"ssb"``).
 
@@ -1109,5 +1184,6 @@ def ssb(
         pixel_block=pixel_block,
         backend=backend,
         allow_complex64=allow_complex64,
+        allow_implausible=allow_implausible,
     )
     return LazyResult(op, dataset=ds, name=name or "ssb")

@@ -21,7 +21,15 @@ from .base import (
     make_provenance,
     weight_key,
 )
-from .geometry import annulus, pixel_scale, resolve_center, resolve_mask, resolve_probe
+from .geometry import (
+    annulus,
+    check_region_on_detector,
+    detector_reach,
+    pixel_scale,
+    resolve_center,
+    resolve_mask,
+    resolve_probe,
+)
 from .probe import ProbeEstimate
 
 __all__ = [
@@ -69,6 +77,21 @@ class VirtualImage(ChunkOperator):
         weight map.
     probe
         A probe estimate to use instead of finding one.
+    allow_implausible
+        Compute a region that lies mostly off the detector anyway (see
+        :func:`~quantem_flow.operators.geometry.check_region_on_detector`:
+        at least half of the region must be on the detector); recorded in
+        the provenance (parameters and a note) and warned about.
+
+    Notes
+    -----
+    Plausibility is checked at plan time from the detector shape, the centre
+    and the calibration (nothing is read): an annulus or disk with less than
+    half of its area on the detector, or, with ``outer = inf``, an inner
+    circle mostly off the detector, raises
+    :class:`~quantem_flow.errors.ImplausibleParameterError` naming the
+    detector's reach and the value to use.  A user mask is on the detector
+    by construction and is not checked.
     """
 
     name: ClassVar[str] = "virtual_image"
@@ -83,6 +106,7 @@ class VirtualImage(ChunkOperator):
         center: str | Sequence[float] = "auto",
         mask: np.ndarray | None = None,
         probe: ProbeEstimate | None = None,
+        allow_implausible: bool = False,
     ):
         if detector not in ("bf", "abf", "adf", "annular", "mask"):
             raise ParameterError(
@@ -107,6 +131,11 @@ class VirtualImage(ChunkOperator):
         self.center = center
         self.mask = mask
         self.probe = probe
+        if not isinstance(allow_implausible, (bool, np.bool_)):
+            raise ParameterError(
+                f"allow_implausible must be True or False, got {allow_implausible!r}"
+            )
+        self.allow_implausible = bool(allow_implausible)
 
     def parameters(self) -> dict[str, Any]:
         """Parameters as given."""
@@ -116,6 +145,7 @@ class VirtualImage(ChunkOperator):
             p["mask"] = array_identity(np.asarray(self.mask))
         else:
             p.update(inner=self.inner, outer=self.outer, center=_as_json(self.center))
+            p["allow_implausible"] = self.allow_implausible
         return p
 
     def validate(self, ds: Dataset4D) -> None:
@@ -125,11 +155,11 @@ class VirtualImage(ChunkOperator):
         else:
             pixel_scale(self.units, ds.calibration)
 
-    def _weights(self, ctx: PlanContext) -> tuple[np.ndarray, dict[str, Any]]:
+    def _weights(self, ctx: PlanContext) -> tuple[np.ndarray, dict[str, Any], list[str]]:
         ds = ctx.dataset
         if self.detector == "mask":
             w = resolve_mask(self.mask, ds.detector_shape)
-            return w, {"mask": array_identity(np.asarray(self.mask))}
+            return w, {"mask": array_identity(np.asarray(self.mask))}, []
         scale, units = pixel_scale(self.units, ds.calibration)
         center, record = resolve_center(self.center, ctx, self.probe)
         radii: list[float] = []
@@ -150,11 +180,34 @@ class VirtualImage(ChunkOperator):
         inner, outer = radii
         w = annulus(ds.detector_shape, center, inner, outer, scale).astype(np.float64)
         if not w.any():
+            reach = detector_reach(ds.detector_shape, center, scale, units)
             raise ParameterError(
                 f"the {self.detector} detector [{inner:.4g}, {outer:.4g}) {units} around "
-                f"{center} selects no pixel of the {ds.detector_shape} detector; check the "
-                "radii, units and centre"
+                f"{center} selects no pixel of the {ds.detector_shape} detector ({reach.describe()}"
+                "); check the radii, units and centre"
             )
+        measured, alternatives = "", []
+        if "probe" in record:
+            probe_px = float(record["probe"]["radius"])
+            s = math.sqrt(scale[0] * scale[1])
+            measured = f"The measured probe radius is {probe_px:.3g} px"
+            measured += f" ({probe_px * s:.3g} {units})." if units != "px" else "."
+        if self.detector == "bf":
+            alternatives.append("radius='auto' (the probe radius measured from the data)")
+        plausibility, notes = check_region_on_detector(
+            ds.detector_shape,
+            center,
+            scale,
+            units,
+            inner=inner,
+            outer=outer,
+            operator=f"virtual_{self.detector}",
+            inner_name=None if self.detector == "bf" else "inner",
+            outer_name="radius" if self.detector == "bf" else "outer",
+            allow_implausible=self.allow_implausible,
+            measured=measured,
+            alternatives=alternatives,
+        )
         record.update(
             inner=inner,
             outer=outer,
@@ -162,13 +215,15 @@ class VirtualImage(ChunkOperator):
             center_px=list(center),
             rule="inner <= distance < outer",
             mask=array_identity(w.astype(bool)),
+            allow_implausible=self.allow_implausible,
+            plausibility=plausibility,
         )
-        return w, record
+        return w, record, notes
 
     def plan(self, ctx: PlanContext) -> ChunkPlan:
         """Resolve the detector geometry into one weight map."""
         ds = ctx.dataset
-        w, record = self._weights(ctx)
+        w, record, notes = self._weights(ctx)
         key = weight_key(w)
         binary = bool(np.all((w == 0) | (w == 1)))
         exact = binary and ds.dtype.kind in "ui"
@@ -191,6 +246,7 @@ class VirtualImage(ChunkOperator):
                     accumulation_dtype="float64 (integer-valued, exact below 2**53)"
                     if exact
                     else "float64",
+                    notes=notes,
                 ),
             )
 
@@ -224,6 +280,7 @@ def virtual_bf(
     units: str = "px",
     center: str | Sequence[float] = "auto",
     probe: ProbeEstimate | None = None,
+    allow_implausible: bool = False,
     name: str | None = None,
 ) -> LazyResult:
     """Bright-field image: counts within ``radius`` of the centre.
@@ -241,6 +298,11 @@ def virtual_bf(
         ``"auto"``, ``"probe"``, ``"calibration"`` or ``(row, col)`` pixels.
     probe
         A precomputed :class:`ProbeEstimate`.
+    allow_implausible
+        Compute a region lying mostly off the detector anyway (less than
+        half of it on the detector is refused with
+        :class:`~quantem_flow.errors.ImplausibleParameterError`); recorded in
+        the provenance and warned about.
     name
         Label of the result (default ``"bf"``).
 
@@ -250,7 +312,13 @@ def virtual_bf(
         A lazy :class:`~quantem_flow.results.ScanImage`.
     """
     op = VirtualImage(
-        detector="bf", inner=0.0, outer=radius, units=units, center=center, probe=probe
+        detector="bf",
+        inner=0.0,
+        outer=radius,
+        units=units,
+        center=center,
+        probe=probe,
+        allow_implausible=allow_implausible,
     )
     return _lazy(ds, op, name, "bf")
 
@@ -263,6 +331,7 @@ def virtual_abf(
     units: str = "px",
     center: str | Sequence[float] = "auto",
     probe: ProbeEstimate | None = None,
+    allow_implausible: bool = False,
     name: str | None = None,
 ) -> LazyResult:
     """Annular bright-field image (auto: half the probe radius to the probe radius).
@@ -271,7 +340,13 @@ def virtual_abf(
     from the probe radius.
     """
     op = VirtualImage(
-        detector="abf", inner=inner, outer=outer, units=units, center=center, probe=probe
+        detector="abf",
+        inner=inner,
+        outer=outer,
+        units=units,
+        center=center,
+        probe=probe,
+        allow_implausible=allow_implausible,
     )
     return _lazy(ds, op, name, "abf")
 
@@ -284,6 +359,7 @@ def virtual_adf(
     units: str = "px",
     center: str | Sequence[float] = "auto",
     probe: ProbeEstimate | None = None,
+    allow_implausible: bool = False,
     name: str | None = None,
 ) -> LazyResult:
     """Annular dark-field image (auto: 1.5 probe radii to the detector edge).
@@ -292,7 +368,13 @@ def virtual_adf(
     from the probe radius (outer ``"auto"`` takes every pixel beyond inner).
     """
     op = VirtualImage(
-        detector="adf", inner=inner, outer=outer, units=units, center=center, probe=probe
+        detector="adf",
+        inner=inner,
+        outer=outer,
+        units=units,
+        center=center,
+        probe=probe,
+        allow_implausible=allow_implausible,
     )
     return _lazy(ds, op, name, "adf")
 
@@ -305,6 +387,7 @@ def virtual_annular(
     units: str = "px",
     center: str | Sequence[float] = "auto",
     probe: ProbeEstimate | None = None,
+    allow_implausible: bool = False,
     name: str | None = None,
 ) -> LazyResult:
     """Counts in the annulus ``inner <= d < outer`` around the centre.
@@ -322,6 +405,11 @@ def virtual_annular(
         ``"auto"``, ``"probe"``, ``"calibration"`` or ``(row, col)`` pixels.
     probe
         A precomputed :class:`ProbeEstimate`.
+    allow_implausible
+        Compute a region lying mostly off the detector anyway (less than
+        half of it on the detector is refused with
+        :class:`~quantem_flow.errors.ImplausibleParameterError`); recorded in
+        the provenance and warned about.
     name
         Label of the result (default ``"annular"``).
 
@@ -331,7 +419,13 @@ def virtual_annular(
         A lazy :class:`~quantem_flow.results.ScanImage`.
     """
     op = VirtualImage(
-        detector="annular", inner=inner, outer=outer, units=units, center=center, probe=probe
+        detector="annular",
+        inner=inner,
+        outer=outer,
+        units=units,
+        center=center,
+        probe=probe,
+        allow_implausible=allow_implausible,
     )
     return _lazy(ds, op, name, "annular")
 
@@ -367,6 +461,7 @@ def virtual_image(
     center: str | Sequence[float] = "auto",
     mask: np.ndarray | None = None,
     probe: ProbeEstimate | None = None,
+    allow_implausible: bool = False,
     name: str | None = None,
 ) -> LazyResult:
     """Any virtual detector by name (``bf``, ``abf``, ``adf``, ``annular``, ``mask``).
@@ -389,5 +484,6 @@ def virtual_image(
         center=center,
         mask=mask,
         probe=probe,
+        allow_implausible=allow_implausible,
     )
     return _lazy(ds, op, name, detector)
