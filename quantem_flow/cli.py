@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 from .errors import ParameterError, QuantemFlowError
 
-__all__ = ["DEMO_SIZES", "main"]
+__all__ = ["DEMO_SIZES", "cli_terms", "main"]
 
 #: Parameters of :func:`quantem_flow.synthetic.synthetic_dataset` for ``demo --size``.
 DEMO_SIZES: dict[str, dict[str, Any]] = {
@@ -49,9 +50,68 @@ def _mib(nbytes: float) -> str:
     return f"{nbytes / 2**20:.1f} MiB"
 
 
+def _size(nbytes: float) -> str:
+    """Bytes in MiB, or KiB below 1 MiB (so small files do not read 0.0 MiB)."""
+    return _mib(nbytes) if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB"
+
+
 def _say(*lines: str) -> None:
     for line in lines:
         print(line, flush=True)
+
+
+# -- flags ----------------------------------------------------------------------------------
+_FLAGS = {"scan_shape": "--scan-shape", "dataset_path": "--dataset-path", "format": "--format"}
+
+
+def cli_terms(message: str) -> str:
+    """Rewrite Python advice in an error message as this command's flags.
+
+    ``scan_shape=(rows, cols)`` becomes ``--scan-shape ROWS COLS``,
+    ``scan_shape='square'`` ``--scan-shape square``, ``dataset_path=`` and
+    ``format=`` ``--dataset-path``/``--format``, ``overwrite=True``
+    ``--overwrite``, ``to='counted'`` ``--to counted``.
+
+    Parameters
+    ----------
+    message
+        The error message as raised by the library.
+
+    Returns
+    -------
+    str
+        The message in command-line terms.
+    """
+
+    def flag(match: re.Match[str]) -> str:
+        name, value = match.group(1), (match.group(2) or "").strip()
+        option = _FLAGS.get(name, "--to")
+        if value.startswith("(") and value.endswith(")"):
+            parts = [v.strip() for v in value[1:-1].split(",")]
+            value = " ".join(p.upper() if p.isidentifier() else p for p in parts)
+        elif len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        return f"{option} {value}" if value and value != "..." else option
+
+    text = re.sub(r"(?<![\w.\-])overwrite=True\b", "--overwrite", message)
+    return re.sub(
+        r"(?<![\w.\-])(scan_shape|dataset_path|format|to)="
+        r"(\([^()]*\)|'[^']*'|\"[^\"]*\"|\.\.\.|[A-Za-z0-9_/]+)?",
+        flag,
+        text,
+    )
+
+
+def _scan_shape_option(values: Sequence[str]) -> tuple[int, int] | str:
+    """``--scan-shape R C`` or ``--scan-shape square``."""
+    if list(values) == ["square"]:
+        return "square"
+    if len(values) == 2 and all(v.isdigit() for v in values):
+        return (int(values[0]), int(values[1]))
+    raise ParameterError(
+        f"--scan-shape takes two integers ROWS COLS, or 'square' to assume a square scan "
+        f"(recorded), got {' '.join(values)!r}"
+    )
 
 
 # -- info -----------------------------------------------------------------------------------
@@ -95,7 +155,7 @@ def _info(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {}
     notes: list[str] = []
     if args.scan_shape is not None:
-        options["scan_shape"] = tuple(args.scan_shape)
+        options["scan_shape"] = _scan_shape_option(args.scan_shape)
     fmt = args.format or detect_format(args.file)
     if args.dataset_path is not None:
         options["dataset_path"] = args.dataset_path
@@ -444,18 +504,46 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 # -- convert ------------------------------------------------------------------------------
+def _size_advice(ds: Any, kind: str, stored: int, on_disk: int) -> list[str]:
+    """Lines saying when the output is larger than the input, and what would be smaller."""
+    if on_disk <= 0 or stored <= 1.1 * on_disk:
+        return []
+    factor = stored / on_disk
+    head = f"note:      the output is {factor:.1f}x the input's {_size(on_disk)} on disk; "
+    if kind == "counted":
+        n_frames = max(ds.shape[0] * ds.shape[1], 1)
+        per_frame = stored / 4 / n_frames  # one uint32 pixel index per count
+        return [
+            head + f"a counted file stores one 4-byte event per count (about "
+            f"{per_frame:,.0f} counts per frame here), which pays off only for sparse "
+            "frames; for these data a compressed Zarr store is likely smaller: "
+            "quantem-flow convert INPUT OUTPUT.zarr (--codec bitshuffle-lz4, lossless)"
+        ]
+    if ds.source.format == "counted":
+        return [
+            head + "the input is an electron-counted file, which stores sparse frames "
+            "more compactly than dense chunks; keep it, or convert with --to counted"
+        ]
+    return [
+        head + "the input is already compressed at least as well (the Zarr store adds "
+        "per-chunk CRC-32C checksums and encoded reads, not space); keep the input, or try "
+        "--codec bitshuffle-zstd"
+    ]
+
+
 def _convert(args: argparse.Namespace) -> int:
-    from .convert import convert
+    from .convert import convert, output_kind
     from .io.base import path_size
 
+    kind = output_kind(args.output, to=args.to)  # before the input is opened
     options: dict[str, Any] = {}
     if args.format is not None:
         options["format"] = args.format
     if args.dataset_path is not None:
         options["dataset_path"] = args.dataset_path
     if args.scan_shape is not None:
-        options["scan_shape"] = tuple(args.scan_shape)
-    if args.to == "counted":
+        options["scan_shape"] = _scan_shape_option(args.scan_shape)
+    if kind == "counted":
         given = [
             flag
             for flag, value in (
@@ -480,14 +568,16 @@ def _convert(args: argparse.Namespace) -> int:
 
     ds = open_dataset(args.input, **options)
     R, C, kr, kc = ds.shape
+    on_disk = sum(path_size(p) for p in ds.source.identity.paths)
     _say(
         f"input:     {getattr(ds.source, 'path', args.input)} ({ds.source.format}, "
-        f"({R}, {C}, {kr}, {kc}) {ds.dtype}, {_mib(ds.nbytes)} decoded)",
-        f"writing:   {args.to} ...",
+        f"({R}, {C}, {kr}, {kc}) {ds.dtype}, {_size(ds.nbytes)} decoded, {_size(on_disk)} "
+        "on disk)",
+        f"writing:   {kind} ...",
     )
-    out = convert(ds, args.output, to=args.to, overwrite=args.overwrite, **kwargs)
+    out = convert(ds, args.output, to=kind, overwrite=args.overwrite, **kwargs)
     stored = path_size(out)
-    if args.to == "zarr":
+    if kind == "zarr":
         import zarr
 
         attrs: dict[str, Any] = dict(zarr.open_array(store=str(out), mode="r").attrs)
@@ -505,8 +595,10 @@ def _convert(args: argparse.Namespace) -> int:
         _say(f"wrote:     {out} (electron-counted HDF5)")
     ratio = ds.nbytes / stored if stored else math.inf
     _say(
-        f"size:      {_mib(ds.nbytes)} decoded -> {_mib(stored)} stored; "
-        f"compression ratio {ratio:.2f}"
+        f"size:      {_size(ds.nbytes)} decoded, {_size(on_disk)} input on disk -> "
+        f"{_size(stored)} written ({stored / on_disk if on_disk else math.inf:.2f}x the input; "
+        f"compression ratio {ratio:.2f} of the decoded size)",
+        *_size_advice(ds, kind, stored, on_disk),
     )
     return 0
 
@@ -643,6 +735,12 @@ def _bench(args: argparse.Namespace) -> int:
 
     client = Client(args.scheduler, set_as_default=False) if args.scheduler else None
     try:
+        if client is None:
+            from .graphs import embedded_client
+
+            _report_dashboard(embedded_client())  # the same cluster run_bench uses
+        else:
+            _report_dashboard(client)
         report = run_bench(
             args.output_dir,
             scan_shape=(args.scan_shape[0], args.scan_shape[1]),
@@ -675,10 +773,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--format", help="reader name (default: guessed from the name)")
     p.add_argument(
         "--scan-shape",
-        nargs=2,
-        type=int,
-        metavar=("R", "C"),
-        help="scan rows and columns, for files of flat frames",
+        nargs="+",
+        metavar="R C",
+        help="scan rows and columns, for files of flat frames (or 'square', recorded)",
     )
     p.add_argument("--dataset-path", help="dataset inside an HDF5 file, e.g. /data")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -742,13 +839,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset-path", help="dataset inside an HDF5 file, e.g. /data")
     p.add_argument(
         "--scan-shape",
-        nargs=2,
-        type=int,
-        metavar=("R", "C"),
-        help="scan rows and columns, for files of flat frames",
+        nargs="+",
+        metavar="R C",
+        help="scan rows and columns, for files of flat frames (or 'square', recorded)",
     )
     p.add_argument(
-        "--to", choices=("zarr", "counted"), default="zarr", help="output kind (default zarr)"
+        "--to",
+        choices=("zarr", "counted"),
+        help="output kind: a compressed Zarr v3 store, or an electron-counted HDF5 file "
+        "(default: zarr for an OUTPUT named .zarr; other names need --to)",
     )
     p.add_argument(
         "--codec",
@@ -869,6 +968,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
     except (QuantemFlowError, FileExistsError) as exc:
         message = " ".join(str(exc).split())
+        if args.command in ("info", "convert"):
+            message = cli_terms(message)
         print(f"quantem-flow {args.command}: error: {message}", file=sys.stderr)
         return EXIT_USER_ERROR
     return code

@@ -45,7 +45,7 @@ import numpy as np
 from .dataset import Dataset4D
 from .errors import ConversionError, ParameterError
 
-__all__ = ["CONVERT_CODECS", "CONVERT_TARGETS", "convert", "zarr_codecs"]
+__all__ = ["CONVERT_CODECS", "CONVERT_TARGETS", "convert", "output_kind", "zarr_codecs"]
 
 #: ``to=`` targets.
 CONVERT_TARGETS = ("zarr", "counted")
@@ -98,6 +98,70 @@ def zarr_codecs(codec: str, dtype: np.dtype[Any], level: int | None = None) -> l
         cname=cname, clevel=clevel, shuffle=shuffle, typesize=np.dtype(dtype).itemsize
     )
     return [blosc, Crc32cCodec()]
+
+
+_HDF5_SUFFIXES = (".h5", ".hdf5")
+
+
+def output_kind(output_path: str | os.PathLike[str], *, to: str | None = None) -> str:
+    """Return what ``convert`` writes at a path: ``"zarr"`` or ``"counted"``.
+
+    Without ``to`` the kind follows the name: ``.zarr`` (or an existing
+    directory) is a Zarr v3 store; anything else is refused rather than
+    guessed, because the two kinds differ a lot in size (a counted file
+    stores one event per count, which is large for dense frames).  With
+    ``to``, a name that says the other kind is refused too (a Zarr store is
+    a directory; a counted file is HDF5).
+
+    Parameters
+    ----------
+    output_path
+        The output to write.
+    to
+        ``"zarr"``, ``"counted"`` or ``None`` (from the name).
+
+    Returns
+    -------
+    str
+        ``"zarr"`` or ``"counted"``.
+
+    Raises
+    ------
+    ParameterError
+        For an unknown ``to``, a name that does not say the kind without
+        ``to``, or one that contradicts ``to``.
+    """
+    path = Path(output_path).expanduser()
+    name = path.name.rstrip("/").lower()
+    if to is not None and to not in CONVERT_TARGETS:
+        raise ParameterError(f"to must be one of {list(CONVERT_TARGETS)}, got {to!r}")
+    if to is None:
+        if name.endswith(".zarr") or path.is_dir():
+            return "zarr"
+        if name.endswith(_HDF5_SUFFIXES):
+            raise ParameterError(
+                f"{str(path)!r} names an HDF5 file, but convert writes HDF5 only as an "
+                "electron-counted file (one event per count: compact for sparse counted "
+                "frames, several times larger than the input for dense ones); pass "
+                "to='counted' for that, or name the output .zarr for a "
+                "compressed Zarr v3 store (any data, lossless)"
+            )
+        raise ParameterError(
+            f"cannot tell what to write from the name {str(path)!r}; name it .zarr for a "
+            "compressed Zarr v3 store, or pass to='zarr' or to='counted'"
+        )
+    if to == "zarr" and name.endswith(_HDF5_SUFFIXES):
+        raise ParameterError(
+            f"to='zarr' writes a Zarr v3 store, a directory, but the output {str(path)!r} is "
+            "named like an HDF5 file; name it .zarr, or pass to='counted' for an "
+            "electron-counted HDF5 file"
+        )
+    if to == "counted" and name.endswith(".zarr"):
+        raise ParameterError(
+            f"to='counted' writes an electron-counted HDF5 file, but the output "
+            f"{str(path)!r} is named like a Zarr store; name it .h5, or pass to='zarr'"
+        )
+    return to
 
 
 def _chunk_shape(
@@ -154,7 +218,7 @@ def convert(
     input_dataset: Dataset4D | str | os.PathLike[str],
     output_path: str | os.PathLike[str],
     *,
-    to: str = "zarr",
+    to: str | None = None,
     codec: str = "bitshuffle-lz4",
     level: int | None = None,
     frames_per_chunk: int | None = None,
@@ -172,7 +236,8 @@ def convert(
     output_path
         The Zarr store (a directory) or counted ``.h5`` file to write.
     to
-        ``"zarr"`` or ``"counted"``.
+        ``"zarr"`` or ``"counted"``; ``None`` chooses by the name (``.zarr``:
+        a Zarr store) and refuses any other name (see :func:`output_kind`).
     codec, level
         Zarr codec (:data:`CONVERT_CODECS`) and level (see
         :func:`zarr_codecs`); not used for ``counted``.
@@ -196,8 +261,7 @@ def convert(
     ConversionError
         A stored chunk read back differs from what was written.
     """
-    if to not in CONVERT_TARGETS:
-        raise ParameterError(f"to must be one of {list(CONVERT_TARGETS)}, got {to!r}")
+    to = output_kind(output_path, to=to)
     ds = _open_input(input_dataset, open_options)
     out = Path(output_path).expanduser().absolute()
     if to == "counted":

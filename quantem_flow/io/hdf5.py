@@ -169,6 +169,7 @@ class Hdf5Source(FrameSource):
                 dtype=dtype,
                 scan_shape=shape[:2],
                 path=None,
+                scan_shape_from="the file (a 4-D dataset)",
             )
         elif len(shape) == 3:
             self._set_frames(

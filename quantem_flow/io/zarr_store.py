@@ -144,6 +144,7 @@ class ZarrSource(FrameSource):
                 dtype=dtype,
                 scan_shape=shape[:2],
                 path=None,
+                scan_shape_from="the file (a 4-D array)",
             )
         elif len(shape) == 3:
             self._set_frames(
