@@ -20,6 +20,7 @@ __all__ = [
     "FormatError",
     "ImplausibleParameterError",
     "ImplausibleParameterWarning",
+    "NonFiniteWarning",
     "OverwriteError",
     "ParameterError",
     "PlacementError",
@@ -237,3 +238,11 @@ class ImplausibleParameterError(ParameterError):
 
 class ImplausibleParameterWarning(UserWarning):
     """An implausible parameter was allowed (``allow_implausible=True``) and recorded."""
+
+
+class NonFiniteWarning(UserWarning):
+    """A result holds NaN or infinite values at some scan positions (non-finite detector pixels).
+
+    Emitted once per result; the provenance (``execution["non_finite"]``)
+    names the weight rows, how many scan positions and the first few.
+    """

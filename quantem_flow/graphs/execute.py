@@ -31,6 +31,7 @@ from ..operators.probe import ProbeEstimate, estimate_probe, sample_positions, s
 from ..results import Result
 from ..runtimes import BackendChoice, resolve_backend, runtimes_supporting
 from .lowering import LoweredPass, lower_pass
+from .nonfinite import record_pass, report_result
 from .runner import Runner, progress_default
 from .tasks import ChunkPartial
 
@@ -200,6 +201,7 @@ def _outputs(
         "kernel_s_total": float(sum(r["kernel_s"] for r in records)),
         "chunks": records,
     }
+    record_pass(per_frame, lowered.weight_keys, execution)  # NaN/inf values: provenance
     return PassOutputs(
         per_frame={k: per_frame[:, :, i] for i, k in enumerate(lowered.weight_keys)},
         pattern_sum=partial.pattern_sum,
@@ -336,6 +338,7 @@ def compute(
             for node in nodes:
                 result = plans[id(node)].finalize(outputs)
                 result.name = node.name
+                report_result(result, plans[id(node)].weights, stacklevel=3)  # NonFiniteWarning
                 done[id(node)] = result
     finally:
         runner.cleanup()
