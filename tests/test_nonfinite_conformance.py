@@ -45,8 +45,8 @@ def test_nonfinite_pixel_outside_support(runtime: str, representation: str, dtyp
 
 def test_the_check_fails_on_a_plain_matrix_product() -> None:
     """The check is not vacuous: ``frames @ weights.T`` (0 * NaN = NaN) fails it."""
-    from quantem_flow.runtimes.cpu import CpuRuntime
     from quantem_flow.runtimes.base import FramePassResult
+    from quantem_flow.runtimes.cpu import CpuRuntime
 
     class Naive(CpuRuntime):
         def frame_pass(self, frames: np.ndarray, weights: np.ndarray, **kw: Any) -> Any:

@@ -658,7 +658,7 @@ def check_nonfinite_support(
         return
     runtime = factory()
     frames, weights, expect = nonfinite_support_inputs(dtype, detector=detector)
-    n, k = frames.shape
+    k = frames.shape[1]
     what = f"{runtime.name} frame_pass {representation} {dtype} non-finite pixels"
     ref = oracle(frames, weights, True, True)
     handle = runtime.put(payload_for(representation, frames, detector))
