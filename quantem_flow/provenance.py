@@ -8,12 +8,25 @@ import functools
 import hashlib
 import importlib.metadata
 import json
-from collections.abc import Mapping
+import platform
+import sys
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Provenance", "array_identity", "jsonable", "package_versions"]
+__all__ = [
+    "CONTENT_DIGEST_ALGORITHM",
+    "Provenance",
+    "array_identity",
+    "combine_digests",
+    "environment",
+    "jsonable",
+    "package_versions",
+]
+
+#: The hash of content digests (xxHash XXH3, 128 bits, seed 0; docs/data-integrity.md).
+CONTENT_DIGEST_ALGORITHM = "xxh3_128"
 
 _VERSIONED = (
     "quantem-flow",
@@ -26,6 +39,7 @@ _VERSIONED = (
     "hdf5plugin",
     "zarr",
     "numcodecs",
+    "xxhash",
 )
 
 
@@ -43,6 +57,64 @@ def _package_versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             out[name] = "not installed"
     return out
+
+
+def environment() -> dict[str, str]:
+    """Return the Python and operating-system versions a result was computed with.
+
+    Returns
+    -------
+    dict
+        ``python`` (``"3.11.9"``), ``python_implementation`` (``"CPython"``),
+        ``python_build`` (compiler and build date), ``os`` (system and
+        release, ``"Linux 6.8.0"``), ``platform`` (:func:`platform.platform`),
+        ``machine`` (``"x86_64"``) and ``byteorder``.
+    """
+    return dict(_environment())
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> dict[str, str]:
+    return {
+        "python": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "python_build": " ".join((*platform.python_build(), platform.python_compiler())),
+        "os": f"{platform.system()} {platform.release()}".strip(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "byteorder": sys.byteorder,
+    }
+
+
+def combine_digests(units: Iterable[tuple[int, int, str]], *, header: str) -> str:
+    """Combine ordered ``(row_start, row_stop, hex digest)`` units into one digest.
+
+    The result is the :data:`CONTENT_DIGEST_ALGORITHM` hex digest of
+    ``header``, a newline, then one line ``"<row_start> <row_stop>
+    <digest>"`` per unit, sorted by rows: it depends on the units, never on
+    the order they were computed in.
+
+    Parameters
+    ----------
+    units
+        Half-open scan-row ranges and the hex digests of their bytes.
+    header
+        What the digests are of (representation, dtype, shapes), so that the
+        same bytes read as different things give different digests.
+
+    Returns
+    -------
+    str
+        32 hexadecimal characters.
+    """
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    h.update(header.encode())
+    h.update(b"\n")
+    for r0, r1, digest in sorted((int(a), int(b), str(d)) for a, b, d in units):
+        h.update(f"{r0} {r1} {digest}\n".encode())
+    return str(h.hexdigest())
 
 
 def array_identity(array: np.ndarray) -> dict[str, Any]:
@@ -102,8 +174,12 @@ class Provenance:
         The operator's resolved parameters, with units, mask identities and
         any automatically found geometry (for example the probe estimate).
     source
-        Identity of the input: format, paths, file sizes, a SHA-256 of the
-        headers, shapes and dtypes.
+        Identity of the input: format, paths (``paths`` as the reader
+        found them, ``paths_given`` as passed to ``open``,
+        ``paths_resolved`` absolute with symlinks resolved), file sizes, a
+        SHA-256 of the headers, shapes and dtypes, and the
+        ``content_digest`` of the bytes the pass read
+        (docs/data-integrity.md).
     dataset
         Shape, dtype, representation and storage schema of the dataset the
         operator ran on (after any regions or binning).
@@ -115,7 +191,8 @@ class Provenance:
         The dtype sums were accumulated in.
     execution
         Requested and chosen runtime, scheduler, per-chunk records
-        (rows, worker, runtime, bytes read, seconds).
+        (rows, worker, runtime, bytes read, content digest, seconds of
+        reading, hashing, JIT compiling and kernels).
     derived_from
         Provenance of the results this one was computed from (for example
         the centre of mass an iDPC phase integrates).
@@ -124,6 +201,9 @@ class Provenance:
         empty frames set to NaN, ...).
     versions
         Package versions.
+    environment
+        Python and operating-system versions (:func:`environment`); empty
+        for provenance written before they were recorded.
     timings
         Wall-clock seconds of the stages of the computation.
     created
@@ -141,6 +221,7 @@ class Provenance:
     derived_from: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
     versions: dict[str, str] = dataclasses.field(default_factory=package_versions)
+    environment: dict[str, str] = dataclasses.field(default_factory=environment)
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     created: str = dataclasses.field(
         default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
@@ -161,9 +242,15 @@ class Provenance:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Provenance:
-        """Rebuild provenance from :meth:`to_dict` output."""
+        """Rebuild provenance from :meth:`to_dict` output.
+
+        Fields missing from older documents stay unknown: ``environment`` is
+        empty, never this process's.
+        """
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        kwargs = {k: v for k, v in d.items() if k in names}
+        kwargs.setdefault("environment", {})
+        return cls(**kwargs)
 
     @classmethod
     def from_json(cls, text: str) -> Provenance:

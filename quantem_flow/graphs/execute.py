@@ -30,6 +30,7 @@ from ..operators.base import (
 from ..operators.probe import ProbeEstimate, estimate_probe, sample_positions, sampled_mean
 from ..results import Result
 from ..runtimes import BackendChoice, resolve_backend, runtimes_supporting
+from .digest import dataset_digest
 from .lowering import LoweredPass, lower_pass
 from .nonfinite import record_pass, report_result
 from .runner import Runner, progress_default
@@ -156,6 +157,8 @@ def _outputs(
         missing = np.flatnonzero(~covered)
         raise ParameterError(f"internal error: scan rows {missing[:10].tolist()} were not computed")
     records = sorted(partial.records, key=lambda r: r["chunk"])
+    units = [u for r in records for u in (r.pop("digest_units", None) or [])]
+    content_digest = dataset_digest(units, ds)  # docs/data-integrity.md
     details: list[dict[str, Any]] = []
     for r in records:  # once per pass: how each runtime computed (precision, device)
         d = r.pop("runtime_detail", None)
@@ -199,6 +202,9 @@ def _outputs(
         "resident": ds.resident.describe() if ds.is_persisted else None,
         "read_s_total": float(sum(r["read_s"] for r in records)),
         "kernel_s_total": float(sum(r["kernel_s"] for r in records)),
+        "compile_s_total": float(sum(r.get("compile_s", 0.0) for r in records)),
+        "hash_s_total": float(sum(r.get("hash_s", 0.0) for r in records)),
+        "content_digest": content_digest,
         "chunks": records,
     }
     record_pass(per_frame, lowered.weight_keys, execution)  # NaN/inf values: provenance

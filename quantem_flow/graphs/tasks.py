@@ -20,12 +20,14 @@ from ..dataset import Dataset4D
 from ..representations import Chunk
 from ..runtimes import get_runtime
 from ..runtimes.staging import staging_buffer
+from .digest import Units, chunk_digest, payload_digests
 
 __all__ = [
     "ChunkPartial",
     "PassSpec",
     "combine_partials",
     "load_resident_chunk",
+    "resident_digest",
     "run_chunk_pass",
     "run_resident_kernels",
 ]
@@ -91,21 +93,33 @@ def _kernels(
     bytes_read: int,
     resident: bool,
     made: dict[str, Any] | None = None,
+    units: Units | None = None,
+    hash_s: float = 0.0,
 ) -> ChunkPartial:
-    """Run every requested kernel on one chunk handle and package the partial."""
+    """Run every requested kernel on one chunk handle and package the partial.
+
+    ``t1 - t0`` is the load (read, decode, put) and ``hash_s`` the content
+    digest of it (``units``); JIT compilation during the kernels is timed
+    apart (``compile_s``) and left out of ``kernel_s``.
+    """
     runtime = get_runtime(spec.runtime)
     (r0, r1), (c0, c1) = chunk.scan_slice
     rows, shape = (r0, r1), (r1 - r0, c1 - c0)
     gathered: list[tuple[tuple[int, int], np.ndarray]] = []
-    if spec.gather is not None:
-        values = runtime.run_gather(chunk, spec.gather)
-        gathered.append(
-            (rows, np.ascontiguousarray(values.T).reshape(len(spec.gather), shape[0], shape[1]))
+    with runtime.compile_timer() as compiled:
+        if spec.gather is not None:
+            values = runtime.run_gather(chunk, spec.gather)
+            gathered.append(
+                (
+                    rows,
+                    np.ascontiguousarray(values.T).reshape(len(spec.gather), shape[0], shape[1]),
+                )
+            )
+        out = runtime.run_frame_pass(
+            chunk, spec.weights, want_sum=spec.want_sum, want_max=spec.want_max
         )
-    out = runtime.run_frame_pass(
-        chunk, spec.weights, want_sum=spec.want_sum, want_max=spec.want_max
-    )
     t2 = time.perf_counter()
+    digest = None if units is None else chunk_digest(units, spec.dataset)
     record = {
         "chunk": index,
         "rows": [rows[0], rows[1]],
@@ -117,8 +131,13 @@ def _kernels(
         "resident": resident,
         "residency": chunk.residency,
         "bytes_read": bytes_read,
-        "read_s": t1 - t0,
-        "kernel_s": t2 - t1,
+        "read_s": max(t1 - t0 - hash_s, 0.0),
+        "hash_s": hash_s,
+        "compile_s": compiled.seconds,
+        "compilations": compiled.compilations,
+        "kernel_s": max(t2 - t1 - compiled.seconds, 0.0),
+        "content_digest": digest,
+        "digest_units": units,
         "representation": spec.dataset.representation,
         **(made or {}),
     }
@@ -155,6 +174,9 @@ def run_chunk_pass(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial
         else None
     )
     payload, made = ds.load_payload((r0, r1), buffer=buffer)
+    th = time.perf_counter()
+    units = payload_digests(ds.representation, payload, (r0, r1))
+    hash_s = time.perf_counter() - th
     runtime = get_runtime(spec.runtime)
     handle = runtime.put(_host_chunk(ds, r0, r1, payload))
     try:
@@ -168,6 +190,8 @@ def run_chunk_pass(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial
             bytes_read=_source_bytes(ds, r0, r1),
             resident=False,
             made=made,
+            units=units,
+            hash_s=hash_s,
         )
     finally:
         runtime.release(handle)
@@ -193,18 +217,45 @@ def load_resident_chunk(ds: Dataset4D, runtime_name: str, index: int, r0: int, r
     runtime's ``release``).  The runtime also gets the recipe to load the same
     payload again (``reload``), so an external worker whose native process
     died re-places the chunk itself (docs/external-workers.md).
+
+    The content digest of the payload is computed here, once, and kept on
+    the handle (:func:`resident_digest`): passes over the resident chunk
+    record it without hashing again.
     """
     runtime = get_runtime(runtime_name)
     payload = load_host_payload(ds, r0, r1)
-    return runtime.put(
+    th = time.perf_counter()
+    units = payload_digests(ds.representation, payload, (r0, r1))
+    hash_s = time.perf_counter() - th
+    handle = runtime.put(
         _host_chunk(ds, r0, r1, payload),
         reload=functools.partial(load_host_payload, ds, r0, r1),
     )
+    setattr(handle, _DIGEST_ATTR, (units, hash_s))  # an attribute Chunk does not declare
+    return handle
+
+
+#: Attribute of a resident chunk handle holding ``(units, hash seconds)`` of its load.
+_DIGEST_ATTR = "qf_content_digest"
+
+
+def resident_digest(chunk: Chunk) -> tuple[Units | None, float]:
+    """Return the digest units computed when ``chunk`` was loaded (``None`` if unknown)."""
+    found = getattr(chunk, _DIGEST_ATTR, None)
+    if not isinstance(found, tuple) or len(found) != 2:
+        return None, 0.0
+    units, hash_s = found
+    return ([(int(a), int(b), str(d)) for a, b, d in units], float(hash_s))
 
 
 def run_resident_kernels(spec: PassSpec, chunk: Chunk, index: int) -> ChunkPartial:
-    """Run every requested kernel on a resident chunk (nothing is read)."""
+    """Run every requested kernel on a resident chunk (nothing is read).
+
+    The chunk's content digest is the one computed when it was loaded;
+    ``hash_s`` is 0 here (nothing is hashed again).
+    """
     t0 = time.perf_counter()
+    units, _ = resident_digest(chunk)
     return _kernels(
         spec,
         chunk,
@@ -214,6 +265,7 @@ def run_resident_kernels(spec: PassSpec, chunk: Chunk, index: int) -> ChunkParti
         bytes_read=0,
         resident=True,
         made={"payload_bytes": chunk.nbytes},
+        units=units,
     )
 
 

@@ -158,6 +158,7 @@ def open_source(
             "pass format= if the guess was wrong"
         ) from exc
     check_declared_sizes(source, path_or_array)
+    source.opened_as = os.fspath(path_or_array)  # as given, recorded in provenance
     return source
 
 

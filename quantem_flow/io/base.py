@@ -121,6 +121,10 @@ class Source(abc.ABC):
     native_representation: ClassVar[str] = "dense"
     #: Representations :meth:`read_payload` makes without a dense intermediate.
     payload_representations: ClassVar[frozenset[str]] = frozenset()
+    #: The path exactly as passed to ``open`` (before ``~`` expansion and symlink
+    #: resolution), set by :func:`quantem_flow.io.open_source`; ``None`` when
+    #: unknown or in memory.  Provenance records it beside the resolved paths.
+    opened_as: str | None = None
 
     @property
     @abc.abstractmethod

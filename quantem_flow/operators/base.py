@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -233,11 +234,25 @@ class LazyResult:
         return f"LazyResult({self.operator.name!r}, name={self.name!r}, {where})"
 
 
+def _resolved(path: str) -> str:
+    """``path`` absolute with every symlink resolved (as it is now)."""
+    return os.path.realpath(os.path.expanduser(path))
+
+
 def dataset_provenance(ds: Dataset4D) -> dict[str, Any]:
-    """Return the dataset-dependent fields of :class:`Provenance` as keyword arguments."""
+    """Return the dataset-dependent fields of :class:`Provenance` as keyword arguments.
+
+    The source's paths are recorded three ways: ``paths`` as the reader
+    found them, ``paths_given`` (the path passed to ``open``, exactly as
+    given) and ``paths_resolved`` (absolute, every symlink resolved).
+    """
+    identity = ds.source.identity.to_dict()
+    given = getattr(ds.source, "opened_as", None)
     return {
         "source": {
-            **ds.source.identity.to_dict(),
+            **identity,
+            "paths_given": [] if given is None else [str(given)],
+            "paths_resolved": [_resolved(str(p)) for p in identity.get("paths", [])],
             "shape": list(ds.source.shape),
             "dtype": str(ds.source.dtype),
             "metadata": ds.source.metadata,
@@ -261,6 +276,9 @@ def make_provenance(
     """Build the provenance of a chunk operator's result."""
     parts = dataset_provenance(ds)
     parts["notes"] = [*parts["notes"], *notes]
+    digest = outputs.execution.get("content_digest")
+    if digest is not None:  # the bytes this result was computed from (docs/data-integrity.md)
+        parts["source"]["content_digest"] = digest
     return Provenance(
         operator=operator,
         parameters=parameters,

@@ -34,9 +34,11 @@ kernel.
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RELEASED",
+    "CompileTime",
     "FramePassKernel",
     "FramePassResult",
     "GatherKernel",
@@ -120,6 +123,61 @@ class FramePassResult:
     per_frame: np.ndarray
     pattern_sum: np.ndarray | None
     pattern_max: np.ndarray | None
+
+
+@dataclasses.dataclass
+class CompileTime:
+    """JIT compilation seen while a runtime ran kernels (see :meth:`Runtime.compile_timer`).
+
+    Attributes
+    ----------
+    seconds
+        Seconds this thread spent compiling kernels, loading them from the
+        compilation cache, or waiting for another thread's compilation.
+    compilations
+        Kernel signatures compiled (cache loads and waits not counted).
+    """
+
+    seconds: float = 0.0
+    compilations: int = 0
+
+
+_NUMBA_LISTENER: list[Any] = []
+
+
+def _numba_listener_class() -> Any:
+    """The numba event listener class (made once, numba imported lazily)."""
+    if not _NUMBA_LISTENER:
+        from numba.core import event
+
+        class ThreadCompileListener(event.Listener):  # type: ignore[misc]
+            """Times numba's compiler lock on one thread (nested holds counted once)."""
+
+            def __init__(self, clock: CompileTime) -> None:
+                self.clock = clock
+                self.thread = threading.get_ident()
+                self.depth = 0
+                self.start = 0.0
+
+            def on_start(self, ev: Any) -> None:
+                if threading.get_ident() != self.thread:
+                    return
+                if ev.kind == "numba:compile":
+                    self.clock.compilations += 1
+                    return
+                if self.depth == 0:
+                    self.start = time.perf_counter()
+                self.depth += 1
+
+            def on_end(self, ev: Any) -> None:
+                if threading.get_ident() != self.thread or ev.kind == "numba:compile":
+                    return
+                self.depth = max(self.depth - 1, 0)
+                if self.depth == 0:
+                    self.clock.seconds += time.perf_counter() - self.start
+
+        _NUMBA_LISTENER.append(ThreadCompileListener)
+    return _NUMBA_LISTENER[0]
 
 
 #: ``kernel(payload, weights, *, want_sum, want_max) -> FramePassResult``
@@ -424,6 +482,35 @@ class Runtime(abc.ABC):
     def describe(self) -> dict[str, Any]:
         """Return a JSON-ready description for provenance."""
         return {"runtime": self.name}
+
+    @contextlib.contextmanager
+    def compile_timer(self) -> Iterator[CompileTime]:
+        """Measure the JIT compilation done on this thread inside the ``with`` block.
+
+        The first call of a Numba kernel for a new signature compiles it (or
+        loads it from the compilation cache) before it runs; callers subtract
+        :attr:`CompileTime.seconds` from the time of the block so that the
+        kernel time of the first chunk compares with the others.  The
+        default listens to Numba's compiler-lock events on the calling thread
+        (other threads' compilations are not counted; a wait for the lock is
+        counted, it is compilation this thread needed).  Runtimes that
+        compile otherwise override it; runtimes that compile nothing
+        measurable report 0.
+
+        Yields
+        ------
+        CompileTime
+            Filled in when the block ends.
+        """
+        from numba.core import event
+
+        clock = CompileTime()
+        listener = _numba_listener_class()(clock)
+        with (
+            event.install_listener("numba:compiler_lock", listener),
+            event.install_listener("numba:compile", listener),
+        ):
+            yield clock
 
     # -- internals ---------------------------------------------------------------------------
     def _dense_frame_pass(

@@ -1,0 +1,176 @@
+"""Content digests of the bytes a pass read (docs/data-integrity.md).
+
+Each chunk task hashes the host payload it loaded, right after loading and
+before the runtime receives it, with xxHash XXH3 (128 bits): the digest
+names the data exactly, at memory speed.  What is hashed, per
+representation:
+
+``dense``
+    The decoded array as the kernels receive it: ``(rows, cols, k_r, k_c)``
+    C order, in the dataset's dtype and native byte order, after the
+    dataset's detector crops and binning.  Hashed per scan row, so that
+    the dataset digest does not depend on the chunking.
+``encoded``
+    The compressed pieces as read (``data``) and their index (``offsets``,
+    ``piece_frames``, ``runs``), with the codec, value dtype and frame
+    shape.  One digest per chunk.
+``paired``
+    ``indptr``, ``indices`` and ``counts`` with the value dtype and frame
+    shape.  One digest per chunk.
+``packed``
+    ``widths``, ``offsets`` and ``data`` with the value dtype, frame shape
+    and block size.  One digest per chunk.
+
+The dataset digest combines the per-unit digests in scan-row order
+(:func:`~quantem_flow.provenance.combine_digests`), so it depends neither
+on the number of workers nor on the order chunks finish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..dataset import Dataset4D
+from ..provenance import CONTENT_DIGEST_ALGORITHM, combine_digests
+
+__all__ = [
+    "DIGESTED_FIELDS",
+    "Units",
+    "chunk_digest",
+    "dataset_digest",
+    "digest_header",
+    "payload_digests",
+]
+
+#: ``[(row_start, row_stop, hex digest)]``: digests of half-open scan-row ranges.
+Units = list[tuple[int, int, str]]
+
+#: Payload attributes hashed, in order, for each non-dense representation.
+DIGESTED_FIELDS: dict[str, tuple[str, ...]] = {
+    "encoded": ("codec", "value_dtype", "frame_shape", "data", "offsets", "piece_frames", "runs"),
+    "paired": ("value_dtype", "frame_shape", "indptr", "indices", "counts"),
+    "packed": ("value_dtype", "frame_shape", "block_values", "widths", "offsets", "data"),
+}
+
+#: What is hashed, per representation (recorded beside the digest).
+HASHED: dict[str, str] = {
+    "dense": (
+        "decoded values as the kernels receive them (after detector crops and binning), "
+        "dataset dtype, native byte order, C order, one digest per scan row"
+    ),
+    "encoded": "compressed pieces as read with their index (offsets, piece_frames, runs)",
+    "paired": "the event arrays indptr, indices and counts as loaded",
+    "packed": "the packed arrays widths, offsets and data as loaded",
+}
+
+
+def _array_bytes(a: np.ndarray) -> Any:
+    """A contiguous byte view of ``a`` (no copy when it is C-contiguous)."""
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def payload_digests(representation: str, payload: Any, rows: tuple[int, int]) -> Units:
+    """Hash a host payload that covers scan rows ``rows``.
+
+    Parameters
+    ----------
+    representation
+        ``"dense"``, ``"encoded"``, ``"paired"`` or ``"packed"``.
+    payload
+        The host payload as loaded (before the runtime's ``put``).
+    rows
+        Half-open scan-row range of the payload, in dataset rows.
+
+    Returns
+    -------
+    Units
+        For dense payloads one unit per scan row, otherwise one unit for the
+        whole chunk.  Another representation's payload (a third-party one)
+        hashes every NumPy array attribute, in attribute order.
+    """
+    import xxhash
+
+    r0, r1 = int(rows[0]), int(rows[1])
+    if representation == "dense":
+        block = np.asarray(payload)
+        if block.shape[0] != r1 - r0:
+            raise ValueError(
+                f"a dense payload of {block.shape[0]} scan rows cannot cover rows {rows}"
+            )
+        return [
+            (r0 + i, r0 + i + 1, str(xxhash.xxh3_128_hexdigest(_array_bytes(block[i]))))
+            for i in range(r1 - r0)
+        ]
+    h = xxhash.xxh3_128()
+    fields = DIGESTED_FIELDS.get(representation)
+    if fields is None:
+        fields = tuple(k for k, v in vars(payload).items() if isinstance(v, np.ndarray))
+    for name in fields:
+        value = getattr(payload, name)
+        h.update(name.encode() + b"=")
+        if isinstance(value, np.ndarray):
+            h.update(f"{value.dtype.str}{value.shape}:".encode())
+            h.update(_array_bytes(value))
+        elif isinstance(value, np.dtype):
+            h.update(value.str.encode())
+        else:
+            h.update(repr(value).encode())
+        h.update(b";")
+    return [(r0, r1, str(h.hexdigest()))]
+
+
+def digest_header(ds: Dataset4D) -> str:
+    """What a dataset's digests are of: representation, dtype and shape as loaded."""
+    return (
+        f"quantem-flow content digest v1; {CONTENT_DIGEST_ALGORITHM}; representation "
+        f"{ds.representation} ({ds.storage_schema}); dtype {ds.dtype.str}; shape "
+        f"{list(ds.shape)}"
+    )
+
+
+def chunk_digest(units: Units, ds: Dataset4D) -> str:
+    """The digest of one chunk's units (recorded per chunk)."""
+    return combine_digests(units, header=digest_header(ds))
+
+
+def dataset_digest(units: Sequence[tuple[int, int, str]], ds: Dataset4D) -> dict[str, Any]:
+    """Combine every unit of a pass into the dataset's content digest.
+
+    Parameters
+    ----------
+    units
+        The units of every chunk, in any order.
+    ds
+        The dataset the pass read.
+
+    Returns
+    -------
+    dict
+        ``algorithm``, ``digest`` (``None`` when some rows were not hashed,
+        with ``missing_rows``), ``hashed`` (what), ``unit`` (``"scan row"`` or
+        ``"chunk"``), ``chunking_independent`` and, for per-chunk digests, the
+        ``chunk_rows`` the digest depends on.
+    """
+    R = ds.shape[0]
+    covered = np.zeros(R, dtype=bool)
+    for r0, r1, _ in units:
+        covered[r0:r1] = True
+    dense = ds.representation == "dense"
+    out: dict[str, Any] = {
+        "algorithm": CONTENT_DIGEST_ALGORITHM,
+        "digest": None,
+        "hashed": HASHED.get(ds.representation, "every array of the payload as loaded"),
+        "unit": "scan row" if dense else "chunk",
+        "chunking_independent": dense,
+        "header": digest_header(ds),
+    }
+    if not dense:
+        out["chunk_rows"] = ds.chunk_rows
+    if not covered.all():
+        out["missing_rows"] = np.flatnonzero(~covered)[:20].tolist()
+        return out
+    out["digest"] = combine_digests(units, header=out["header"])
+    return out
