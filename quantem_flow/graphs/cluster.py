@@ -31,6 +31,7 @@ __all__ = [
     "close_embedded_cluster",
     "dashboard_url",
     "embedded_client",
+    "flow_dashboard_url",
     "start_local_cluster",
 ]
 
@@ -194,16 +195,13 @@ class WorkerProgram(ProcessInterface):  # type: ignore[misc]
             recent = [t for t, _ in self.exits if now - t < RESTART_WINDOW_S]
             what = f"signal {-status}" if status is not None and status < 0 else f"status {status}"
             if len(recent) > MAX_RESTARTS:
-                log.error(
-                    "quantem-flow worker %r (pid %s) exited with %s; not restarted: it exited "
-                    "%d times within %.0f s. Its stderr ended with: %s",
-                    self.name,
-                    getattr(self, "pid", "?"),
-                    what,
-                    len(recent),
-                    RESTART_WINDOW_S,
-                    self._tail(),
+                detail = (
+                    f"worker {self.name!r} (pid {getattr(self, 'pid', '?')}) exited with {what}; "
+                    f"not restarted: it exited {len(recent)} times within "
+                    f"{RESTART_WINDOW_S:.0f} s. Its stderr ended with: {self._tail()}"
                 )
+                log.error("quantem-flow %s", detail)
+                await self._report("gave-up", detail)
                 return
             log.warning(
                 "quantem-flow worker %r (pid %s, %s) exited with %s; restarting it",
@@ -212,12 +210,38 @@ class WorkerProgram(ProcessInterface):  # type: ignore[misc]
                 getattr(self, "address", "?"),
                 what,
             )
+            await self._report("restarting", f"exited with {what}; restarting it")
             try:
                 await self._spawn()
             except Exception as exc:  # reported, never silent
                 log.error("quantem-flow worker %r could not be restarted: %s", self.name, exc)
+                await self._report("failed", f"exited with {what}; the restart failed: {exc}")
                 return
             log.warning("quantem-flow worker %r is back at %s", self.name, self.address)
+
+    async def _report(self, restart: str, detail: str) -> None:
+        """Tell the scheduler's placement plugin about a restart (best effort, logged)."""
+        import logging
+
+        from distributed.core import rpc
+
+        from .scheduler_plugin import REPORT_HANDLER
+
+        try:
+            async with rpc(self.scheduler) as scheduler:
+                await asyncio.wait_for(
+                    getattr(scheduler, REPORT_HANDLER)(
+                        name=self.name,
+                        address=getattr(self, "address", None),
+                        restart=restart,
+                        detail=detail,
+                    ),
+                    10,
+                )
+        except Exception as exc:  # the scheduler may be gone or plugin-less: say so
+            logging.getLogger("quantem_flow.cluster").info(
+                "could not report worker %r (%s) to the scheduler: %s", self.name, restart, exc
+            )
 
     async def _spawn(self) -> None:
         if self._drain is not None:
@@ -442,7 +466,16 @@ def start_local_cluster(
         template = worker_options(
             runtimes=runtimes, budget_fraction=budget_fraction, memory_limit=share, nthreads=threads
         )
+    from .scheduler_plugin import PlacementSchedulerPlugin
+
+    # the placement plugin (and its dashboard page) from the start, not at the first compute
+    scheduler_kwargs = dict(kwargs.pop("scheduler_kwargs", None) or {})
+    plugins = list(scheduler_kwargs.get("plugins", ()))
+    if not any(isinstance(p, PlacementSchedulerPlugin) for p in plugins):
+        plugins.append(PlacementSchedulerPlugin())
+    scheduler_kwargs["plugins"] = plugins
     options: dict[str, Any] = {
+        "scheduler_kwargs": scheduler_kwargs,
         "n_workers": 0 if entries is not None else n,
         "threads_per_worker": threads,
         "processes": True,
@@ -543,3 +576,29 @@ def dashboard_url(client: Any) -> str | None:
     addr = str(info.get("address", ""))
     host = addr.split("://", 1)[-1].rsplit(":", 1)[0] or "127.0.0.1"
     return f"http://{host}:{port}/status"
+
+
+def flow_dashboard_url(client: Any) -> str | None:
+    """Return the URL of the quantem-flow dashboard page of a client's scheduler.
+
+    The page (``<dashboard>/quantem-flow``) is served by the placement
+    plugin from the moment it starts: on the embedded and local clusters
+    when the cluster starts, elsewhere at the first compute (or with
+    ``dask scheduler --preload quantem_flow.graphs.scheduler_plugin``).
+    Without Bokeh it is a plain table that says so.
+
+    Parameters
+    ----------
+    client
+        A ``distributed.Client``.
+
+    Returns
+    -------
+    str or None
+        ``http://HOST:PORT/quantem-flow``, or ``None`` when the scheduler
+        has no HTTP (dashboard) server.
+    """
+    url = dashboard_url(client)
+    if url is None:
+        return None
+    return url.rsplit("/", 1)[0] + "/quantem-flow"

@@ -8,18 +8,33 @@ loudly: its run spec is replaced by one that raises
 sees the error instead of a task waiting forever in ``no-worker`` (failures
 inside plugin hooks are otherwise only logged).
 
-It also serves a small page on the scheduler's HTTP server (the dashboard
-port, bound to 127.0.0.1 by the engine): ``/quantem-flow`` (HTML) and
-``/quantem-flow/state.json``, showing each worker's runtimes and budgets,
-resident bytes per representation, and where every resident chunk is.
+It also watches the cluster for the dashboard and for provenance:
+
+* every worker that leaves is recorded (:attr:`PlacementSchedulerPlugin.departures`);
+  one that leaves without announcing it (killed, crashed, unreachable) is a
+  *loss*, logged at WARNING with its address, name, the work it had and what
+  happens next, and marked *restored* when a worker of the same name joins
+  again (a Nanny or the local cluster's restart supervisor, which also
+  reports a restart that gives up: :data:`REPORT_HANDLER`);
+* passes the client registers (:meth:`PlacementSchedulerPlugin.register_pass`:
+  scan shape and chunk rows) and every chunk task that finishes (worker,
+  bytes, compute time), for per-worker throughput and the scan-shaped map.
+
+The page ``/quantem-flow`` on the scheduler's HTTP server (the dashboard
+port, bound to 127.0.0.1 by the engine) is a Bokeh document
+(:mod:`quantem_flow.graphs.dashboard`) registered when the plugin starts,
+with a plain HTML table when Bokeh is not installed;
+``/quantem-flow/state.json`` serves the same state as JSON.
 """
 
 from __future__ import annotations
 
+import collections
 import html
 import json
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from dask.task_spec import Task
@@ -44,11 +59,31 @@ try:  # distributed is a hard dependency; the guard keeps imports cheap to reaso
 except ImportError:  # pragma: no cover
     SchedulerPlugin = object
 
-__all__ = ["PLUGIN_NAME", "PlacementSchedulerPlugin", "dask_setup", "ensure_placement"]
+__all__ = [
+    "PLUGIN_NAME",
+    "REPORT_HANDLER",
+    "PlacementSchedulerPlugin",
+    "dask_setup",
+    "ensure_placement",
+    "pass_events",
+    "register_pass",
+]
 
 PLUGIN_NAME = "quantem-flow-placement"
+#: Scheduler handler a restart supervisor calls: ``report(name=, address=, restart=, detail=)``.
+REPORT_HANDLER = "quantem_flow_worker_report"
 #: Restriction of a task waiting for a capable worker (no worker has this address).
 WAITING = "quantem-flow:waiting-for-a-capable-worker"
+#: Chunk completions kept for the throughput chart.
+MAX_COMPLETIONS = 20000
+#: Passes kept for the progress bars and the scan map.
+MAX_PASSES = 20
+#: Departures kept.
+MAX_DEPARTURES = 500
+#: Worker statuses that announce a departure.
+_ANNOUNCED = ("closing", "closing_gracefully", "closed")
+#: Roles of the tasks that process one chunk.
+_CHUNK_ROLES = ("pass", "kernel", "load")
 logger = logging.getLogger("quantem_flow.placement")
 
 
@@ -66,32 +101,69 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
         self.scheduler: Any = None
         self.started = time.time()
         self.n_decisions = 0
+        #: every worker that left, in order (see :meth:`remove_worker`)
+        self.departures: list[dict[str, Any]] = []
+        #: registered passes by layer name (``qf-pass-...``/``qf-load-...``), oldest first
+        self.passes: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        #: ``(stop time, worker, bytes, compute seconds)`` of every finished chunk task
+        self.completions: collections.deque[tuple[float, str, int, float]] = collections.deque(
+            maxlen=MAX_COMPLETIONS
+        )
+        #: the dashboard page: ``"bokeh"``, ``"html"`` (Bokeh missing) or ``None`` (no server)
+        self.page: str | None = None
+        self.page_note = ""
+        self._closing = False
+        self._announced: set[str] = set()
+        self._remove_msgs: dict[str, dict[str, Any]] = {}
+        self._reports: dict[str, dict[str, Any]] = {}
+        self._names: dict[str, str] = {}
+        self._log_stamped = 0
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self, scheduler: Any) -> None:
-        """Remember the scheduler, feed its current workers, add the HTTP routes."""
+        """Remember the scheduler, feed its current workers, add the handler and the page."""
         self.scheduler = scheduler
         for address in list(scheduler.workers):
             self._add(address)
+        handlers = getattr(scheduler, "handlers", None)
+        if isinstance(handlers, dict):
+            handlers[REPORT_HANDLER] = self.report
+        self._add_routes(scheduler)
+
+    def _add_routes(self, scheduler: Any) -> None:
         app = getattr(scheduler, "http_application", None)
-        if app is not None:
-            from tornado.web import RequestHandler
+        if app is None:
+            self.page = None
+            self.page_note = "the scheduler has no HTTP server (dashboard disabled)"
+            return
+        from tornado.web import RequestHandler
 
-            plugin = self
+        plugin = self
 
-            class Page(RequestHandler):
-                def get(self) -> None:
-                    self.set_header("Content-Type", "text/html; charset=utf-8")
-                    self.write(plugin.render_html())
+        class Page(RequestHandler):
+            def get(self) -> None:
+                self.set_header("Content-Type", "text/html; charset=utf-8")
+                self.write(plugin.render_html())
 
-            class State(RequestHandler):
-                def get(self) -> None:
-                    self.set_header("Content-Type", "application/json")
-                    self.write(json.dumps(plugin.state()))
+        class State(RequestHandler):
+            def get(self) -> None:
+                self.set_header("Content-Type", "application/json")
+                self.write(json.dumps(plugin.state(), default=str))
 
-            app.add_handlers(
-                r".*", [(r"/quantem-flow/?", Page), (r"/quantem-flow/state.json", State)]
-            )
+        # the JSON route always; the page is a Bokeh document when Bokeh is installed
+        routes: list[Any] = [(r"/quantem-flow/state.json", State)]
+        from .dashboard import register_page
+
+        registered, note = register_page(scheduler, self)
+        self.page = "bokeh" if registered else "html"
+        self.page_note = note
+        if not registered:
+            routes.append((r"/quantem-flow/?", Page))
+        app.add_handlers(r".*", routes)
+
+    async def before_close(self) -> None:
+        """The scheduler is closing: workers leaving now are not losses."""
+        self._closing = True
 
     def _add(self, address: str) -> None:
         ws = self.scheduler.workers.get(address)
@@ -104,18 +176,241 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
             memory_limit=ws.memory_limit or None,
             name=str(ws.name),
         )
-        self._apply(self.placement.handle(WorkerJoined(caps)), stimulus_id="qf-worker-joined")
+        self._names[address] = str(ws.name)
+        self._announced.discard(address)
+        self._apply(self._handle(WorkerJoined(caps)), stimulus_id="qf-worker-joined")
+        self._restored(address, str(ws.name))
 
     def add_worker(self, scheduler: Any, worker: str) -> None:
         """A worker registered: read its advertised capabilities."""
         self.scheduler = scheduler
         self._add(worker)
 
+    def log_event(self, topic: Any, msg: Any) -> None:
+        """Watch the scheduler's events: announced departures and removal details."""
+        if not isinstance(msg, dict):
+            return
+        action = msg.get("action")
+        if action == "worker-status-change" and isinstance(topic, str):
+            if str(msg.get("status")) in _ANNOUNCED:
+                self._announced.add(topic)
+        elif action == "remove-worker" and topic == "all" and "worker" in msg:
+            self._remove_msgs[str(msg["worker"])] = msg
+
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
-        """A worker left: re-place what it held, then run what was waiting for it."""
+        """A worker left: re-place what it held, run what waited for it, record and report it."""
         self.scheduler = scheduler
         stimulus = str(kwargs.get("stimulus_id", "qf-worker-left"))
-        self._apply(self.placement.handle(WorkerLeft(worker)), stimulus_id=stimulus)
+        held = sum(1 for a in self.placement.planned.values() if a == worker)
+        self._apply(self._handle(WorkerLeft(worker)), stimulus_id=stimulus)
+        self._record_departure(worker, stimulus, held)
+
+    # -- departures -----------------------------------------------------------------------
+    def _record_departure(self, worker: str, stimulus: str, held: int) -> None:
+        msg = self._remove_msgs.pop(worker, {})
+        announced = worker in self._announced or bool(msg.get("expected"))
+        self._announced.discard(worker)
+        name = self._names.pop(worker, None)
+        running = [str(k) for k in msg.get("processing-tasks", ())]
+        recompute = [str(k) for k in msg.get("lost-computed-tasks", ())]
+        ours = sum(1 for k in running if "qf-" in k)
+        left = len(getattr(self.scheduler, "workers", {}) or {})
+        lost = not announced and not self._closing
+        if lost:
+            what_next = (
+                f"{len(running)} running task(s) ({ours} quantem-flow chunk task(s)) will run "
+                f"again on the {left} remaining worker(s); {len(recompute)} result(s) it held "
+                f"will be recomputed; {held} resident chunk(s) re-placed"
+            )
+            if left == 0:
+                what_next += "; no worker is left: tasks wait until a worker joins"
+        else:
+            what_next = "it announced its departure (closed or retired)"
+        record: dict[str, Any] = {
+            "seq": self.next_departure(),
+            "time": time.time(),
+            "worker": worker,
+            "name": name,
+            "lost": lost,
+            "announced": announced,
+            "stimulus_id": stimulus,
+            "tasks_running": len(running),
+            "chunk_tasks_running": ours,
+            "results_recomputed": len(recompute),
+            "resident_chunks_replaced": held,
+            "workers_left": left,
+            "what_next": what_next,
+            "restored": False,
+            "restored_by": None,
+            "restored_after_s": None,
+            "restart": None,
+        }
+        report = self._reports.pop(worker, None) or (
+            self._reports.pop(name, None) if name else None
+        )
+        if report is not None:
+            record["restart"] = report
+        self.departures.append(record)
+        del self.departures[:-MAX_DEPARTURES]
+        if lost:
+            logger.warning(
+                "quantem-flow: worker %s (name %r) was lost (it left without closing: killed, "
+                "crashed or unreachable; %s): %s. It is restored if a worker named %r joins "
+                "again (a Nanny or the local cluster restarts it); the pass provenance records it",
+                worker,
+                name,
+                stimulus,
+                what_next,
+                name,
+            )
+        else:
+            logger.info("quantem-flow: worker %s (name %r) left: %s", worker, name, what_next)
+
+    def _restored(self, address: str, name: str) -> None:
+        for r in reversed(self.departures):
+            if r["lost"] and not r["restored"] and r["name"] == name:
+                r["restored"] = True
+                r["restored_by"] = address
+                r["restored_after_s"] = time.time() - float(r["time"])
+                logger.warning(
+                    "quantem-flow: lost worker %s (name %r) is restored: a worker of that name "
+                    "joined at %s, %.1f s later",
+                    r["worker"],
+                    name,
+                    address,
+                    r["restored_after_s"],
+                )
+                return
+
+    def report(
+        self,
+        name: Any = None,
+        address: Any = None,
+        restart: str = "",
+        detail: str = "",
+        **ignored: Any,
+    ) -> str:
+        """Take a restart supervisor's report about a worker that died (a scheduler handler).
+
+        Parameters
+        ----------
+        name, address
+            The worker's name and last address.
+        restart
+            ``"restarting"``, ``"gave-up"`` or ``"failed"``.
+        detail
+            What happened, in words (exit status, restarts within the window).
+
+        Returns
+        -------
+        str
+            ``"recorded"`` when the departure was known, ``"pending"`` otherwise.
+        """
+        info = {"restart": str(restart), "detail": str(detail), "time": time.time()}
+        if restart in ("gave-up", "failed"):
+            logger.error(
+                "quantem-flow: worker %s (name %r) will not be restored: %s",
+                address,
+                name,
+                detail,
+            )
+        for r in reversed(self.departures):
+            if r["worker"] == address or (name is not None and r["name"] == str(name)):
+                if not r["restored"]:
+                    r["restart"] = info
+                return "recorded"
+        self._reports[str(address if address is not None else name)] = info
+        return "pending"
+
+    def departures_since(self, seq: int) -> list[dict[str, Any]]:
+        """Departures recorded at or after sequence number ``seq``."""
+        return [dict(r) for r in self.departures if int(r["seq"]) >= seq]
+
+    # -- passes and throughput -------------------------------------------------------------
+    def register_pass(self, info: Mapping[str, Any]) -> int:
+        """Remember a pass the client submits (name, label, scan shape, chunk rows, row bytes).
+
+        Returns the departures' next sequence number, the runner's cursor.
+        """
+        name = str(info["name"])
+        chunks = [(int(a), int(b)) for a, b in info.get("chunks", ())]
+        self.passes[name] = {
+            "name": name,
+            "kind": str(info.get("kind", "pass")),
+            "label": str(info.get("label", name)),
+            "scan_shape": [int(x) for x in info.get("scan_shape", (0, 0))],
+            "chunks": chunks,
+            "row_bytes": int(info.get("row_bytes", 0)),
+            "started": time.time(),
+            "finished": None,
+            "done": {},
+            "running": {},
+        }
+        while len(self.passes) > MAX_PASSES:
+            self.passes.popitem(last=False)
+        return self.next_departure()
+
+    def next_departure(self) -> int:
+        """Sequence number the next departure will get."""
+        return int(self.departures[-1]["seq"]) + 1 if self.departures else 0
+
+    def _chunk_task(self, key: Any, finish: str, kwargs: Mapping[str, Any]) -> None:
+        if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[1], int)):
+            return
+        p = self.passes.get(str(key[0]))
+        i = key[1]
+        ts = self.scheduler.tasks.get(key) if self.scheduler is not None else None
+        if finish == "processing":
+            ws = getattr(ts, "processing_on", None)
+            if p is not None and ws is not None:
+                p["running"][i] = ws.address
+            return
+        worker = kwargs.get("worker")
+        if worker is None and ts is not None and ts.who_has:
+            worker = next(iter(ts.who_has)).address
+        if worker is None:
+            return
+        worker = str(worker)
+        nbytes = 0
+        if p is not None:
+            p["running"].pop(i, None)
+            p["done"][i] = worker
+            if 0 <= i < len(p["chunks"]):
+                r0, r1 = p["chunks"][i]
+                nbytes = (r1 - r0) * p["row_bytes"]
+            if len(p["done"]) >= len(p["chunks"]) and p["finished"] is None:
+                p["finished"] = time.time()
+        else:
+            info = self.placement.tasks.get(key)
+            nbytes = info.nbytes if info is not None else 0
+        compute_s = 0.0
+        for ss in kwargs.get("startstops", ()) or ():
+            if isinstance(ss, dict) and ss.get("action") == "compute":
+                compute_s += float(ss.get("stop", 0)) - float(ss.get("start", 0))
+        self.completions.append((time.time(), worker, int(nbytes), compute_s))
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        """Track resident chunks landing, chunk tasks running and finishing, tasks leaving."""
+        info = self.placement.tasks.get(key)
+        if info is None:
+            return
+        if info.role in _CHUNK_ROLES and (
+            finish == "processing" or (finish == "memory" and start == "processing")
+        ):
+            self._chunk_task(key, finish, kwargs)
+        if finish == "memory" and info.role == "load":
+            ts = self.scheduler.tasks.get(key) if self.scheduler is not None else None
+            worker = kwargs.get("worker")
+            if worker is None and ts is not None and ts.who_has:
+                worker = next(iter(ts.who_has)).address
+            if worker is not None:
+                nbytes = ts.nbytes if ts is not None and ts.nbytes and ts.nbytes > 0 else None
+                self._apply(
+                    self._handle(ChunkInMemory(key, str(worker), nbytes)),
+                    stimulus_id="qf-chunk-in-memory",
+                )
+        elif finish == "forgotten":
+            self._handle(TasksForgotten((key,)))
 
     def update_graph(
         self,
@@ -145,30 +440,23 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
         )
         if infos:
             self._apply(
-                self.placement.handle(TasksSubmitted(tuple(infos))),
+                self._handle(TasksSubmitted(tuple(infos))),
                 stimulus_id=str(kwargs.get("stimulus_id", "qf-update-graph")),
             )
 
-    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
-        """Track resident chunks landing and tasks leaving."""
-        info = self.placement.tasks.get(key)
-        if info is None:
-            return
-        if finish == "memory" and info.role == "load":
-            ts = self.scheduler.tasks.get(key) if self.scheduler is not None else None
-            worker = kwargs.get("worker")
-            if worker is None and ts is not None and ts.who_has:
-                worker = next(iter(ts.who_has)).address
-            if worker is not None:
-                nbytes = ts.nbytes if ts is not None and ts.nbytes and ts.nbytes > 0 else None
-                self._apply(
-                    self.placement.handle(ChunkInMemory(key, str(worker), nbytes)),
-                    stimulus_id="qf-chunk-in-memory",
-                )
-        elif finish == "forgotten":
-            self.placement.handle(TasksForgotten((key,)))
-
     # -- applying decisions ---------------------------------------------------------------
+    def _handle(self, event: Any) -> list[Decision]:
+        """Feed one event to placement; stamp the log entries it adds with the time."""
+        decisions = self.placement.handle(event)
+        log = self.placement.log
+        now = time.time()
+        for entry in log[self._log_stamped :]:
+            entry.setdefault("time", now)
+        if len(log) > 5000:  # keep the log bounded on a long-lived scheduler
+            del log[:-2000]
+        self._log_stamped = len(log)
+        return decisions
+
     def _apply(self, decisions: list[Decision], *, stimulus_id: str) -> None:
         if not decisions or self.scheduler is None:
             return
@@ -182,6 +470,9 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
                 # an empty set would mean "anywhere" to Dask: wait on a name no worker has
                 ts.worker_restrictions = set(d.workers) or {WAITING}
                 ts.loose_restrictions = False
+                if d.resources is not None and ts.state != "processing":
+                    # the task's memory need, held on the worker while it runs (admission)
+                    ts.resource_restrictions = dict(d.resources)
             elif isinstance(d, Refuse):
                 logger.error("quantem-flow placement refused %r: %s", d.key, d.reason)
                 ts.run_spec = Task(d.key, _raise_placement_error, d.reason)
@@ -194,10 +485,24 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
             self.scheduler.transitions({k: "processing" for k in kick}, stimulus_id=stimulus_id)
 
     # -- observability ------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
-        """Return the placement state for the dashboard page (JSON-ready)."""
+    def state(self, *, window_s: float = 300.0) -> dict[str, Any]:
+        """Return the state the dashboard page draws (JSON-ready).
+
+        Parameters
+        ----------
+        window_s
+            Seconds of throughput history returned (1 s bins).
+        """
         p = self.placement
         resident = p.resident_by_worker()
+        by_runtime: dict[str, dict[str, int]] = {}
+        for k, a in p.planned.items():
+            t = p.tasks.get(k)
+            if t is None:
+                continue
+            cat = f"{t.runtime}/{t.representation}"
+            per = by_runtime.setdefault(a, {})
+            per[cat] = per.get(cat, 0) + p.charged.get(k, 0)
         workers = []
         for address, caps in sorted(p.workers.items()):
             held = sorted(repr(k) for k, a in p.holder.items() if a == address)
@@ -206,21 +511,74 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
                 {
                     **caps.to_dict(),
                     "resident_bytes": resident.get(address, {}),
+                    "resident_bytes_by_runtime": by_runtime.get(address, {}),
                     "chunks_in_memory": held,
                     "chunks_planned": planned,
                 }
             )
         return {
             "plugin": PLUGIN_NAME,
+            "time": time.time(),
             "uptime_s": time.time() - self.started,
             "decisions": self.n_decisions,
+            "page": self.page,
+            "page_note": self.page_note,
             "workers": workers,
             "refused": {repr(k): v for k, v in p.refused.items()},
             "log": p.log[-200:],
+            "departures": [dict(r) for r in self.departures[-50:]],
+            "passes": [self._pass_summary(x) for x in self.passes.values()],
+            "throughput": self.throughput(window_s=window_s),
         }
 
+    @staticmethod
+    def _pass_summary(p: Mapping[str, Any]) -> dict[str, Any]:
+        n = len(p["chunks"])
+        holder = [p["done"].get(i) or p["running"].get(i) for i in range(n)]
+        status = [
+            "done" if i in p["done"] else "running" if i in p["running"] else "waiting"
+            for i in range(n)
+        ]
+        return {
+            "name": p["name"],
+            "kind": p["kind"],
+            "label": p["label"],
+            "scan_shape": list(p["scan_shape"]),
+            "chunks": [list(c) for c in p["chunks"]],
+            "worker": holder,
+            "status": status,
+            "n_chunks": n,
+            "n_done": len(p["done"]),
+            "started": p["started"],
+            "finished": p["finished"],
+            "bytes": p["row_bytes"] * sum(r1 - r0 for r0, r1 in p["chunks"]),
+        }
+
+    def throughput(self, *, window_s: float = 300.0, bin_s: float = 1.0) -> dict[str, Any]:
+        """Per-worker throughput: bytes of finished chunk tasks per ``bin_s`` (GB/s).
+
+        Returns ``{"bin_s", "start", "workers": {address: [GB/s per bin]}, "total_bytes"}``
+        over the last ``window_s`` seconds that had any completion (empty when none).
+        """
+        if not self.completions:
+            return {"bin_s": bin_s, "start": None, "workers": {}, "total_bytes": {}}
+        now = time.time()
+        first = max(self.completions[0][0], now - window_s)
+        start = first - (first % bin_s) - bin_s
+        n = int((now - start) // bin_s) + 2
+        series: dict[str, list[float]] = {}
+        totals: dict[str, int] = {}
+        for t, w, nbytes, _ in self.completions:
+            if t < start:
+                continue
+            bins = series.setdefault(w, [0.0] * n)
+            i = min(int((t - start) // bin_s), n - 1)
+            bins[i] += nbytes / 1e9 / bin_s
+            totals[w] = totals.get(w, 0) + nbytes
+        return {"bin_s": bin_s, "start": start, "workers": series, "total_bytes": totals}
+
     def render_html(self) -> str:
-        """Return the dashboard page."""
+        """Return the plain page (served when Bokeh is not installed)."""
         st = self.state()
         rows = []
         for w in st["workers"]:
@@ -234,9 +592,17 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
                 f"<td>{html.escape(' '.join(w['chunks_in_memory'][:50]))}</td>"
                 "</tr>"
             )
-        log = "\n".join(html.escape(json.dumps(e)) for e in st["log"][-40:])
+        log = "\n".join(html.escape(json.dumps(e, default=str)) for e in st["log"][-40:])
         refused = "".join(
             f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in st["refused"].items()
+        )
+        lost = "".join(
+            f"<li>{html.escape(str(d['worker']))} ({html.escape(str(d['name']))}): "
+            + ("restored by " + html.escape(str(d["restored_by"])) if d["restored"] else "lost")
+            + "; "
+            + f"{html.escape(str(d['what_next']))}</li>"
+            for d in st["departures"]
+            if d["lost"]
         )
         return (
             "<!doctype html><html><head><meta charset='utf-8'>"
@@ -244,12 +610,14 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
             "<style>body{font-family:sans-serif}td,th{border:1px solid #ccc;padding:4px}"
             "table{border-collapse:collapse}</style></head><body>"
             "<h1>quantem-flow placement</h1>"
+            f"<p><em>{html.escape(self.page_note)}</em></p>"
             f"<p>{len(st['workers'])} worker(s), {st['decisions']} decision(s)</p>"
             "<table><tr><th>worker</th><th>name</th><th>runtimes</th><th>budgets</th>"
             "<th>resident bytes by representation</th><th>chunks in memory</th>"
             "<th>chunk placement</th></tr>"
             + "".join(rows)
             + "</table>"
+            + (f"<h2>workers lost</h2><ul>{lost}</ul>" if lost else "")
             + (f"<h2>refused</h2><ul>{refused}</ul>" if refused else "")
             + f"<h2>recent decisions</h2><pre>{log}</pre></body></html>"
         )
@@ -270,6 +638,36 @@ def ensure_placement(client: Any) -> None:
     if not client.run_on_scheduler(_has_plugin):
         client.register_plugin(PlacementSchedulerPlugin(), name=PLUGIN_NAME)
     _installed.add(address)
+
+
+def _plugin(dask_scheduler: Any) -> PlacementSchedulerPlugin | None:
+    plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
+    return plugin if isinstance(plugin, PlacementSchedulerPlugin) else None
+
+
+def register_pass(info: Mapping[str, Any], dask_scheduler: Any = None) -> int | None:
+    """Register a pass with the scheduler's plugin (``client.run_on_scheduler``).
+
+    Parameters
+    ----------
+    info
+        ``{"name", "kind", "label", "scan_shape", "chunks", "row_bytes"}``.
+    dask_scheduler
+        Given by ``run_on_scheduler``.
+
+    Returns
+    -------
+    int or None
+        The departures' cursor, ``None`` when the plugin is not installed.
+    """
+    plugin = _plugin(dask_scheduler)
+    return None if plugin is None else plugin.register_pass(info)
+
+
+def pass_events(cursor: int, dask_scheduler: Any = None) -> list[dict[str, Any]]:
+    """Return the departures recorded since ``cursor`` (``client.run_on_scheduler``)."""
+    plugin = _plugin(dask_scheduler)
+    return [] if plugin is None else plugin.departures_since(int(cursor))
 
 
 def dask_setup(scheduler: Any) -> None:

@@ -1,0 +1,624 @@
+"""The quantem-flow dashboard page: a Bokeh document on the scheduler's dashboard port.
+
+:func:`register_page` adds ``/quantem-flow`` to the scheduler's HTTP server
+when the placement plugin starts (so the page exists before the first
+compute), in Dask's own way (a ``BokehTornado`` application of
+``distributed.dashboard.core.BokehApplication`` with Dask's page template,
+navigation bar and theme), and links it from the navigation bar of Dask's
+pages.  The page draws, from :meth:`PlacementSchedulerPlugin.state`
+(:mod:`quantem_flow.graphs.scheduler_plugin`), refreshed twice a second:
+
+* per-worker throughput over time (GB/s of logical chunk data finished per
+  second), with the moments workers were lost marked;
+* the progress of the recent passes (chunks done of chunks);
+* a scan-shaped map of the latest pass: which worker ran or holds each
+  chunk (row block), and whether it is done, running or waiting;
+* resident bytes per worker by runtime and representation;
+* the workers lost (address, name, what happened next, restored or not);
+* the placement log (most recent first).
+
+:func:`write_html` writes the same charts, from a state snapshot, as a
+self-contained HTML file (``quantem-flow bench`` puts it beside Dask's
+performance report).  Bokeh is optional: without it :func:`register_page`
+returns ``False`` and the plugin serves a plain HTML table that says so.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import html
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "PAGE",
+    "FlowDashboard",
+    "bokeh_available",
+    "register_page",
+    "summary",
+    "write_html",
+]
+
+#: Route of the page on the scheduler's HTTP server.
+PAGE = "/quantem-flow"
+#: Milliseconds between refreshes of a live page.
+REFRESH_MS = 500
+_NO_BOKEH = (
+    "Bokeh is not installed, so this is the plain page without charts; install it "
+    "(pip install bokeh) for the dashboard"
+)
+_WAITING_COLOR = "#d9d9d9"
+
+
+def bokeh_available() -> bool:
+    """Whether Bokeh (and Dask's Bokeh dashboard) can be imported."""
+    try:
+        import bokeh  # noqa: F401
+        import distributed.dashboard.core  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _palette(n: int) -> list[str]:
+    from bokeh.palettes import Category10_10, Category20_20
+
+    base = list(Category10_10 if n <= 10 else Category20_20)
+    return [base[i % len(base)] for i in range(max(n, 1))]
+
+
+def _short(address: Any) -> str:
+    return str(address).split("://", 1)[-1] if address else ""
+
+
+class FlowDashboard:
+    """The charts of the quantem-flow page, updated from plugin states.
+
+    Parameters
+    ----------
+    sizing_mode
+        Bokeh sizing mode of the layout.
+    """
+
+    def __init__(self, *, sizing_mode: str = "stretch_width") -> None:
+        from bokeh.layouts import column, row
+        from bokeh.models import (
+            BasicTickFormatter,
+            ColumnDataSource,
+            DataTable,
+            Div,
+            HoverTool,
+            NumeralTickFormatter,
+            Range1d,
+            TableColumn,
+        )
+        from bokeh.plotting import figure
+
+        self.colors: dict[str, str] = {}
+        self.header = Div(text="", sizing_mode="stretch_width")
+
+        # throughput over time, one line per worker, lost workers marked
+        self.throughput_src = ColumnDataSource(
+            {"xs": [], "ys": [], "color": [], "worker": [], "total": []}, name="qf-throughput"
+        )
+        self.losses_src = ColumnDataSource(
+            {"x": [], "y": [], "worker": [], "restored": []}, name="qf-losses"
+        )
+        self.throughput = figure(
+            title="Throughput per worker (GB/s of chunk data, 1 s bins)",
+            x_axis_type="datetime",
+            height=260,
+            sizing_mode=sizing_mode,
+            tools="pan,xwheel_zoom,box_zoom,reset,save",
+            name="qf-throughput-figure",
+        )
+        lines = self.throughput.multi_line(
+            "xs",
+            "ys",
+            color="color",
+            line_width=2,
+            legend_field="worker",
+            source=self.throughput_src,
+        )
+        self.throughput.add_tools(
+            HoverTool(renderers=[lines], tooltips=[("worker", "@worker"), ("bytes", "@total")])
+        )
+        marks = self.throughput.scatter(
+            "x",
+            "y",
+            marker="x",
+            size=14,
+            line_width=3,
+            color="#d62728",
+            source=self.losses_src,
+            legend_label="worker lost",
+        )
+        self.throughput.add_tools(
+            HoverTool(renderers=[marks], tooltips=[("lost", "@worker"), ("restored", "@restored")])
+        )
+        self.throughput.yaxis.axis_label = "GB/s"
+        self.throughput.yaxis.formatter = BasicTickFormatter(use_scientific=False)
+        self.throughput.legend.location = "top_left"
+        self.throughput.legend.label_text_font_size = "8pt"
+
+        # progress of the recent passes
+        self.progress_src = ColumnDataSource(
+            {"y": [], "frac": [], "one": [], "label": [], "color": []}, name="qf-progress"
+        )
+        self.progress = figure(
+            title="Passes (chunks done)",
+            height=260,
+            sizing_mode=sizing_mode,
+            x_range=Range1d(0, 1),
+            y_range=Range1d(-0.6, 4.6),
+            tools="",
+            toolbar_location=None,
+            name="qf-progress-figure",
+        )
+        self.progress.hbar(
+            y="y", left=0, right="one", height=0.7, color="#eeeeee", source=self.progress_src
+        )
+        self.progress.hbar(
+            y="y", left=0, right="frac", height=0.7, color="color", source=self.progress_src
+        )
+        self.progress.text(
+            x=0.01,
+            y="y",
+            text="label",
+            text_baseline="middle",
+            text_font_size="9pt",
+            source=self.progress_src,
+        )
+        self.progress.yaxis.visible = False
+        self.progress.xaxis.formatter = NumeralTickFormatter(format="0%")
+
+        # scan-shaped map of the latest pass
+        self.map_src = ColumnDataSource(
+            {
+                "left": [],
+                "right": [],
+                "top": [],
+                "bottom": [],
+                "color": [],
+                "alpha": [],
+                "chunk": [],
+                "rows": [],
+                "worker": [],
+                "status": [],
+            },
+            name="qf-scan-map",
+        )
+        self.scan_map = figure(
+            title="Scan map: which worker holds or ran each chunk",
+            height=340,
+            sizing_mode=sizing_mode,
+            x_range=Range1d(0, 1),
+            y_range=Range1d(1, 0),
+            tools="hover,reset,save",
+            tooltips=[
+                ("chunk", "@chunk"),
+                ("scan rows", "@rows"),
+                ("worker", "@worker"),
+                ("status", "@status"),
+            ],
+            name="qf-scan-map-figure",
+        )
+        self.scan_map.quad(
+            left="left",
+            right="right",
+            top="top",
+            bottom="bottom",
+            fill_color="color",
+            fill_alpha="alpha",
+            line_color="white",
+            line_width=0.5,
+            source=self.map_src,
+        )
+        self.scan_map.xaxis.axis_label = "scan column (px)"
+        self.scan_map.yaxis.axis_label = "scan row (px)"
+
+        # resident bytes per worker by runtime/representation
+        self.resident_src = ColumnDataSource(
+            {
+                "y": [],
+                "left": [],
+                "right": [],
+                "color": [],
+                "category": [],
+                "worker": [],
+                "mib": [],
+            },
+            name="qf-resident",
+        )
+        self.resident = figure(
+            title="Resident bytes per worker (runtime/representation)",
+            height=340,
+            sizing_mode=sizing_mode,
+            y_range=Range1d(-0.6, 1.6),
+            tools="hover,save",
+            tooltips=[("worker", "@worker"), ("held", "@category"), ("MiB", "@mib{0.0}")],
+            name="qf-resident-figure",
+        )
+        self.resident.hbar(
+            y="y",
+            left="left",
+            right="right",
+            height=0.6,
+            color="color",
+            legend_field="category",
+            source=self.resident_src,
+        )
+        self.resident.xaxis.axis_label = "MiB"
+        self.resident.legend.location = "bottom_right"
+
+        # workers lost, placement log
+        self.lost_src = ColumnDataSource(
+            {"time": [], "worker": [], "name": [], "restored": [], "what_next": []},
+            name="qf-lost",
+        )
+        self.lost_table = DataTable(
+            source=self.lost_src,
+            columns=[
+                TableColumn(field="time", title="lost at", width=80),
+                TableColumn(field="worker", title="worker", width=150),
+                TableColumn(field="name", title="name", width=90),
+                TableColumn(field="restored", title="restored", width=180),
+                TableColumn(field="what_next", title="what happened next", width=500),
+            ],
+            height=160,
+            sizing_mode="stretch_width",
+            index_position=None,
+            name="qf-lost-table",
+        )
+        self.log_src = ColumnDataSource(
+            {"time": [], "event": [], "key": [], "worker": [], "detail": []}, name="qf-log"
+        )
+        self.log_table = DataTable(
+            source=self.log_src,
+            columns=[
+                TableColumn(field="time", title="time", width=80),
+                TableColumn(field="event", title="event", width=130),
+                TableColumn(field="key", title="task", width=260),
+                TableColumn(field="worker", title="worker", width=150),
+                TableColumn(field="detail", title="detail", width=420),
+            ],
+            height=220,
+            sizing_mode="stretch_width",
+            index_position=None,
+            name="qf-log-table",
+        )
+        self.root = column(
+            self.header,
+            row(self.throughput, self.progress, sizing_mode="stretch_width"),
+            row(self.scan_map, self.resident, sizing_mode="stretch_width"),
+            Div(text="<b>Workers lost</b>"),
+            self.lost_table,
+            Div(text="<b>Placement log</b> (most recent first)"),
+            self.log_table,
+            sizing_mode="stretch_width",
+            name="qf-dashboard",
+        )
+
+    # -- colours -------------------------------------------------------------------------
+    def _color_of(self, workers: Sequence[str]) -> dict[str, str]:
+        for w in workers:
+            if w and w not in self.colors:
+                self.colors[w] = ""
+        palette = _palette(len(self.colors))
+        for i, w in enumerate(self.colors):
+            self.colors[w] = palette[i]
+        return self.colors
+
+    # -- update --------------------------------------------------------------------------
+    def update(self, state: Mapping[str, Any]) -> None:
+        """Redraw every chart from one plugin state (see ``PlacementSchedulerPlugin.state``)."""
+        import numpy as np
+
+        workers = [str(w["address"]) for w in state.get("workers", [])]
+        passes = list(state.get("passes", []))
+        departures = list(state.get("departures", []))
+        tp = state.get("throughput", {}) or {}
+        seen = (
+            workers
+            + sorted(tp.get("workers", {}))
+            + [str(w) for p in passes for w in p.get("worker", []) if w]
+            + [str(d["worker"]) for d in departures]
+        )
+        colors = self._color_of(seen)
+        lost = [d for d in departures if d.get("lost")]
+        names = {str(w["address"]): str(w.get("name", "")) for w in state.get("workers", [])}
+
+        running = [p for p in passes if p.get("finished") is None and p.get("n_chunks")]
+        self.header.text = (
+            f"<h2 style='margin:4px 0'>quantem-flow placement</h2>"
+            f"<p style='margin:2px 0'>{len(workers)} worker(s); {len(passes)} recent pass(es), "
+            f"{len(running)} running; {state.get('decisions', 0)} placement decision(s); "
+            f"{len(lost)} worker(s) lost, "
+            f"{sum(1 for d in lost if d.get('restored'))} restored. "
+            f"State as JSON: <a href='quantem-flow/state.json'>state.json</a></p>"
+        )
+
+        # throughput
+        start = tp.get("start")
+        bin_s = float(tp.get("bin_s", 1.0))
+        xs, ys, cs, ws, tot = [], [], [], [], []
+        for w, series in sorted(tp.get("workers", {}).items()):
+            if start is None:
+                break
+            t = (start + bin_s * (np.arange(len(series)) + 0.5)) * 1000.0
+            xs.append(t.tolist())
+            ys.append([float(v) for v in series])
+            cs.append(colors.get(w, "#333333"))
+            ws.append(f"{_short(w)} {names.get(w, '')}".strip())
+            tot.append(f"{tp.get('total_bytes', {}).get(w, 0) / 1e9:.3f} GB")
+        self.throughput_src.data = {"xs": xs, "ys": ys, "color": cs, "worker": ws, "total": tot}
+        self.losses_src.data = {
+            "x": [float(d["time"]) * 1000.0 for d in lost],
+            "y": [0.0 for _ in lost],
+            "worker": [f"{_short(d['worker'])} {d.get('name') or ''}" for d in lost],
+            "restored": [
+                f"yes, by {_short(d['restored_by'])}" if d.get("restored") else "no" for d in lost
+            ],
+        }
+
+        # progress
+        recent = passes[-5:]
+        self.progress_src.data = {
+            "y": [float(len(recent) - 1 - i) for i in range(len(recent))],
+            "frac": [p["n_done"] / max(p["n_chunks"], 1) for p in recent],
+            "one": [1.0 for _ in recent],
+            "label": [
+                f"{p['kind']} {p['label']}: {p['n_done']}/{p['n_chunks']} chunks"
+                + (" (running)" if p.get("finished") is None else "")
+                for p in recent
+            ],
+            "color": ["#2ca02c" if p.get("finished") is not None else "#1f77b4" for p in recent],
+        }
+
+        # scan map of the latest pass
+        latest = passes[-1] if passes else None
+        data: dict[str, list[Any]] = {k: [] for k in self.map_src.data}
+        if latest is not None:
+            R, C = (int(x) for x in latest["scan_shape"])
+            self.scan_map.x_range.start, self.scan_map.x_range.end = 0, max(C, 1)
+            self.scan_map.y_range.start, self.scan_map.y_range.end = max(R, 1), 0
+            self.scan_map.title.text = (
+                f"Scan map of {latest['kind']} {latest['label']}: which worker holds or ran "
+                "each chunk (faint: running, grey: waiting)"
+            )
+            for i, ((r0, r1), w, st) in enumerate(
+                zip(latest["chunks"], latest["worker"], latest["status"], strict=False)
+            ):
+                data["left"].append(0)
+                data["right"].append(C)
+                data["top"].append(r0)
+                data["bottom"].append(r1)
+                data["color"].append(colors.get(str(w), _WAITING_COLOR) if w else _WAITING_COLOR)
+                data["alpha"].append({"done": 0.9, "running": 0.4}.get(st, 0.6))
+                data["chunk"].append(i)
+                data["rows"].append(f"{r0}:{r1}")
+                data["worker"].append(f"{_short(w)} {names.get(str(w), '')}".strip() or "-")
+                data["status"].append(st)
+        self.map_src.data = data
+
+        # resident bytes
+        rd: dict[str, list[Any]] = {k: [] for k in self.resident_src.data}
+        cats = sorted(
+            {c for w in state.get("workers", []) for c in w.get("resident_bytes_by_runtime", {})}
+        )
+        cat_color = dict(zip(cats, reversed(_palette(max(len(cats), 1))), strict=False))
+        ticks: dict[int, str] = {}
+        for y, w in enumerate(state.get("workers", [])):
+            ticks[y] = f"{w.get('name', '')} {_short(w['address'])}"
+            left = 0.0
+            for c in cats:
+                mib = float(w.get("resident_bytes_by_runtime", {}).get(c, 0)) / 2**20
+                if mib <= 0:
+                    continue
+                rd["y"].append(float(y))
+                rd["left"].append(left)
+                rd["right"].append(left + mib)
+                rd["color"].append(cat_color[c])
+                rd["category"].append(c)
+                rd["worker"].append(ticks[y])
+                rd["mib"].append(mib)
+                left += mib
+        self.resident_src.data = rd
+        self.resident.y_range.start, self.resident.y_range.end = -0.6, max(len(ticks), 1) - 0.4
+        self.resident.yaxis.ticker = list(ticks)
+        self.resident.yaxis.major_label_overrides = {k: v for k, v in ticks.items()}
+
+        # tables
+        self.lost_src.data = {
+            "time": [_clock(d["time"]) for d in reversed(lost)],
+            "worker": [str(d["worker"]) for d in reversed(lost)],
+            "name": [str(d.get("name")) for d in reversed(lost)],
+            "restored": [_restored_text(d) for d in reversed(lost)],
+            "what_next": [str(d.get("what_next", "")) for d in reversed(lost)],
+        }
+        log = list(reversed(state.get("log", [])[-200:]))
+        self.log_src.data = {
+            "time": [_clock(e.get("time")) for e in log],
+            "event": [str(e.get("event", "")) for e in log],
+            "key": [str(e.get("key", "")) for e in log],
+            "worker": [str(e.get("worker", "")) for e in log],
+            "detail": [
+                "; ".join(
+                    f"{k}={v}" for k, v in e.items() if k not in ("time", "event", "key", "worker")
+                )
+                for e in log
+            ],
+        }
+
+
+def _clock(t: Any) -> str:
+    if t is None:
+        return ""
+    return datetime.datetime.fromtimestamp(float(t)).strftime("%H:%M:%S")
+
+
+def _restored_text(d: Mapping[str, Any]) -> str:
+    if d.get("restored"):
+        return f"yes, by {d.get('restored_by')} after {float(d.get('restored_after_s') or 0):.1f} s"
+    restart = d.get("restart") or {}
+    if restart.get("restart") in ("gave-up", "failed"):
+        return f"no: {restart.get('detail', '')}"
+    if restart.get("restart") == "restarting":
+        return "not yet (restarting)"
+    return "no"
+
+
+def _document(scheduler: Any, extra: Mapping[str, Any], doc: Any) -> None:
+    """Build the live page for one browser session (Bokeh ``FunctionHandler``)."""
+    from distributed.dashboard.components.scheduler import BOKEH_THEME, env
+
+    from .scheduler_plugin import PLUGIN_NAME
+
+    dash = FlowDashboard()
+
+    def refresh() -> None:
+        plugin = scheduler.plugins.get(PLUGIN_NAME)
+        if plugin is not None:
+            dash.update(plugin.state())
+
+    refresh()
+    doc.add_periodic_callback(refresh, REFRESH_MS)
+    doc.title = "quantem-flow placement"
+    doc.add_root(dash.root)
+    doc.template = _template(env)
+    doc.template_variables.update(extra)
+    plugin = scheduler.plugins.get(PLUGIN_NAME)
+    text = summary(plugin.state()) if plugin is not None else ""
+    doc.template_variables["qf_summary"] = html.escape(text)
+    doc.theme = BOKEH_THEME
+
+
+_TEMPLATE = """{% extends "simple.html" %}
+{% block content %}
+<p class="qf-summary" style="margin:4px 8px;font-size:90%;color:#555">{{ qf_summary }}</p>
+{{ super() }}
+{% endblock %}
+"""
+
+
+@functools.cache
+def _template(dask_env: Any) -> Any:
+    """Dask's ``simple.html`` page with a one-line text summary above the charts."""
+    from jinja2 import ChoiceLoader, DictLoader, Environment
+
+    loader = ChoiceLoader([DictLoader({"quantem-flow.html": _TEMPLATE}), dask_env.loader])
+    # Bokeh's own pieces (resources, plot div, script) are HTML: no autoescape, as Dask's env;
+    # the summary is escaped where it is made
+    return Environment(loader=loader, autoescape=False).get_template("quantem-flow.html")
+
+
+def summary(state: Mapping[str, Any]) -> str:
+    """One line of text: workers, resident bytes by runtime/representation, losses.
+
+    It is in the page's HTML itself (readable without JavaScript).
+    """
+    parts = []
+    for w in state.get("workers", []):
+        held = ", ".join(
+            f"{k} {v / 2**20:.1f} MiB"
+            for k, v in sorted(w.get("resident_bytes_by_runtime", {}).items())
+        )
+        parts.append(f"{w.get('name', '')} {_short(w['address'])}: {held or 'nothing resident'}")
+    lost = [d for d in state.get("departures", []) if d.get("lost")]
+    return (
+        f"quantem-flow placement: {len(parts)} worker(s) ({'; '.join(parts) or 'none'}); "
+        f"{len(lost)} worker(s) lost, {sum(1 for d in lost if d.get('restored'))} restored."
+    )
+
+
+def register_page(scheduler: Any, plugin: Any) -> tuple[bool, str]:
+    """Serve the Bokeh page at ``/quantem-flow`` on the scheduler's HTTP server, once.
+
+    Parameters
+    ----------
+    scheduler
+        The running ``distributed.Scheduler`` (called from the plugin's ``start``).
+    plugin
+        The placement plugin (its ``state()`` feeds the page).
+
+    Returns
+    -------
+    (bool, str)
+        Whether the Bokeh page is served, and a note saying why not.
+    """
+    if getattr(scheduler, "_quantem_flow_page", False):
+        return True, "the Bokeh page is served"
+    app = getattr(scheduler, "http_application", None)
+    server = getattr(scheduler, "http_server", None)
+    if app is None or server is None:
+        return False, "the scheduler has no HTTP server"
+    if not bokeh_available():
+        return False, _NO_BOKEH
+    from distributed.dashboard.core import BokehApplication
+    from tornado.ioloop import IOLoop
+
+    prefix = "/"  # the prefix of Dask's own Bokeh pages, if it has one
+    for other in getattr(app, "applications", []):
+        p = getattr(other, "prefix", None)
+        if isinstance(p, str) and any(c.__name__ == "BokehTornado" for c in type(other).__mro__):
+            prefix = p or "/"
+            break
+    variables: dict[str, Any] = {}
+    try:  # Dask's navigation bar: link this page from every Dask page (a shared list)
+        from distributed.dashboard.scheduler import template_variables
+
+        variables = template_variables(scheduler)
+        pages = variables.get("pages")
+        if isinstance(pages, list) and PAGE.strip("/") not in pages:
+            pages.append(PAGE.strip("/"))
+    except Exception:  # a Dask without that helper: the page works, unlinked
+        variables = {"pages": [PAGE.strip("/")], "plots": [], "jupyter": False}
+    bokeh_app = BokehApplication(
+        {PAGE: _document}, scheduler, prefix=prefix, template_variables=variables
+    )
+    app.add_application(bokeh_app)
+    bokeh_app.initialize(IOLoop.current())
+    bokeh_app.start()
+    scheduler._quantem_flow_page = True
+    return True, "the Bokeh page is served"
+
+
+def write_html(
+    state: Mapping[str, Any], path: str | os.PathLike[str], *, title: str = "quantem-flow"
+) -> Path:
+    """Write the dashboard's charts for one state snapshot as a self-contained HTML file.
+
+    Parameters
+    ----------
+    state
+        A plugin state (``PlacementSchedulerPlugin.state()``).
+    path
+        File to write.
+    title
+        Page title.
+
+    Returns
+    -------
+    Path
+        The file written.
+
+    Raises
+    ------
+    RuntimeUnavailableError
+        Bokeh is not installed.
+    """
+    from ..errors import RuntimeUnavailableError
+
+    if not bokeh_available():
+        raise RuntimeUnavailableError(f"write_html needs Bokeh: {_NO_BOKEH}")
+    from bokeh.embed import file_html
+    from bokeh.resources import INLINE
+
+    dash = FlowDashboard()
+    dash.update(state)
+    out = Path(path)
+    out.write_text(file_html(dash.root, resources=INLINE, title=title))
+    return out
