@@ -225,3 +225,125 @@ def test_tasks_from_annotations_and_plain_workers() -> None:
     assert by["k0"].resident == "l0" and by["l0"].nbytes == 64
     w = parse_resources("tcp://x", {}, nthreads=3, memory_limit=1000)
     assert w.runtimes == frozenset({"cpu"}) and w.budgets == {"cpu": 1000} and w.slots == {"cpu": 3}
+
+
+# -- admission by memory need (issue 11 item 6, issue 12 item 6) ----------------------------------
+def pooled(addr: str, runtimes: dict[str, int], budgets: dict[str, int], host: int) -> WorkerJoined:
+    """A worker that advertises its host pool as a Dask resource (as quantem-flow workers do)."""
+    resources = {f"qf-runtime-{r}": float(n) for r, n in runtimes.items()}
+    resources.update({f"qf-budget-{r}": float(b) for r, b in budgets.items()})
+    resources["qf-memory-host"] = float(host)
+    return WorkerJoined(parse_resources(addr, resources))
+
+
+def need_detail(rows: int, per_row: int, fixed: int, row_bytes: int) -> dict:
+    total = fixed + rows * per_row
+    return {
+        "total": {"host": total},
+        "parts": {"payload (in the staging buffer)": rows * per_row, "kernel": fixed},
+        "rows": rows,
+        "fixed": {"host": fixed},
+        "per_row": {"host": per_row},
+        "source_row_bytes": row_bytes,
+    }
+
+
+def pass_task(key: str, detail: dict, runtime: str = "cpu") -> TaskInfo:
+    ann = {
+        "qf_role": {key: "pass"},
+        "qf_runtime": {key: runtime},
+        "qf_nbytes": {key: detail["rows"] * detail["per_row"]["host"]},
+        "qf_need": {key: detail},
+    }
+    (info,) = tasks_from_annotations([key], ann, {})
+    return info
+
+
+def test_a_pass_needing_more_than_every_budget_is_refused_with_the_sizes_and_a_chunk_size() -> None:
+    p = Placement()
+    p.handle_all(
+        [
+            pooled("a", {"cpu": 1}, {"cpu": 819 * MiB}, 600 * MiB),
+            pooled("b", {"cpu": 3}, {"cpu": 819 * MiB}, 500 * MiB),
+        ]
+    )
+    # 8 rows of 100 MiB: the old check (800 MiB <= 819 MiB budget) admitted it
+    (d,) = p.handle(TasksSubmitted((pass_task("t", need_detail(8, 100 * MiB, 4 * MiB, 96 * MiB)),)))
+    assert isinstance(d, Refuse)
+    text = d.reason
+    assert "admission refused before reading any chunk" in text
+    assert "804.0 MiB" in text and "payload (in the staging buffer) 800.0 MiB" in text
+    assert "kernel 4.0 MiB" in text
+    assert "'a': {'host': '600.0 MiB'}" in text and "'b': {'host': '500.0 MiB'}" in text
+    # (600 - 4) // 100 = 5 rows fit the largest pool: 5 x 96 MiB of source data
+    assert "chunk_rows=5)" in text and "chunk_mib=480.0 or less" in text
+    # a row larger than every pool: no chunk size helps
+    (d,) = p.handle(TasksSubmitted((pass_task("u", need_detail(1, 700 * MiB, 0, 1)),)))
+    assert isinstance(d, Refuse) and "Even one scan row does not fit" in d.reason
+
+
+def test_a_pass_that_fits_requests_its_need_so_a_worker_runs_only_what_fits() -> None:
+    p = Placement()
+    p.handle_all(
+        [
+            pooled("a", {"cpu": 3}, {"cpu": 819 * MiB}, 500 * MiB),
+            pooled("b", {"cpu": 1}, {"cpu": 819 * MiB}, 200 * MiB),
+        ]
+    )
+    (d,) = p.handle(TasksSubmitted((pass_task("t", need_detail(3, 100 * MiB, 2 * MiB, 1)),)))
+    # b's pool cannot hold it; a's holds one at a time: the need is requested from the pool,
+    # so Dask's worker runs at most floor(500 / 302) = 1 of these at once on its 3 threads
+    assert isinstance(d, Restrict) and d.workers == frozenset({"a"})
+    assert d.resources == {"qf-memory-host": float(302 * MiB)}
+    assert sum(d.resources.values()) * 2 > 500 * MiB
+    # a small task: three at once fit (3 x 150 MiB <= 500 MiB), on both workers
+    (d,) = p.handle(TasksSubmitted((pass_task("s", need_detail(1, 148 * MiB, 2 * MiB, 1)),)))
+    assert d.workers == frozenset({"a", "b"}) and d.resources == {"qf-memory-host": 150.0 * MiB}
+
+
+def test_plain_workers_without_pool_resources_keep_the_old_behaviour() -> None:
+    p = Placement()
+    p.handle(WorkerJoined(parse_resources("plain", {}, nthreads=2, memory_limit=1000)))
+    assert not p.workers["plain"].pool_resources and p.workers["plain"].pools == {"host": 1000}
+    (d,) = p.handle(TasksSubmitted((TaskInfo("t", "pass", "cpu", nbytes=900),)))
+    assert isinstance(d, Restrict) and d.resources is None
+    (d,) = p.handle(TasksSubmitted((TaskInfo("u", "pass", "cpu", nbytes=1001),)))
+    assert isinstance(d, Refuse) and "does not fit" in d.reason
+
+
+def test_cpu_and_mps_budgets_of_the_same_ram_are_one_pool() -> None:
+    # an Apple-silicon worker: cpu and mps budgets are the same unified memory
+    caps = parse_resources(
+        "m",
+        {
+            "qf-runtime-cpu": 4.0,
+            "qf-runtime-mps": 1.0,
+            "qf-budget-cpu": 1000.0,
+            "qf-budget-mps": 900.0,
+            "qf-memory-host": 1000.0,
+        },
+    )
+    assert caps.pools == {"host": 1000} and caps.pool_resources
+    p = Placement()
+    p.handle(WorkerJoined(caps))
+    d = p.handle(TasksSubmitted(tuple(loads(1, 600, "cpu"))))
+    assert restrictions(d)[("load", 0)] == frozenset({"m"})
+    assert p.free("m", "mps") == 400  # what cpu chunks hold is gone for mps too
+    (d,) = p.handle(TasksSubmitted((TaskInfo("mps-load", "load", "mps", "dense", None, 600),)))
+    assert isinstance(d, Refuse) and "admission refused" in d.reason
+    # a worker without pool resources derives the same single pool from its budgets
+    derived = WorkerCapabilities("w", frozenset({"cpu", "mps"}), {}, {"cpu": 1000, "mps": 900})
+    assert derived.pools == {"host": 1000}
+
+
+def test_worker_resources_advertise_one_pool_for_shared_memory() -> None:
+    from quantem_flow.graphs.capabilities import capability_resources, memory_pool
+
+    assert memory_pool("cpu") == memory_pool("mps") == "host"
+    assert memory_pool("cuda") == "cuda"
+    res = capability_resources({"cpu": 4, "mps": 1}, {"cpu": 1000, "mps": 900})
+    assert res["qf-memory-host"] == 1000.0 and not any(
+        k.startswith("qf-memory-") and k != "qf-memory-host" for k in res
+    )
+    res = capability_resources({"cpu": 1, "cuda": 1}, {"cpu": 1000, "cuda": 500})
+    assert res["qf-memory-host"] == 1000.0 and res["qf-memory-cuda"] == 500.0

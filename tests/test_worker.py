@@ -120,7 +120,10 @@ class RecordRegistrations(SchedulerPlugin):  # type: ignore[misc]
 
 
 def _qf_resources(resources: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in resources.items() if k.startswith("qf-")}
+    # the memory pool (qf-memory-*) depends on the process's own memory: tests/test_admission.py
+    return {
+        k: v for k, v in resources.items() if k.startswith("qf-") and not k.startswith("qf-memory-")
+    }
 
 
 async def _scheduler(recorder: RecordRegistrations | None = None) -> Scheduler:

@@ -26,6 +26,10 @@ ANNOTATION_KEYS: dict[str, str] = {
     "qf_role": "load, kernel, pass (load+kernel), combine or probe",
     "qf_resident": "key of the resident chunk the task reads, or ''",
     "qf_nbytes": "bytes the task holds on its device (resident or one chunk in flight)",
+    "qf_need": (
+        "memory a chunk task needs at its peak: {'total': {pool: bytes}, 'parts': {part: bytes},"
+        " 'rows': int, 'fixed': {pool: bytes}, 'per_row': {pool: bytes}, 'source_row_bytes': int}"
+    ),
     "resources": "Dask worker resources, {name: positive amount}",
     "retries": "Dask retries, a non-negative integer",
     "priority": "Dask priority, an integer",
@@ -82,6 +86,8 @@ def validate_annotations(annotations: Mapping[str, Any]) -> dict[str, Any]:
         elif name == "qf_nbytes":
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise AnnotationError(f"qf_nbytes must be an integer >= 0, got {value!r}")
+        elif name == "qf_need":
+            _check_need(value)
         elif name == "resources":
             if not isinstance(value, Mapping):
                 raise AnnotationError(
@@ -107,6 +113,40 @@ def validate_annotations(annotations: Mapping[str, Any]) -> dict[str, Any]:
             raise AnnotationError(f"priority must be an integer, got {value!r}")
         out[name] = value
     return out
+
+
+_NEED_FIELDS = {
+    "total": "pools",
+    "parts": "parts",
+    "rows": "int",
+    "fixed": "pools",
+    "per_row": "pools",
+    "source_row_bytes": "int",
+}
+
+
+def _check_need(value: Any) -> None:
+    expected = ANNOTATION_KEYS["qf_need"]
+    if not isinstance(value, Mapping) or set(value) != set(_NEED_FIELDS):
+        raise AnnotationError(f"qf_need must be {expected}, got {value!r}")
+    for field, kind in _NEED_FIELDS.items():
+        item = value[field]
+        entries = item.items() if isinstance(item, Mapping) else [(field, item)]
+        if kind != "int" and not isinstance(item, Mapping):
+            entries = [(field, None)]
+        for name, amount in entries:
+            if (
+                not isinstance(name, str)
+                or isinstance(amount, bool)
+                or not isinstance(amount, int)
+                or amount < 0
+                or (kind == "int" and isinstance(item, Mapping))
+            ):
+                raise AnnotationError(
+                    f"qf_need[{field!r}] must be "
+                    + ("an integer >= 0" if kind == "int" else "a mapping {name: integer >= 0}")
+                    + f", got {item!r}; expected {expected}"
+                )
 
 
 def _is_key(value: Any) -> bool:

@@ -11,6 +11,14 @@ read without a round trip:
     Bytes of resident payload the worker admits for that runtime (device
     memory for ``cuda``/``mps``, host memory for ``cpu``).  Tasks never
     request this resource; it is read by the placement plugin.
+``qf-memory-<pool>``
+    Bytes of one physical memory pool (``host`` RAM, ``cuda`` device
+    memory, an external worker's own memory).  Runtimes that compute in
+    the same memory share one pool (``cpu`` and ``mps``: Apple silicon's
+    unified memory, or MLX on the host), so it is counted once: the pool is
+    the largest budget of the runtimes in it.  Streaming tasks request
+    their memory need from it (``resources={"qf-memory-host": need}``), so
+    a worker runs at once only the tasks whose needs fit.
 
 A worker that advertises no ``qf-runtime-*`` resource (a plain ``dask
 worker``) is treated as a CPU-only worker with its memory limit as budget.
@@ -24,14 +32,63 @@ from typing import Any
 
 __all__ = [
     "BUDGET_PREFIX",
+    "MEMORY_PREFIX",
     "RUNTIME_PREFIX",
     "WorkerCapabilities",
     "capability_resources",
+    "memory_pool",
+    "memory_pools",
     "parse_resources",
 ]
 
 RUNTIME_PREFIX = "qf-runtime-"
 BUDGET_PREFIX = "qf-budget-"
+MEMORY_PREFIX = "qf-memory-"
+
+#: Runtime residencies whose payloads live in host RAM (``mps``: unified memory).
+_HOST_RESIDENCIES = frozenset({"host", "mps"})
+
+
+def memory_pool(runtime: str) -> str:
+    """Return the memory pool a runtime's payloads and kernels live in.
+
+    ``cpu`` and ``mps`` share ``"host"`` (MLX computes in unified memory on
+    Apple silicon and in host RAM elsewhere); ``cuda`` has ``"cuda"`` (one
+    device per worker process); an external runtime has its own pool named
+    after it; an unknown name is its own pool.
+
+    Parameters
+    ----------
+    runtime
+        A registered runtime name.
+
+    Returns
+    -------
+    str
+        The pool name.
+    """
+    from ..runtimes import runtime_specs
+
+    spec = runtime_specs().get(runtime)
+    if spec is None or spec.residency == "external":
+        return runtime
+    if spec.residency in _HOST_RESIDENCIES:
+        return "host"
+    return str(spec.residency)
+
+
+def memory_pools(budgets: Mapping[str, int]) -> dict[str, int]:
+    """Return ``{pool: bytes}`` of runtime ``budgets``, each shared pool counted once.
+
+    A pool's size is the largest budget of the runtimes in it (a worker
+    advertising ``cpu`` and ``mps`` budgets of the same RAM has one pool of
+    that RAM, not two).
+    """
+    pools: dict[str, int] = {}
+    for name, nbytes in budgets.items():
+        pool = memory_pool(name)
+        pools[pool] = max(pools.get(pool, 0), int(nbytes))
+    return pools
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +107,14 @@ class WorkerCapabilities:
         ``{runtime: admissible resident bytes}``.
     name
         The worker's name, for display.
+    pools
+        ``{pool: bytes}`` of its memory pools (:func:`memory_pools`); when
+        not given, derived from ``budgets``.
+    pool_resources
+        Whether the worker advertises the pools as Dask resources
+        (``qf-memory-<pool>``), so tasks can request their need from them
+        and the worker runs at once only what fits.  False for plain Dask
+        workers and workers of older versions.
     """
 
     address: str
@@ -57,6 +122,12 @@ class WorkerCapabilities:
     slots: Mapping[str, float]
     budgets: Mapping[str, int]
     name: str = ""
+    pools: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    pool_resources: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.pools:
+            object.__setattr__(self, "pools", memory_pools(self.budgets))
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
@@ -66,18 +137,28 @@ class WorkerCapabilities:
             "runtimes": sorted(self.runtimes),
             "slots": dict(self.slots),
             "budgets": dict(self.budgets),
+            "pools": dict(self.pools),
+            "pool_resources": self.pool_resources,
         }
 
 
 def capability_resources(
-    runtimes: Mapping[str, float], budgets: Mapping[str, int]
+    runtimes: Mapping[str, float],
+    budgets: Mapping[str, int],
+    *,
+    pools: Mapping[str, int] | None = None,
 ) -> dict[str, float]:
-    """Return the Dask resources that advertise ``runtimes`` and ``budgets``."""
+    """Return the Dask resources that advertise ``runtimes``, ``budgets`` and memory pools.
+
+    ``pools`` default to :func:`memory_pools` of ``budgets``.
+    """
     res: dict[str, float] = {}
     for name, slots in runtimes.items():
         res[RUNTIME_PREFIX + name] = float(slots)
     for name, nbytes in budgets.items():
         res[BUDGET_PREFIX + name] = float(nbytes)
+    for pool, nbytes in (memory_pools(budgets) if pools is None else pools).items():
+        res[MEMORY_PREFIX + pool] = float(nbytes)
     return res
 
 
@@ -102,14 +183,20 @@ def parse_resources(
     budgets = {
         k[len(BUDGET_PREFIX) :]: int(v) for k, v in resources.items() if k.startswith(BUDGET_PREFIX)
     }
+    pools = {
+        k[len(MEMORY_PREFIX) :]: int(v) for k, v in resources.items() if k.startswith(MEMORY_PREFIX)
+    }
     if not runtimes:
         runtimes = {"cpu": float(nthreads)}
         if memory_limit:
             budgets.setdefault("cpu", int(memory_limit))
+    derived = memory_pools(budgets)
     return WorkerCapabilities(
         address=address,
         runtimes=frozenset(runtimes),
         slots=runtimes,
         budgets=budgets,
         name=name,
+        pools={**derived, **pools},
+        pool_resources=bool(pools) and set(derived) <= set(pools),
     )

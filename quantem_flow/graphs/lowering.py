@@ -32,7 +32,9 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from ..dataset import Dataset4D
 from ..representations import Chunk
+from ..representations.detector_ops import binned_dtype
 from .annotations import validate_annotations
+from .capabilities import memory_pool
 from .tasks import (
     PassSpec,
     combine_partials,
@@ -41,7 +43,15 @@ from .tasks import (
     run_resident_kernels,
 )
 
-__all__ = ["LoweredLoad", "LoweredPass", "lower_load", "lower_pass", "max_chunk_nbytes"]
+__all__ = [
+    "LoweredLoad",
+    "LoweredPass",
+    "MemoryNeed",
+    "lower_load",
+    "lower_pass",
+    "max_chunk_nbytes",
+    "task_memory_need",
+]
 
 Key = tuple[Any, ...] | str
 
@@ -157,6 +167,14 @@ def lower_pass(
     }
     if role == "pass":
         annotations["qf_nbytes"] = max_chunk_nbytes(ds)
+        annotations["qf_need"] = task_memory_need(
+            ds,
+            runtime=runtime,
+            n_weights=len(keys),
+            want_sum=want_sum,
+            want_max=want_max,
+            gather_pixels=0 if spec.gather is None else len(spec.gather),
+        ).to_annotation()
     pass_annotations = validate_annotations(annotations)
     if resident_of:
         for ref in resident_of.values():  # every per-key value is checked here, on the client
@@ -231,6 +249,7 @@ def lower_load(ds: Dataset4D, *, runtime: str) -> LoweredLoad:
             "qf_runtime": runtime,
             "qf_representation": ds.representation,
             "qf_nbytes": max_chunk_nbytes(ds),
+            "qf_need": task_memory_need(ds, runtime=runtime, kernels=False).to_annotation(),
         }
     )
     graph = HighLevelGraph(
@@ -241,3 +260,240 @@ def lower_load(ds: Dataset4D, *, runtime: str) -> LoweredLoad:
         {ds_name: set(), name: {ds_name}},
     )
     return LoweredLoad(graph=graph, keys=keys)
+
+
+#: Frames an encoded or packed kernel decodes at a time (upper bound for the scratch).
+_DECODE_FRAMES = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryNeed:
+    """What one chunk task needs in memory at its peak, per memory pool.
+
+    Attributes
+    ----------
+    parts
+        ``{part: bytes}`` for the largest chunk: ``payload``, ``staging
+        buffer``, ``transform scratch``, ``decode scratch``, ``device copy``,
+        ``kernel``, ``partial``.
+    pools
+        ``{pool: bytes}``: the parts summed by the memory they live in
+        (:func:`~quantem_flow.graphs.capabilities.memory_pool`).
+    rows
+        Scan rows of the largest chunk.
+    fixed, per_row
+        ``{pool: bytes}`` with ``pools == fixed + rows * per_row`` (the need
+        is linear in the chunk's rows), for suggesting a chunk size.
+    source_row_bytes
+        Decoded source bytes of one scan row (what ``chunk_mib`` counts).
+    """
+
+    parts: dict[str, int]
+    pools: dict[str, int]
+    rows: int
+    fixed: dict[str, int]
+    per_row: dict[str, int]
+    source_row_bytes: int
+
+    @property
+    def total(self) -> int:
+        """Bytes over every pool."""
+        return sum(self.pools.values())
+
+    def to_annotation(self) -> dict[str, Any]:
+        """Return the ``qf_need`` annotation value (plain ints and strings)."""
+        return {
+            "total": dict(self.pools),
+            "parts": dict(self.parts),
+            "rows": self.rows,
+            "fixed": dict(self.fixed),
+            "per_row": dict(self.per_row),
+            "source_row_bytes": self.source_row_bytes,
+        }
+
+
+def _transform_bytes(
+    ds: Dataset4D, frames: int, dtype: np.dtype[Any], shape: tuple[int, int]
+) -> tuple[int, int, bool]:
+    """Scratch of the detector transforms, bytes of their result, and whether it is new memory.
+
+    Mirrors :meth:`Dataset4D.load_block`: crops are views; binning by
+    ``np.add.reduceat`` with a wider dtype first casts its input, then makes
+    one array per binned axis; a threshold and the final cast or contiguous
+    copy make one array each.  Intermediates are summed (an upper bound).
+    """
+    scratch = 0
+    new = False
+    contiguous = True
+    kr, kc = shape
+    for op in ds.detector_ops:
+        if op.kind == "crop":
+            r0, r1, c0, c1 = op.params
+            kr, kc = r1 - r0, c1 - c0
+            contiguous = False
+            continue
+        fr, fc = int(op.params[0]), int(op.params[1])
+        acc = binned_dtype(dtype)
+        made: list[int] = []
+        if acc != dtype or not contiguous:
+            made.append(frames * kr * kc * acc.itemsize)  # the cast input
+        if fr > 1:
+            kr = -(-kr // fr)
+            made.append(frames * kr * kc * acc.itemsize)
+        if fc > 1:
+            kc = -(-kc // fc)
+            made.append(frames * kr * kc * acc.itemsize)
+        if new:
+            scratch += frames * shape[0] * shape[1] * dtype.itemsize  # the previous result
+        scratch += sum(made[:-1])
+        dtype, shape, new, contiguous = acc, (kr, kc), True, True
+    final = frames * kr * kc * ds.dtype.itemsize
+    if ds.representation_options.get("threshold") is not None:
+        if new:
+            scratch += frames * kr * kc * dtype.itemsize
+        new = True
+    if dtype != ds.dtype or not contiguous:
+        if new:
+            scratch += frames * kr * kc * dtype.itemsize
+        new = True
+    return scratch, final, new
+
+
+def _need_parts(
+    ds: Dataset4D,
+    rows: int,
+    *,
+    runtime: str,
+    kernels: bool,
+    n_weights: int,
+    want_sum: bool,
+    want_max: bool,
+    gather_pixels: int,
+) -> dict[str, tuple[str, int]]:
+    """``{part: (pool, bytes)}`` of one chunk of ``rows`` scan rows."""
+    frames = rows * ds.shape[1]
+    src_shape = (int(ds.source.shape[2]), int(ds.source.shape[3]))
+    src_dtype = np.dtype(ds.source.dtype)
+    raw = frames * src_shape[0] * src_shape[1] * src_dtype.itemsize
+    k = ds.detector_shape[0] * ds.detector_shape[1]
+    logical = frames * k * ds.dtype.itemsize
+    host = "host"
+    device = memory_pool(runtime) if runtime != "any" else host
+    parts: dict[str, tuple[str, int]] = {}
+    if ds.representation == "dense":
+        scratch, final, new = _transform_bytes(ds, frames, src_dtype, src_shape)
+        # the chunk is decoded into a staging buffer (reused, one per running task); with
+        # transforms the payload is a new array made from it
+        if new:
+            parts["staging buffer"] = (host, raw)
+            parts["transform scratch"] = (host, scratch)
+            parts["payload"] = (host, final)
+        else:
+            parts["payload (in the staging buffer)"] = (host, raw)
+        payload = final
+    elif ds.representation in ds.source.payload_representations:
+        # read natively (compressed chunks, events); its size is bounded by the logical size
+        parts["payload"] = (host, logical)
+        parts["transform scratch"] = (host, logical if ds.detector_ops else 0)
+        parts["decode scratch"] = (host, min(frames, _DECODE_FRAMES) * k * 8)
+        payload = logical
+    else:
+        # converted from a dense block (fresh), then checked by decoding it again
+        scratch, final, new = _transform_bytes(ds, frames, src_dtype, src_shape)
+        verify = str(ds.representation_options.get("verify", "full"))
+        parts["decoded block"] = (host, raw)
+        parts["transform scratch"] = (host, scratch + (final if new else 0))
+        parts["payload"] = (host, logical)
+        parts["decode scratch"] = (
+            host,
+            (logical if verify != "none" else 0) + min(frames, _DECODE_FRAMES) * k * 8,
+        )
+        payload = logical
+    if device != host:
+        # the payload is copied into the runtime's memory (cuda, an external worker)
+        parts["device copy"] = (device, payload)
+    elif runtime == "mps":
+        # MLX copies the payload into its own arrays (unified memory: the same RAM)
+        parts["device copy"] = (host, max(payload, frames * k * 4))
+    if kernels:
+        m = n_weights + 1  # the CPU kernel pads to an even number of rows
+        work = m * k * 8 + 3 * k * 8  # weights as float64, sum and max patterns (and a copy)
+        if ds.dtype == np.float16:
+            work += frames * k * 4  # widened to float32 for the kernel
+        parts["kernel"] = (device, work)
+        # per-frame values and gathered pixels, kept once and serialised once
+        partial = frames * (m * 8 + 2 * gather_pixels * 8)
+        parts["partial"] = (host, 2 * partial)
+    return parts
+
+
+def task_memory_need(
+    ds: Dataset4D,
+    *,
+    runtime: str,
+    kernels: bool = True,
+    n_weights: int = 0,
+    want_sum: bool = True,
+    want_max: bool = True,
+    gather_pixels: int = 0,
+) -> MemoryNeed:
+    """Return what the largest chunk task of ``ds`` needs in memory while it runs.
+
+    Counted on the client when the pass is lowered, from the dataset's
+    shapes and dtypes alone (nothing is read): the payload, the staging
+    buffer it is decoded into, the scratch of detector transforms and of
+    decoding or converting a representation, the runtime's copy of the
+    payload (device memory for ``cuda``; the same RAM for ``mps``), the
+    kernel's working memory and the partial it returns.  Transient
+    intermediates are summed, so it is an upper bound.
+
+    Parameters
+    ----------
+    ds
+        The dataset.
+    runtime
+        Runtime the kernels run on (its memory pool holds the device parts).
+    kernels
+        False for a load task (persist): no kernel memory and no partial.
+    n_weights
+        Weight rows of the pass.
+    want_sum, want_max
+        Pattern reductions of the pass.
+    gather_pixels
+        Pixels gathered per frame (SSB), 0 for none.
+
+    Returns
+    -------
+    MemoryNeed
+        Parts, per-pool totals, and the linear model in scan rows.
+    """
+    opts = {
+        "runtime": runtime,
+        "kernels": kernels,
+        "n_weights": int(n_weights),
+        "want_sum": bool(want_sum),
+        "want_max": bool(want_max),
+        "gather_pixels": int(gather_pixels),
+    }
+    rows = max(r1 - r0 for r0, r1 in ds.chunks)
+
+    def pools(parts: dict[str, tuple[str, int]]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for pool, n in parts.values():
+            out[pool] = out.get(pool, 0) + int(n)
+        return out
+
+    parts = _need_parts(ds, rows, **opts)  # type: ignore[arg-type]
+    one = pools(_need_parts(ds, 1, **opts))  # type: ignore[arg-type]
+    two = pools(_need_parts(ds, 2, **opts))  # type: ignore[arg-type]
+    per_row = {p: two.get(p, 0) - one.get(p, 0) for p in two}
+    fixed = {p: one.get(p, 0) - per_row.get(p, 0) for p in one}
+    kr, kc = ds.source.shape[2:]
+    return MemoryNeed(
+        parts={name: int(n) for name, (_, n) in parts.items()},
+        pools=pools(parts),
+        rows=int(rows),
+        fixed=fixed,
+        per_row=per_row,
+        source_row_bytes=int(ds.shape[1] * kr * kc * np.dtype(ds.source.dtype).itemsize),
+    )

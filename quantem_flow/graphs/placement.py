@@ -21,8 +21,19 @@ Rules
   restrictions, so work stealing cannot move them.  When the chunk lands
   on another worker, or its worker leaves and it is re-placed, the
   dependents follow.
-* ``pass`` tasks (load and kernels fused, nothing resident) may run on any
-  capable worker whose budget can hold one chunk at a time.
+* ``pass`` tasks (load and kernels fused, nothing resident) carry their
+  memory need per pool (``qf_need``: payload, staging buffer, decode and
+  transform scratch, kernel working memory, the partial; computed on the
+  client by :func:`quantem_flow.graphs.lowering.task_memory_need`).  A task
+  whose need exceeds the pool of every capable worker is refused up front,
+  with the need broken down, the budgets and a chunk size that fits.  On
+  workers that advertise their pools as Dask resources
+  (``qf-memory-<pool>``) the task requests its need from them, so a worker
+  with several threads runs at once only the tasks whose needs fit its
+  budget (Dask's worker enforces resources; DASK_NOTES).
+* Memory pools are counted once: ``cpu`` and ``mps`` payloads share the
+  ``host`` pool, so a worker advertising both never admits more than that
+  RAM (resident chunks of both runtimes are charged to the one pool).
 * A worker leaving re-places the resident chunks it held or was planned to
   hold.  When no capable worker is left (or none has joined yet) tasks wait,
   restricted to no worker, until a capable one joins (a nanny restarting a
@@ -39,7 +50,7 @@ import dataclasses
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
-from .capabilities import WorkerCapabilities
+from .capabilities import MEMORY_PREFIX, WorkerCapabilities, memory_pool
 
 __all__ = [
     "ChunkForgotten",
@@ -76,6 +87,12 @@ class TaskInfo:
         For ``kernel`` tasks: the key of the resident chunk they read.
     nbytes
         For ``load`` and ``pass`` tasks: bytes of the chunk held on the device.
+    need
+        ``{pool: bytes}`` the task needs at its peak while it runs (empty:
+        ``nbytes`` in its runtime's pool).
+    need_detail
+        The ``qf_need`` annotation (breakdown, bytes per scan row, chunk
+        rows) for refusal messages.
     """
 
     key: Key
@@ -84,6 +101,8 @@ class TaskInfo:
     representation: str = "dense"
     resident: Key | None = None
     nbytes: int = 0
+    need: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    need_detail: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +159,8 @@ class Restrict:
     key: Key
     workers: frozenset[str]
     reason: str
+    #: Dask resources the task requests (``{"qf-memory-<pool>": bytes}``), or None
+    resources: Mapping[str, float] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,12 +210,52 @@ class Placement:
             if a == address and self.tasks[k].runtime == runtime
         )
 
+    def used_pool(self, address: str, pool: str) -> int:
+        """Bytes of resident chunks of every runtime in ``pool`` charged to ``address``."""
+        return sum(
+            self.charged.get(k, 0)
+            for k, a in self.planned.items()
+            if a == address and memory_pool(self.tasks[k].runtime) == pool
+        )
+
     def free(self, address: str, runtime: str) -> float:
-        """Budget left on ``address`` for ``runtime`` chunks (inf when no budget is set)."""
-        budget = self.workers[address].budgets.get(runtime)
+        """Budget left on ``address`` for ``runtime`` chunks (inf when no budget is set).
+
+        The smaller of the runtime's own budget and its memory pool's room:
+        chunks of runtimes sharing a pool (``cpu`` and ``mps``) count once.
+        """
+        w = self.workers[address]
+        budget = w.budgets.get(runtime)
         if budget is None:
             return float("inf")
-        return budget - self.used(address, runtime)
+        own = budget - self.used(address, runtime)
+        pool = memory_pool(runtime)
+        size = w.pools.get(pool)
+        if size is None:
+            return own
+        return min(own, size - self.used_pool(address, pool))
+
+    def need_of(self, task: TaskInfo) -> dict[str, int]:
+        """``{pool: bytes}`` ``task`` needs while it runs."""
+        if task.need:
+            return {p: int(n) for p, n in task.need.items() if n}
+        if task.nbytes and task.runtime != "any":
+            return {memory_pool(task.runtime): task.nbytes}
+        return {}
+
+    def limit(self, address: str, runtime: str, pool: str) -> float:
+        """Bytes one task of ``runtime`` may need from ``pool`` on ``address`` (inf: unknown)."""
+        w = self.workers[address]
+        size: float = w.pools.get(pool, float("inf"))
+        if runtime != "any" and memory_pool(runtime) == pool and runtime in w.budgets:
+            size = min(size, w.budgets[runtime])
+        return size
+
+    def fits(self, address: str, task: TaskInfo) -> bool:
+        """Whether ``task``'s need fits the budgets of ``address`` (alone)."""
+        return all(
+            n <= self.limit(address, task.runtime, pool) for pool, n in self.need_of(task).items()
+        )
 
     def resident_by_worker(self) -> dict[str, dict[str, int]]:
         """``{worker: {representation: bytes}}`` of chunks held or planned."""
@@ -294,7 +355,7 @@ class Placement:
         if task.role == "kernel" and task.resident is not None:
             return self._pin_kernel(task, why=why or "pinned to the chunk's holder")
         if task.role == "pass":
-            return self._restrict_capable(task, why=why or "capable workers", admit=True)
+            return self._admit_pass(task, why=why or "capable workers")
         if task.runtime != "any":
             return self._restrict_capable(task, why=why or "capable workers")
         return []
@@ -356,10 +417,16 @@ class Placement:
                 deps.discard(key)
 
     # -- decisions -----------------------------------------------------------------------
-    def _restrict(self, task: TaskInfo, workers: Iterable[str], why: str) -> list[Decision]:
+    def _restrict(
+        self,
+        task: TaskInfo,
+        workers: Iterable[str],
+        why: str,
+        resources: Mapping[str, float] | None = None,
+    ) -> list[Decision]:
         ws = frozenset(workers)
         self.restrictions[task.key] = ws
-        return [Restrict(task.key, ws, why)]
+        return [Restrict(task.key, ws, why, resources)]
 
     def _refuse(self, task: TaskInfo, reason: str) -> list[Decision]:
         self.refused[task.key] = reason
@@ -375,26 +442,84 @@ class Placement:
             "(quantem-flow worker --runtimes ...) or choose another backend"
         )
 
-    def _restrict_capable(self, task: TaskInfo, *, why: str, admit: bool = False) -> list[Decision]:
+    def _restrict_capable(self, task: TaskInfo, *, why: str) -> list[Decision]:
         capable = self.capable(task)
         if not capable:
             return self._refuse(task, self._no_capable(task))
-        if admit and task.nbytes:
-            roomy = [
-                a
-                for a in capable
-                if self.workers[a].budgets.get(task.runtime, task.nbytes) >= task.nbytes
-            ]
-            if not roomy:
-                budgets = {a: self.workers[a].budgets.get(task.runtime) for a in capable}
-                return self._refuse(
-                    task,
-                    f"a chunk of {task.nbytes} bytes does not fit the {task.runtime} budget of "
-                    f"any capable worker {budgets}; use smaller chunks (chunk_mib=...) or "
-                    "workers with more memory",
-                )
-            capable = roomy
         return self._restrict(task, capable, why)
+
+    def _admit_pass(self, task: TaskInfo, *, why: str) -> list[Decision]:
+        capable = self.capable(task)
+        if not capable:
+            return self._refuse(task, self._no_capable(task))
+        need = self.need_of(task)
+        if not need:
+            return self._restrict(task, capable, why)
+        fitting = [a for a in capable if self.fits(a, task)]
+        if not fitting:
+            return self._refuse(task, self._too_big(task, capable))
+        # Workers that advertise their pools as resources enforce the need per task, so
+        # the tasks running at once on a worker never need more than its budget.
+        enforcing = [a for a in fitting if self.workers[a].pool_resources]
+        if enforcing:
+            resources = {MEMORY_PREFIX + pool: float(n) for pool, n in sorted(need.items())}
+            return self._restrict(
+                task, enforcing, f"{why}; memory need {_mib(sum(need.values()))}", resources
+            )
+        return self._restrict(task, fitting, why)
+
+    def _too_big(self, task: TaskInfo, capable: list[str]) -> str:
+        """The refusal of a task whose need fits no capable worker, with a chunk size that fits."""
+        need = self.need_of(task)
+        detail = task.need_detail
+        short = {
+            pool: max(self.limit(a, task.runtime, pool) for a in capable)
+            for pool, n in need.items()
+            if any(n > self.limit(a, task.runtime, pool) for a in capable)
+        }
+        budgets = {
+            a: {pool: _mib(self.limit(a, task.runtime, pool)) for pool in need} for a in capable
+        }
+        parts = detail.get("parts") or {}
+        breakdown = " + ".join(f"{name} {_mib(n)}" for name, n in parts.items() if n)
+        pools = ", ".join(
+            f"{_mib(n)} ({n} bytes) of {pool} memory" for pool, n in sorted(need.items())
+        )
+        text = (
+            f"admission refused before reading any chunk: a {task.runtime} chunk task "
+            f"({task.key!r}, {detail.get('rows', '?')} scan rows, representation "
+            f"{task.representation!r}) needs {pools}"
+            + (f" ({breakdown})" if breakdown else "")
+            + f", which does not fit the budget of any capable worker (per worker: {budgets}). "
+        )
+        fixed = detail.get("fixed") or {}
+        per_row = detail.get("per_row") or {}
+        rows_fit: int | None = None
+        for pool, room in short.items():
+            slope = int(per_row.get(pool, 0))
+            if slope <= 0:
+                continue
+            fit = int((room - int(fixed.get(pool, 0))) // slope)
+            rows_fit = fit if rows_fit is None else min(rows_fit, fit)
+        row_bytes = int(detail.get("source_row_bytes", 0))
+        if rows_fit is not None and rows_fit >= 1:
+            mib = rows_fit * row_bytes / 2**20
+            text += (
+                f"Use chunks of at most {rows_fit} scan rows: qf.open(..., chunk_rows={rows_fit}) "
+                f"or ds.rechunk(rows={rows_fit})"
+                + (f" (chunk_mib={mib:.1f} or less)" if row_bytes else "")
+                + ", or give the workers more memory (memory_limit, budget_fraction)"
+            )
+        elif rows_fit is not None:
+            text += (
+                "Even one scan row does not fit: crop or bin the detector, or give the workers "
+                "more memory (memory_limit, budget_fraction)"
+            )
+        else:
+            text += (
+                "Use smaller chunks (chunk_rows=... or chunk_mib=...) or workers with more memory"
+            )
+        return text
 
     def _place_load(self, task: TaskInfo, *, why: str) -> list[Decision]:
         capable = self.capable(task)
@@ -406,7 +531,13 @@ class Placement:
             return (-self.free(a, task.runtime), n_planned[a], a)
 
         ordered = sorted(capable, key=rank)
-        fitting = [a for a in ordered if self.free(a, task.runtime) >= task.nbytes]
+        if task.need and not any(self.fits(a, task) for a in ordered):
+            return self._refuse(task, self._too_big(task, ordered))
+        fitting = [
+            a
+            for a in ordered
+            if self.free(a, task.runtime) >= task.nbytes and (not task.need or self.fits(a, task))
+        ]
         if not fitting:
             frees = {a: self.free(a, task.runtime) for a in ordered}
             return self._refuse(
@@ -481,6 +612,7 @@ def tasks_from_annotations(
     reps = annotations.get("qf_representation", {})
     resident = annotations.get("qf_resident", {})
     nbytes = annotations.get("qf_nbytes", {})
+    needs = annotations.get("qf_need", {})
     known_loads = set(loads) | {k for k, r in roles.items() if r == "load"}
     out: list[TaskInfo] = []
     for k in keys:
@@ -499,6 +631,23 @@ def tasks_from_annotations(
                 representation=str(reps.get(k, "dense")),
                 resident=res,
                 nbytes=int(nbytes.get(k, 0)),
+                need=_need_pools(needs.get(k)),
+                need_detail=dict(needs.get(k) or {}),
             )
         )
     return out
+
+
+def _need_pools(detail: Any) -> dict[str, int]:
+    if not isinstance(detail, Mapping):
+        return {}
+    total = detail.get("total")
+    if not isinstance(total, Mapping):
+        return {}
+    return {str(p): int(n) for p, n in total.items()}
+
+
+def _mib(nbytes: float) -> str:
+    if nbytes == float("inf"):
+        return "unlimited"
+    return f"{nbytes / 2**20:.1f} MiB"

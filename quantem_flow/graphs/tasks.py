@@ -19,7 +19,7 @@ import numpy as np
 from ..dataset import Dataset4D
 from ..representations import Chunk
 from ..runtimes import get_runtime
-from ..runtimes.staging import staging_buffer
+from ..runtimes.staging import staged
 from .digest import Units, chunk_digest, payload_digests
 
 __all__ = [
@@ -166,13 +166,19 @@ def _host_chunk(ds: Dataset4D, r0: int, r1: int, payload: Any) -> Chunk:
 
 def run_chunk_pass(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial:
     """Load one chunk, put it in the runtime, run the fused pass, release it; return the partial."""
+    ds = spec.dataset
+    if ds.representation != "dense":
+        return _run_chunk_pass(spec, index, r0, r1, None)
+    # a staging buffer checked out for the task only (admission counts one per running task)
+    with staged(ds.raw_block_shape((r0, r1)), ds.source.dtype) as buffer:
+        return _run_chunk_pass(spec, index, r0, r1, buffer)
+
+
+def _run_chunk_pass(
+    spec: PassSpec, index: int, r0: int, r1: int, buffer: np.ndarray | None
+) -> ChunkPartial:
     t0 = time.perf_counter()
     ds = spec.dataset
-    buffer = (
-        staging_buffer(ds.raw_block_shape((r0, r1)), ds.source.dtype)
-        if ds.representation == "dense"
-        else None
-    )
     payload, made = ds.load_payload((r0, r1), buffer=buffer)
     th = time.perf_counter()
     units = payload_digests(ds.representation, payload, (r0, r1))

@@ -1,0 +1,112 @@
+"""Admission counts what a chunk task really needs (issue 11 item 6), on a local cluster.
+
+Workers of a few hundred MiB reproduce the issue at small scale: a chunk
+that passed the old 80 % budget check but could not run next to the worker
+process itself is now refused up front, before any chunk is read, with the
+need broken down and a chunk size that fits; chunks that fit one at a time
+but not three at a time run on a 3-thread worker without it being killed,
+because each task holds its memory need as a Dask resource while it runs.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import quantem_flow as qf
+from quantem_flow.errors import PlacementError
+
+MiB = 2**20
+FRAME = (256, 256)  # uint16: 128 KiB per frame
+
+
+def sparse_npy(path: Path, scan: tuple[int, int], marks: dict[tuple[int, int], int]) -> Path:
+    """A ``uint16`` ``.npy`` file that is zero (a sparse file) except one pixel per mark."""
+    arr = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint16, shape=(*scan, *FRAME))
+    for (r, c), value in marks.items():
+        arr[r, c, 128, 128] = value
+    arr.flush()
+    del arr
+    return path
+
+
+def cluster(nthreads: int, memory_limit: int):  # type: ignore[no-untyped-def]
+    from distributed import Client
+
+    from quantem_flow.graphs.cluster import start_local_cluster
+
+    c = start_local_cluster(
+        workers=[{"runtimes": ["cpu"], "nthreads": nthreads, "memory_limit": memory_limit}],
+        dashboard_address="127.0.0.1:0",
+    )
+    return c, Client(c, set_as_default=False)
+
+
+@pytest.mark.cluster
+def test_a_chunk_that_cannot_fit_is_refused_up_front(tmp_path: Path) -> None:
+    # 400 MiB chunks on a 600 MiB worker: under the old check (80 % = 480 MiB) they were
+    # admitted, and the worker (about 190 MiB of its own once kernels ran) was killed
+    path = sparse_npy(tmp_path / "big.npy", (4, 1600), {(0, 0): 7})
+    ds = qf.open(path, chunk_rows=2)  # 200 MiB per scan row
+    assert ds.chunks == [(0, 2), (2, 4)]
+    lc, client = cluster(1, 600 * MiB)
+    try:
+        (info,) = client.scheduler_info()["workers"].values()
+        pool = info["resources"]["qf-memory-host"]
+        assert 0 < pool < info["resources"]["qf-budget-cpu"] < 400 * MiB * 1.25
+        t0 = time.monotonic()
+        with pytest.raises(PlacementError) as err:
+            qf.compute(qf.virtual_bf(ds, radius=4, center=(128, 128)), client=client)
+        elapsed = time.monotonic() - t0
+        text = str(err.value)
+        assert "admission refused before reading any chunk" in text
+        assert "payload (in the staging buffer) 400.0 MiB" in text
+        assert f"{pool / MiB:.1f} MiB" in text  # the worker's budget is named
+        # the suggested chunk size fits: one row of 200 MiB (and its kernel memory)
+        assert "chunk_rows=1)" in text and "chunk_mib=200.0 or less" in text
+    finally:
+        client.close()
+        lc.close()
+    assert elapsed < 10, "refused up front, not after workers died"
+
+
+@pytest.mark.cluster
+def test_chunks_that_fit_one_at_a_time_run_without_killing_a_3_thread_worker(
+    tmp_path: Path,
+) -> None:
+    # 150 MiB chunks, 3 threads, 600 MiB worker: three at once (450 MiB + the process)
+    # passed the old check per chunk and got the worker killed; now the worker runs only
+    # as many at once as its memory pool holds
+    scan = (6, 1200)
+    marks = {(r, 3 * r + 1): 10 + r for r in range(scan[0])}
+    path = sparse_npy(tmp_path / "rows.npy", scan, marks)
+    ds = qf.open(path, chunk_rows=1)
+    lc, client = cluster(3, 600 * MiB)
+    try:
+        (info,) = client.scheduler_info()["workers"].values()
+        pool = info["resources"]["qf-memory-host"]
+        assert 150 * MiB < pool < 3 * 150 * MiB, "fits one at a time, not three"
+        # before: three chunks at once took the worker over its memory limit (642 MiB RSS on
+        # 600 MiB): paused, the pass never finished (under a nanny: killed, KilledWorker)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool_:
+            run = pool_.submit(
+                qf.compute, qf.virtual_bf(ds, radius=4, center=(128, 128)), client=client
+            )
+            try:
+                (bf,) = run.result(timeout=120)
+            except concurrent.futures.TimeoutError:
+                client.close()  # ends the pass, so the thread returns
+                pytest.fail("the pass did not finish: the worker ran out of memory and paused")
+        expected = np.zeros(scan, dtype=np.int64)
+        for (r, c), v in marks.items():
+            expected[r, c] = v
+        np.testing.assert_array_equal(np.asarray(bf.data), expected)
+        (worker,) = client.scheduler_info()["workers"].values()
+        assert worker["id"] == info["id"], "the worker was never restarted"
+    finally:
+        client.close()
+        lc.close()
