@@ -95,6 +95,7 @@ __all__ = [
     "OPERATION_SUMMARIES",
     "PARAMETER_HELP",
     "READER_OPTIONS",
+    "READER_OPTION_HELP",
     "InputSpec",
     "OutputSpec",
     "Pipeline",
@@ -106,6 +107,7 @@ __all__ = [
     "load_pipeline",
     "operations_reference",
     "prepare_pipeline",
+    "reader_options_reference",
     "run_pipeline",
     "yaml_terms",
 ]
@@ -122,12 +124,12 @@ _COMMON_OUTPUT_KEYS = ("op", "display")
 
 #: Every operation a pipeline output may name, with its allowed parameters.
 OPERATIONS: dict[str, tuple[str, ...]] = {
-    "virtual_bf": ("radius", "units", "center"),
-    "virtual_abf": ("inner", "outer", "units", "center"),
-    "virtual_adf": ("inner", "outer", "units", "center"),
-    "virtual_annular": ("inner", "outer", "units", "center"),
+    "virtual_bf": ("radius", "units", "center", "allow_implausible"),
+    "virtual_abf": ("inner", "outer", "units", "center", "allow_implausible"),
+    "virtual_adf": ("inner", "outer", "units", "center", "allow_implausible"),
+    "virtual_annular": ("inner", "outer", "units", "center", "allow_implausible"),
     "virtual_mask": ("mask",),
-    "center_of_mass": ("center", "mask_radius", "mask_units", "units"),
+    "center_of_mass": ("center", "mask_radius", "mask_units", "units", "allow_implausible"),
     "dpc": ("input", "rotation_deg", "transpose", "subtract"),
     "idpc": ("input", "rotation_deg", "transpose", "subtract", "highpass"),
     "mean_diffraction": (),
@@ -154,25 +156,10 @@ OPERATIONS: dict[str, tuple[str, ...]] = {
         "pixel_block",
         "backend",
         "allow_complex64",
+        "allow_implausible",
     ),
 }
 
-
-def _add_optional_parameters() -> None:
-    """Add ``allow_implausible`` to the operations whose operator takes it."""
-    import inspect
-
-    from . import operators as ops
-
-    for op, params in OPERATIONS.items():
-        fn = getattr(ops, op)
-        if "allow_implausible" in inspect.signature(fn).parameters and (
-            "allow_implausible" not in params
-        ):
-            OPERATIONS[op] = (*params, "allow_implausible")
-
-
-_add_optional_parameters()
 
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "virtual_annular": ("inner", "outer"),
@@ -418,6 +405,52 @@ def operations_reference() -> str:
             lines.append(f"| `{key}` | {kind} | {units} | {default} | {meaning} |")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+#: Meaning of every reader option (``input.options``).
+READER_OPTION_HELP: dict[str, str] = {
+    "dataset_path": "Dataset inside the HDF5 file, e.g. `/data` (needed when the file holds "
+    "more than one 3-D/4-D dataset).",
+    "array_path": "Array inside the Zarr group (default: the root array).",
+    "scan_shape": "`[rows, cols]` of the scan for files of flat frames (3-D), or `square` to "
+    "assume a square scan (recorded); a 4-D array's own shape is used, and a different one "
+    "is refused. Without it, a JSON sidecar `<file>.json` with `scan_shape` is read.",
+    "frame_offset": "Leading frames to skip (e.g. flyback frames), integer >= 0.",
+    "dtype": "Value type as stored, e.g. `<u2`, `>u2`, `float32` (raw: required); counted: "
+    "the type of the counts.",
+    "frame_shape": "`[k_r, k_c]` of one frame.",
+    "shape": "The full 4-D shape `[R_r, R_c, k_r, k_c]`, instead of `frame_shape` and "
+    "`scan_shape`.",
+    "offset": "Bytes before the first frame record.",
+    "frame_header_bytes": "Bytes before each frame's values.",
+    "frame_footer_bytes": "Bytes after each frame's values.",
+    "verify": "`checksums`: refuse a source whose chunks carry no checksum verified on read "
+    "(HDF5 Fletcher32, Zarr crc32c); `none`: read unchecked (the default).",
+}
+
+
+def reader_options_reference() -> str:
+    """Return the Markdown table of the reader options of every format (docs/pipelines.md).
+
+    The options of each format are read from its reader's signature.
+
+    Returns
+    -------
+    str
+        A table: format, its options.  Then one line per option.
+    """
+    from .io import READERS
+
+    lines = ["| `format` | `input.options` it takes |", "|----------|-----------|"]
+    for fmt in READERS:
+        if fmt == "memory":
+            continue
+        names = ", ".join(f"`{n}`" for n in _reader_options(fmt))
+        lines.append(f"| `{fmt}` | {names} |")
+    lines.append("")
+    for name in READER_OPTIONS:
+        lines.append(f"- `{name}`: {READER_OPTION_HELP[name]}")
+    return "\n".join(lines) + "\n"
 
 
 # -- validation helpers ---------------------------------------------------------------------
@@ -1478,6 +1511,40 @@ class PreparedRun:
     overwrite: bool
 
 
+class _NeedsPixelsError(Exception):
+    """Raised by the dry plan's probe provider: the rest of that plan needs the data."""
+
+
+def _dry_plan(pipe: Pipeline, lazy: Mapping[str, LazyResult]) -> None:
+    """Plan every output whose plan needs no pixel data, to raise its errors now.
+
+    Operators check some parameters only while planning (the geometry of a
+    region against the detector, for example); when that needs no probe
+    measured from the data, planning here raises the same error before any
+    cluster starts.  A plan that asks for the probe stops quietly: it runs,
+    with the data, at compute time.
+    """
+    import warnings
+
+    from .operators.base import ChunkOperator, PlanContext
+
+    def needs_pixels() -> Any:
+        raise _NeedsPixelsError
+
+    for name, result in lazy.items():
+        operator = result.operator
+        if not isinstance(operator, ChunkOperator) or result.dataset is None:
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # warned once, at compute time
+                operator.plan(PlanContext(result.dataset, needs_pixels))
+        except QuantemFlowError as exc:
+            raise pipe.error(exc, f"outputs.{name}", output=name) from exc
+        except Exception:  # _NeedsPixelsError, or anything the real plan will report itself
+            continue
+
+
 def prepare_pipeline(
     pipeline: Pipeline | str | os.PathLike[str] | Mapping[str, Any],
     *,
@@ -1537,6 +1604,7 @@ def prepare_pipeline(
     ds = pipe.open()
     check_outputs(pipe, targets, ds)
     lazy = pipe.build(ds)
+    _dry_plan(pipe, lazy)
     return PreparedRun(pipeline=pipe, dataset=ds, lazy=lazy, targets=targets, overwrite=replace)
 
 
