@@ -35,7 +35,11 @@ frame counts odd and not a multiple of 4 (1 and 37), 0/1/2/5 weight rows of
 real data, the dtype's extremes in integer data (for ``paired`` and
 ``packed``, the non-negative range the representation holds), an empty
 block, and 70001 frames of extremes (a 32-bit accumulator anywhere would
-overflow).  Encoded payloads hold several pieces of several LZ4 blocks
+overflow).  Real dtypes also run :func:`check_nonfinite_support`: NaN, +inf
+and -inf pixels inside some weight rows' support and outside others'; a row
+whose nonzero weights miss every bad pixel must stay finite (no ``0 * NaN``),
+the others are NaN or +-inf as IEEE says (docs/runtimes.md, "Non-finite
+pixels"), and the oracle sums over nonzero weights only.  Encoded payloads hold several pieces of several LZ4 blocks
 with raw tails.
 
 The CPU reference itself is checked against a plain NumPy oracle in every
