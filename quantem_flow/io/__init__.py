@@ -17,19 +17,29 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, ParameterError, QuantemFlowError, SourceNotFoundError
-from .base import FrameSource, Source, SourceIdentity, check_exists
+from .base import FrameSource, Source, SourceIdentity
 
 __all__ = [
+    "GENERIC_READERS",
     "READERS",
+    "SNIFFERS",
+    "SUFFIXES",
     "FrameSource",
     "Source",
     "SourceIdentity",
     "detect_format",
     "open_source",
+    "open_source_explained",
+    "reader_class",
+    "reader_names",
 ]
 
-# format name -> "module:Class"; modules import lazily so that opening an
-# .npy file never imports h5py or zarr.
+# A built-in reader is one entry in each of READERS, SNIFFERS and SUFFIXES
+# (docs/readers.md); third-party readers register through the entry-point
+# group "quantem_flow.readers" (quantem_flow.io.registry).  Modules import
+# lazily so that opening an .npy file never imports h5py or zarr.
+
+#: Format name -> ``"module:Class"`` of its :class:`Source`.
 READERS: dict[str, str] = {
     "memory": "quantem_flow.io.memory:ArraySource",
     "npy": "quantem_flow.io.npy:NpySource",
@@ -42,40 +52,63 @@ READERS: dict[str, str] = {
     "counted": "quantem_flow.io.counted:CountedSource",
 }
 
+#: Format name -> ``"module:sniff"``: ``sniff(path, head) -> bool`` says from the
+#: first 4096 bytes (``b""`` for a directory) whether a file is in the format.
+#: Formats without a sniffer (``raw``) are never detected by content.
+SNIFFERS: dict[str, str] = {
+    "npy": "quantem_flow.io.sniffers:npy",
+    "hdf5": "quantem_flow.io.sniffers:hdf5",
+    "dectris": "quantem_flow.io.dectris:sniff",
+    "zarr": "quantem_flow.io.sniffers:zarr",
+    "empad": "quantem_flow.io.empad:sniff",
+    "mib": "quantem_flow.io.sniffers:mib",
+    "counted": "quantem_flow.io.counted:sniff",
+}
+
+#: Format name -> lower-case name endings of its files; used to choose between
+#: readers that recognise the same content, and when none recognises it.
+SUFFIXES: dict[str, tuple[str, ...]] = {
+    "npy": (".npy",),
+    "hdf5": (".h5", ".hdf5", ".hdf", ".nxs", ".emd", ".he5"),
+    "dectris": ("_master.h5", "_master.hdf5"),
+    "zarr": (".zarr",),
+    "empad": (".xml",),
+    "mib": (".mib",),
+}
+
+#: Readers that open any file of a container format (any HDF5 file): chosen
+#: only when no specific reader recognises the file.
+GENERIC_READERS: frozenset[str] = frozenset({"hdf5"})
+
 
 def reader_class(fmt: str) -> Callable[..., Source]:
-    """Return the reader class registered for ``fmt``."""
-    target = READERS.get(fmt)
-    if target is None:
-        raise ParameterError(f"unknown format {fmt!r}; known formats: {sorted(READERS)}")
-    module, _, name = target.partition(":")
-    cls: Callable[..., Source] = getattr(importlib.import_module(module), name)
-    return cls
+    """Return the reader class registered for ``fmt`` (built-in or installed).
+
+    Raises
+    ------
+    ParameterError
+        No reader of that name (the message lists the known ones).
+    """
+    from .registry import reader_class as _reader_class
+
+    return _reader_class(fmt)
 
 
-def _is_dectris_master(path: Path) -> bool:
-    if path.name.lower().endswith(("_master.h5", "_master.hdf5")):
-        return True
-    from .hdf5 import open_h5
+def reader_names() -> list[str]:
+    """Return the sorted names of every registered reader (built-in and installed)."""
+    from .registry import reader_names as _reader_names
 
-    with open_h5(path) as f:
-        det = f.get("/entry/instrument/detector/description")
-        if det is not None:
-            text = det[()]
-            text = text.decode(errors="replace") if isinstance(text, bytes) else str(text)
-            return "dectris" in text.lower() or "arina" in text.lower() or "eiger" in text.lower()
-    return False
-
-
-def _is_counted(path: Path) -> bool:
-    from .hdf5 import open_h5
-
-    with open_h5(path) as f:
-        return "electron_events/frames" in f
+    return _reader_names()
 
 
 def detect_format(path: str | os.PathLike[str]) -> str:
-    """Guess the reader for a path from its name and, for HDF5, its content.
+    """Choose the reader of a path by its content first, then by its name.
+
+    Every registered reader's sniffer looks at the first bytes of the file
+    (magic bytes, an HDF5 file's structure, a directory's ``zarr.json``);
+    the name's suffix only chooses between readers that recognise the same
+    content, or, when none does, hands the file to the reader its suffix
+    names (whose error then says what is wrong).  See docs/readers.md.
 
     Parameters
     ----------
@@ -85,30 +118,17 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     Returns
     -------
     str
-        A key of :data:`READERS`.
+        A registered reader name.
+
+    Raises
+    ------
+    FormatError
+        When no reader, or several, could open it; the message lists every
+        reader and why.
     """
-    p = check_exists(path)
-    name = p.name.lower()
-    if p.is_dir():
-        if (p / "zarr.json").exists() or (p / ".zarray").exists() or (p / ".zgroup").exists():
-            return "zarr"
-        raise FormatError(f"directory {str(p)!r} is not a Zarr store (no zarr.json)")
-    if name.endswith(".npy"):
-        return "npy"
-    if name.endswith(".mib"):
-        return "mib"
-    if name.endswith(".xml"):
-        return "empad"
-    if name.endswith((".h5", ".hdf5", ".nxs", ".hdf", ".emd")):
-        if _is_dectris_master(p):
-            return "dectris"
-        return "counted" if _is_counted(p) else "hdf5"
-    if name.endswith(".zarr"):
-        return "zarr"
-    raise FormatError(
-        f"cannot tell the format of {str(p)!r} from its name; pass format= one of "
-        f"{sorted(READERS)} (raw binary needs format='raw', dtype= and frame_shape=)"
-    )
+    from .registry import detect
+
+    return detect(Path(path)).format
 
 
 def open_source(
@@ -121,7 +141,8 @@ def open_source(
     path_or_array
         A file, directory or in-memory array.
     format
-        Reader name; guessed from the path when ``None``.
+        Reader name; detected from the content and name when ``None``
+        (:func:`detect_format`).
     **options
         Passed to the reader (``dataset_path``, ``scan_shape``, ``dtype``...).
 
@@ -130,13 +151,33 @@ def open_source(
     Source
         The opened (metadata-only) source.
     """
+    return open_source_explained(path_or_array, format=format, **options)[0]
+
+
+def open_source_explained(
+    path_or_array: str | os.PathLike[str] | np.ndarray, *, format: str | None = None, **options: Any
+) -> tuple[Source, str]:
+    """Open an input like :func:`open_source` and say how its reader was chosen.
+
+    Returns
+    -------
+    tuple of (Source, str)
+        The source, and ``"given (format=...)"``, ``"in-memory array"`` or
+        the detection's reason (``"content: ..."``, ``"suffix ..."``), which
+        :func:`quantem_flow.open` records in provenance as ``format_from``.
+    """
     if isinstance(path_or_array, np.ndarray):
         if format not in (None, "memory"):
             raise ParameterError(f"an in-memory array needs format='memory', got {format!r}")
-        return reader_class("memory")(path_or_array, **options)
+        return reader_class("memory")(path_or_array, **options), "in-memory array"
     fmt: str | None = format
+    how = f"given (format={format!r})"
     try:
-        fmt = format or detect_format(path_or_array)
+        if fmt is None:
+            from .registry import detect
+
+            detection = detect(Path(path_or_array))
+            fmt, how = detection.format, f"detected by {detection.how}"
         cls = reader_class(fmt)
         source = cls(path_or_array, **options)
     except QuantemFlowError:
@@ -159,7 +200,7 @@ def open_source(
         ) from exc
     check_declared_sizes(source, path_or_array)
     source.opened_as = os.fspath(path_or_array)  # as given, recorded in provenance
-    return source
+    return source, how
 
 
 #: Exceptions that third-party parsers (h5py, zarr, NumPy's header parser, XML

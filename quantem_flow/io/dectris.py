@@ -7,11 +7,32 @@ one link per data file under ``/entry/data`` (``data_000001``,
 bitshuffle + LZ4 filter (HDF5 filter id 32008, registered by ``hdf5plugin``).
 The frames of all data files, in link-name order, form the scan in
 row-major order.
+
+Calibration recorded by the master (NeXus ``NXdetector``/``NXbeam`` fields;
+a field without a ``units`` attribute is read in the NeXus default: metres
+for sizes and distances, pixels for the beam centre, eV for energies, Å for
+wavelengths):
+
+- ``detector/beam_center_y``, ``beam_center_x`` -> the detector origin
+  ``(row, col)`` in pixels;
+- ``detector/y_pixel_size``, ``x_pixel_size`` and ``detector_distance`` ->
+  ``1000 * atan(pixel_size / distance)`` mrad per pixel (row, col).  The
+  distance is the one the acquisition software recorded; on a microscope it
+  is the effective camera length only if it was set so (give an explicit
+  calibration otherwise: it wins, and the override is recorded);
+- ``/entry/instrument/beam/incident_wavelength`` (electron wavelength) or
+  ``detector/detectorSpecific/photon_energy`` (beam energy in eV) -> the
+  accelerating voltage.
+
+A value outside a plausible range (10-2000 kV, a wavelength of an electron
+of that energy, 0-100 mrad per pixel) is not used and a note says so; what
+was used is recorded as ``calibration_from`` in :attr:`DectrisSource.metadata`.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -41,7 +62,7 @@ from .base import (
 from .encoded_chunks import check_bitshuffle_chunks, needs_bitshuffle_guard
 from .hdf5 import dataset_filters, open_h5
 
-__all__ = ["DETECTOR_FIELDS", "DectrisSource"]
+__all__ = ["DETECTOR_FIELDS", "DectrisSource", "sniff"]
 
 #: Scalar fields read from ``/entry/instrument/detector`` when present.
 DETECTOR_FIELDS: tuple[str, ...] = (
@@ -56,6 +77,8 @@ DETECTOR_FIELDS: tuple[str, ...] = (
     "x_pixel_size",
     "y_pixel_size",
     "detector_distance",
+    "beam_center_x",
+    "beam_center_y",
     "sensor_material",
     "sensor_thickness",
     "countrate_correction_applied",
@@ -71,11 +94,31 @@ DETECTOR_SPECIFIC_FIELDS: tuple[str, ...] = (
     "software_version",
     "eiger_fw_version",
     "data_collection_date",
+    "photon_energy",
 )
 
+#: Scalar fields read from ``/entry/instrument/beam``.
+BEAM_FIELDS: tuple[str, ...] = ("incident_wavelength", "incident_energy")
+
 _DETECTOR = "/entry/instrument/detector"
+_BEAM = "/entry/instrument/beam"
 _DATA_GROUP = "/entry/data"
 _LINK_NAME = re.compile(r"^data_(\d+)$")
+
+
+def sniff(path: Path, head: bytes) -> bool:
+    """An HDF5 file whose ``/entry/data`` group holds ``data_NNNNNN`` links (a Dectris master)."""
+    from .sniffers import hdf5_sniff_open
+
+    f = hdf5_sniff_open(path, head)
+    if f is None:
+        return False
+    try:
+        with f:
+            group = f.get(_DATA_GROUP)
+            return hasattr(group, "keys") and any(_LINK_NAME.match(n) for n in group)
+    except Exception:  # a sniffer never raises
+        return False
 
 
 class DectrisSource(FrameSource):
@@ -139,6 +182,7 @@ class DectrisSource(FrameSource):
             self._parts = [self._resolve_link(group, name) for name in links]
             self._link_names = links
             self._detector = _detector_metadata(f)
+            self._beam = _group_scalars(f, _BEAM, BEAM_FIELDS)
         layouts: list[dict[str, Any]] = []
         counts: list[int] = []
         frame_shape: tuple[int, int] | None = None
@@ -374,15 +418,34 @@ class DectrisSource(FrameSource):
                 {"path": str(p), "dataset_path": d, **layout}
                 for (p, d), layout in zip(self._parts, self._layouts, strict=True)
             ],
+            "beam": dict(self._beam),
             "frames_announced": expected,
             "pixel_mask_applied_by_reader": False,
             **self.scan_metadata(),
+            "calibration_from": self._calibration_choice()[1],
         }
+
+    def _calibration_choice(self) -> tuple[Calibration | None, str | None]:
+        """The calibration to report and where from: a JSON sidecar wins over the file."""
+        side = sidecar_calibration(self._path)
+        if side is not None:
+            return side, f"JSON sidecar next to {str(self._path)!r}"
+        cal, how, _ = master_calibration(self._detector, self._beam, self._path)
+        return cal, how
+
+    @property
+    def notes(self) -> list[str]:
+        """Explicit choices made while opening, and master values not used as calibration."""
+        cal, how, unused = master_calibration(self._detector, self._beam, self._path)
+        notes = [*super().notes, *unused]
+        if cal is not None and sidecar_calibration(self._path) is not None:
+            notes.append(f"the JSON sidecar's calibration overrides the one read from {how}")
+        return notes
 
     @property
     def calibration(self) -> Calibration | None:
-        """Calibration from a JSON sidecar next to the master, if any."""
-        return sidecar_calibration(self._path)
+        """A JSON sidecar's calibration, else the beam centre, mrad/px and voltage of the master."""
+        return self._calibration_choice()[0]
 
     # -- reading -------------------------------------------------------------------
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
@@ -498,12 +561,145 @@ def _detector_metadata(f: Any) -> dict[str, Any]:
             obj = spec.get(name)
             if isinstance(obj, h5py.Dataset) and obj.size == 1:
                 out[name] = _scalar(obj[()])
+                units = obj.attrs.get("units")
+                if units is not None and name == "photon_energy":
+                    out[f"{name}_units"] = _scalar(units)
         mask = spec.get("pixel_mask")
         if isinstance(mask, h5py.Dataset):
             values = np.asarray(mask[()])
             out["pixel_mask_shape"] = [int(v) for v in values.shape]
             out["pixel_mask_flagged"] = int(np.count_nonzero(values))
     return out
+
+
+def _group_scalars(f: Any, group_path: str, names: Sequence[str]) -> dict[str, Any]:
+    """Read the scalar fields (and their ``units``) of one group that are present."""
+    import h5py
+
+    out: dict[str, Any] = {}
+    group = f.get(group_path)
+    if not isinstance(group, h5py.Group):
+        return out
+    for name in names:
+        obj = group.get(name)
+        if isinstance(obj, h5py.Dataset) and obj.size == 1:
+            out[name] = _scalar(obj[()])
+            units = obj.attrs.get("units")
+            if units is not None:
+                out[f"{name}_units"] = _scalar(units)
+    return out
+
+
+_TO_METRES = {"m": 1.0, "mm": 1e-3, "um": 1e-6, "µm": 1e-6, "μm": 1e-6, "micron": 1e-6}
+_TO_EV = {"ev": 1.0, "kev": 1e3, "mev": 1e6}
+_TO_ANGSTROM = {"a": 1.0, "å": 1.0, "angstrom": 1.0, "nm": 10.0, "m": 1e10, "pm": 0.01}
+
+
+def _number(values: dict[str, Any], name: str) -> float | None:
+    v = values.get(name)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(float(v)) else None
+
+
+def _in_unit(
+    values: dict[str, Any], name: str, table: dict[str, float], default: str
+) -> tuple[float | None, str]:
+    """A field's value converted with ``table`` (its ``units`` or the NeXus default)."""
+    value = _number(values, name)
+    units = str(values.get(f"{name}_units", default)).strip()
+    factor = table.get(units.lower())
+    if value is None or factor is None:
+        return None, units
+    return value * factor, units
+
+
+def voltage_from_wavelength(wavelength_angstrom: float) -> float:
+    """Return the accelerating voltage (kV) of electrons of a relativistic wavelength (Å)."""
+    h, m0, e, c = 6.62607015e-34, 9.1093837015e-31, 1.602176634e-19, 299792458.0
+    p = h / (wavelength_angstrom * 1e-10)
+    rest = m0 * c**2
+    kinetic = math.sqrt((p * c) ** 2 + rest**2) - rest
+    return kinetic / e / 1e3
+
+
+def master_calibration(
+    detector: dict[str, Any], beam: dict[str, Any], path: Path
+) -> tuple[Calibration | None, str | None, list[str]]:
+    """The calibration a Dectris master records (module docstring), where from, and notes.
+
+    Parameters
+    ----------
+    detector, beam
+        Scalar fields of ``/entry/instrument/detector`` (``detectorSpecific``
+        fields included) and ``/entry/instrument/beam``, with ``*_units``.
+    path
+        The master, for messages.
+
+    Returns
+    -------
+    tuple
+        ``(calibration or None, how or None, notes on values not used)``.
+    """
+    where = f"{_DETECTOR} of {str(path)!r}"
+    kwargs: dict[str, Any] = {}
+    used: list[str] = []
+    notes: list[str] = []
+    by, bx = _number(detector, "beam_center_y"), _number(detector, "beam_center_x")
+    if by is not None and bx is not None:
+        kwargs["detector_origin"] = (by, bx)
+        used.append(f"beam_center_y/x = ({by:g}, {bx:g}) px -> detector_origin")
+    lengths = {
+        name: _in_unit(detector, name, _TO_METRES, "m")
+        for name in ("detector_distance", "y_pixel_size", "x_pixel_size")
+    }
+    dist, sy, sx = (v for v, _ in lengths.values())
+    if dist is not None and sy is not None and sx is not None:
+        mrad = (1e3 * math.atan(sy / dist), 1e3 * math.atan(sx / dist)) if dist > 0 else (0, 0)
+        if dist > 0 and all(0 < v <= 100 for v in mrad):
+            kwargs["detector_sampling"] = mrad
+            kwargs["detector_units"] = "mrad"
+            used.append(
+                f"1000 * atan(y/x_pixel_size / detector_distance) = ({mrad[0]:.6g}, "
+                f"{mrad[1]:.6g}) mrad/px from pixel sizes ({sy:g}, {sx:g}) m and distance "
+                f"{dist:g} m"
+            )
+        else:
+            notes.append(
+                f"{where}: pixel sizes ({sy:g}, {sx:g}) m at detector_distance {dist:g} m give "
+                f"{mrad} mrad per pixel, outside (0, 100]; the detector was left uncalibrated"
+            )
+    else:
+        for name, (value, units) in lengths.items():
+            if name in detector and value is None:
+                notes.append(
+                    f"{where}: {name} = {detector[name]!r} with units {units!r} is not a length "
+                    "this reader converts (m, mm, um); the detector was left uncalibrated"
+                )
+    kv: float | None = None
+    wavelength, _ = _in_unit(beam, "incident_wavelength", _TO_ANGSTROM, "Å")
+    if wavelength is not None and wavelength > 0:
+        kv = voltage_from_wavelength(wavelength)
+        source = f"{_BEAM}/incident_wavelength = {wavelength:g} Å"
+    else:
+        for group, name in ((beam, "incident_energy"), (detector, "photon_energy")):
+            energy, _ = _in_unit(group, name, _TO_EV, "eV")
+            if energy is not None and energy > 0:
+                kv = energy / 1e3
+                source = f"{name} = {energy:g} eV"
+                break
+    if kv is not None:
+        if 10.0 <= kv <= 2000.0:
+            kwargs["accelerating_voltage_kV"] = kv
+            used.append(f"{source} -> {kv:.6g} kV")
+        else:
+            notes.append(
+                f"{str(path)!r}: {source} means {kv:.6g} kV electrons, outside 10-2000 kV (an "
+                "X-ray energy?); the accelerating voltage was not taken from it"
+            )
+    if not kwargs:
+        return None, None, notes
+    return Calibration(**kwargs), f"Dectris master {str(path)!r}: " + "; ".join(used), notes
 
 
 def _scalar(value: Any) -> Any:

@@ -14,15 +14,41 @@ and the scan size::
 
 ``scan_resolution_x`` is the number of scan columns (fast axis) and
 ``scan_resolution_y`` the number of rows.  Older files give ``<pix_x>`` and
-``<pix_y>`` under the root instead.  Each raw record is 130 rows x 128
-columns of little-endian float32: the 128 x 128 frame then two footer rows,
-which are dropped.
+``<pix_y>`` under the root instead (or as well).  Each raw record is 130
+rows x 128 columns of little-endian float32: the 128 x 128 frame then two
+footer rows, which are dropped.
+
+The scan shape rule (see :meth:`EmpadSource._choose_scan`): a ``scan_shape``
+given by the user wins (a difference from the XML is recorded); otherwise
+the candidates, in order, are the ``acquire`` scan parameters, the root
+``<pix_x>``/``<pix_y>``, the ``search`` scan parameters and a raw file name
+of the form ``..._x<cols>_y<rows>.raw``; the first whose size equals the
+number of frames in the raw file is used, the ones skipped are recorded as a
+note, and when none fits the error lists them all.
+
+Calibration recorded by the XML (field names of the EMPAD acquisition
+software; values in SI units):
+
+- ``iom_measurements/high_voltage``, ``iom_measurements/ColumnSourceHighVoltage``
+  or ``iom_measurements/source.get_voltage``: accelerating voltage in V;
+- ``iom_measurements/calibrated_diffraction_angle``: detector pixel size in
+  rad, used as ``mrad`` (x 1000) on both axes.
+
+``calibrated_pixelsize`` is not used: its unit differs between software
+generations.  Nor is a scan step derived from
+``optics.get_full_scan_field_of_view``: that is the microscope's full scan
+field, which the EMPAD scan covers only in part (``scan_size``), so a step
+derived from it is not reliable; give the scan step explicitly.  A value
+outside a plausible range (10-2000 kV, 0-100 mrad per pixel) is not used and
+a note says so.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path, PureWindowsPath
@@ -38,12 +64,17 @@ from .base import (
     check_exists,
     header_digest,
     path_size,
-    resolve_scan_shape,
     sidecar_calibration,
 )
 from .raw import RawSource
 
-__all__ = ["EMPAD_FOOTER_BYTES", "EMPAD_FRAME_SHAPE", "EmpadSource", "parse_empad_xml"]
+__all__ = [
+    "EMPAD_FOOTER_BYTES",
+    "EMPAD_FRAME_SHAPE",
+    "EmpadSource",
+    "parse_empad_xml",
+    "sniff",
+]
 
 EMPAD_FRAME_SHAPE = (128, 128)
 #: Two footer rows of 128 float32 after every frame.
@@ -52,6 +83,33 @@ EMPAD_DTYPE = "<f4"
 _RECORD_BYTES = EMPAD_FRAME_SHAPE[0] * EMPAD_FRAME_SHAPE[1] * 4 + EMPAD_FOOTER_BYTES
 
 _MAX_METADATA_ENTRIES = 200
+
+#: XML fields holding the accelerating voltage, in volts, first found wins.
+VOLTAGE_FIELDS = (
+    "iom_measurements/high_voltage",
+    "iom_measurements/ColumnSourceHighVoltage",
+    "iom_measurements/source.get_voltage",
+)
+#: XML field holding the detector pixel size in radians.
+ANGLE_FIELD = "iom_measurements/calibrated_diffraction_angle"
+_SNIFF_LIMIT = 1 << 18
+_NAME_SHAPE = re.compile(r"_x(\d+)_y(\d+)(?:\.raw)?$", re.IGNORECASE)
+
+
+def sniff(path: Path, head: bytes) -> bool:
+    """An XML document naming its raw data file in a ``<raw_file filename=...>`` element."""
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not text.startswith(b"<") or b"\x00" in head:
+        return False
+    if b"<raw_file" in head:
+        return True
+    if len(head) < 4096:
+        return False
+    try:
+        with open(path, "rb") as f:
+            return b"<raw_file" in f.read(_SNIFF_LIMIT)
+    except OSError:
+        return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +128,11 @@ class EmpadXml:
     series_count
         ``<count>`` of a series, if given.
     fields
-        Flattened leaf elements (``"iom_measurements/high_voltage": "300000"``).
+        Flattened leaf elements (``"iom_measurements/high_voltage": "300000"``),
+        at most 200 of them.
+    calibration_fields
+        The calibration fields (:data:`VOLTAGE_FIELDS`, :data:`ANGLE_FIELD`)
+        present, wherever they are in the file.
 
     """
 
@@ -79,6 +141,7 @@ class EmpadXml:
     scan_shapes: dict[str, tuple[int, int]]
     series_count: int | None
     fields: dict[str, str]
+    calibration_fields: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def parse_empad_xml(path: Path) -> EmpadXml:
@@ -138,7 +201,22 @@ def parse_empad_xml(path: Path) -> EmpadXml:
         scan_shapes=shapes,
         series_count=count,
         fields=_flatten(root),
+        calibration_fields={
+            name: text
+            for name in (*VOLTAGE_FIELDS, ANGLE_FIELD)
+            if (text := _leaf_text(root, name)) is not None
+        },
     )
+
+
+def _leaf_text(root: ET.Element, path: str) -> str | None:
+    """The stripped text of the element at ``a/b`` below the root (tags matched literally)."""
+    elem: ET.Element | None = root
+    for tag in path.split("/"):
+        elem = next((c for c in elem if c.tag == tag), None) if elem is not None else None
+    if elem is None or elem.text is None or not elem.text.strip():
+        return None
+    return elem.text.strip()
 
 
 def _scan_value(params: ET.Element, name: str, path: Path) -> int | None:
@@ -164,6 +242,18 @@ def _int_text(text: str | None, name: str, path: Path) -> int | None:
     if value < 1:
         raise FormatError(f"<{name}> in {str(path)!r} holds {value}; expected a positive integer")
     return value
+
+
+def _float_field(fields: dict[str, str], name: str) -> float | None:
+    """A finite number from a flattened XML field, or ``None`` when absent or not a number."""
+    text = fields.get(name)
+    if text is None:
+        return None
+    try:
+        value = float(text.strip())
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _flatten(root: ET.Element) -> dict[str, str]:
@@ -261,44 +351,103 @@ class EmpadSource(FrameSource):
             frame_offset=frame_offset,
         )
 
+    def _scan_candidates(self) -> list[tuple[tuple[int, int], str]]:
+        """The scan shapes the files record, in the order of the rule (module docstring)."""
+        shapes = self._xml.scan_shapes
+        out: list[tuple[tuple[int, int], str]] = []
+        labels = {
+            "acquire": "XML <scan_parameters mode='acquire'>",
+            "pix": "XML <pix_x>/<pix_y>",
+            "search": "XML <scan_parameters mode='search'>",
+        }
+        for key, label in labels.items():
+            if key in shapes:
+                out.append((shapes[key], label))
+        m = _NAME_SHAPE.search(self._xml.raw_name)
+        if m and int(m.group(1)) > 0 and int(m.group(2)) > 0:
+            shape = (int(m.group(2)), int(m.group(1)))
+            out.append((shape, f"raw file name {self._xml.raw_name!r}"))
+        return out
+
     def _choose_scan(
         self, n_frames: int, scan_shape: Sequence[int] | str | None, frame_offset: int
     ) -> tuple[Sequence[int] | str | None, str | None]:
-        """Return the scan shape to pass on and how it was found (``None``: as resolved)."""
-        shapes = self._xml.scan_shapes
-        xml_shape = shapes.get("acquire") or shapes.get("pix")
-        xml_from = "XML <scan_parameters mode='acquire'>" if "acquire" in shapes else "XML <pix_x>"
+        """Return the scan shape to pass on and how it was found (``None``: as resolved).
+
+        The rule: a given ``scan_shape`` wins (a difference from what the
+        XML records is noted); otherwise the first of the acquire scan
+        parameters, ``<pix_x>``/``<pix_y>``, the search scan parameters and
+        the raw file name whose size equals the frame count is used.
+        """
+        cands = self._scan_candidates()
+        xml_cands = [c for c in cands if c[1].startswith("XML")]
         if scan_shape is not None:
-            if xml_shape is not None and (
-                isinstance(scan_shape, str) or tuple(int(v) for v in scan_shape) != xml_shape
+            first = xml_cands[0] if xml_cands else None
+            if first is not None and (
+                isinstance(scan_shape, str) or tuple(int(v) for v in scan_shape) != first[0]
             ):
                 self._extra_notes.append(
                     f"scan_shape={scan_shape!r} was given and overrides the scan shape "
-                    f"{xml_shape} written in {str(self._path)!r}"
+                    f"{first[0]} written in {str(self._path)!r} ({first[1]})"
                 )
             return scan_shape, None
-        if xml_shape is None:
-            # No scan size in the XML (a series, or an older file): sidecar or error.
+        if not xml_cands:
+            # No scan size in the XML (a series, or a stripped file): sidecar or error.
             return None, None
         usable = n_frames - frame_offset
-        if xml_shape[0] * xml_shape[1] != usable:
-            search = shapes.get("search")
-            if search is not None and search[0] * search[1] == usable:
+        for i, (shape, label) in enumerate(cands):
+            if shape[0] * shape[1] != usable:
+                continue
+            if i:
+                skipped = ", ".join(f"{s} from {lab}" for s, lab in cands[:i])
                 self._extra_notes.append(
-                    f"the XML's acquire scan size {xml_shape} does not match the {usable} frames "
-                    f"of {str(self._raw_path)!r} but its search scan size {search} does; "
-                    "the search scan size was used"
+                    f"the scan shape {shape} was taken from {label} because {skipped} do(es) not "
+                    f"match the {usable} frames of {str(self._raw_path)!r}"
                 )
-                return search, "XML <scan_parameters mode='search'> (acquire did not match)"
-            # Let resolve_scan_shape raise its message, naming the XML as the source.
-            try:
-                resolve_scan_shape(n_frames, xml_shape, frame_offset=frame_offset)
-            except ScanShapeError as exc:
-                raise ScanShapeError(
-                    f"{str(self._path)!r}: {exc}. The shape came from the XML; pass "
-                    "scan_shape=(rows, cols) to override it"
-                ) from exc
-        return xml_shape, xml_from
+                label = f"{label} ({', '.join(lab for _, lab in cands[:i])} did not match)"
+            return shape, label
+        listed = "; ".join(f"{s} = {s[0] * s[1]} frames from {lab}" for s, lab in cands)
+        raise ScanShapeError(
+            f"{str(self._path)!r}: no scan shape recorded in the XML fits the {usable} frames of "
+            f"{str(self._raw_path)!r} (after frame_offset={frame_offset}): {listed}. The shape "
+            "came from the XML; pass scan_shape=(rows, cols) to override it"
+        )
+
+    def _xml_calibration(self) -> tuple[Calibration | None, str | None, list[str]]:
+        """The calibration the XML records, where it came from, and notes on unused values."""
+        fields = self._xml.calibration_fields
+        notes: list[str] = []
+        used: list[str] = []
+        kwargs: dict[str, Any] = {}
+        for name in VOLTAGE_FIELDS:
+            value = _float_field(fields, name)
+            if value is None:
+                continue
+            kv = value / 1000.0
+            if 10.0 <= kv <= 2000.0:
+                kwargs["accelerating_voltage_kV"] = kv
+                used.append(f"{name} = {fields[name]} V -> {kv:g} kV")
+            else:
+                notes.append(
+                    f"the EMPAD XML gives {name} = {fields[name]!r}, read as {kv:g} kV, outside "
+                    "10-2000 kV; the voltage was not taken from it"
+                )
+            break
+        angle = _float_field(fields, ANGLE_FIELD)
+        if angle is not None:
+            mrad = angle * 1000.0
+            if 0.0 < mrad <= 100.0:
+                kwargs["detector_sampling"] = (mrad, mrad)
+                kwargs["detector_units"] = "mrad"
+                used.append(f"{ANGLE_FIELD} = {fields[ANGLE_FIELD]} rad/px -> {mrad:g} mrad/px")
+            else:
+                notes.append(
+                    f"the EMPAD XML gives {ANGLE_FIELD} = {fields[ANGLE_FIELD]!r} rad per pixel, "
+                    f"{mrad:g} mrad, outside (0, 100] mrad; the detector was left uncalibrated"
+                )
+        if not kwargs:
+            return None, None, notes
+        return Calibration(**kwargs), f"EMPAD XML {str(self._path)!r}: " + "; ".join(used), notes
 
     # -- properties --------------------------------------------------------------
     @property
@@ -314,7 +463,11 @@ class EmpadSource(FrameSource):
     @property
     def notes(self) -> list[str]:
         """Explicit choices made while opening."""
-        return super().notes + list(self._extra_notes)
+        cal, how, unused = self._xml_calibration()
+        notes = [*super().notes, *self._extra_notes, *unused]
+        if cal is not None and sidecar_calibration(self._path) is not None:
+            notes.append(f"the JSON sidecar's calibration overrides the one read from {how}")
+        return notes
 
     @property
     def identity(self) -> SourceIdentity:
@@ -345,12 +498,21 @@ class EmpadSource(FrameSource):
             "xml_series_count": self._xml.series_count,
             "xml": dict(self._xml.fields),
             **self.scan_metadata(),
+            "calibration_from": self._calibration_choice()[1],
         }
+
+    def _calibration_choice(self) -> tuple[Calibration | None, str | None]:
+        """The calibration to report and where from: a JSON sidecar wins over the file."""
+        side = sidecar_calibration(self._path)
+        if side is not None:
+            return side, f"JSON sidecar next to {str(self._path)!r}"
+        cal, how, _ = self._xml_calibration()
+        return cal, how
 
     @property
     def calibration(self) -> Calibration | None:
-        """Calibration from a JSON sidecar next to the XML, if any."""
-        return sidecar_calibration(self._path)
+        """A JSON sidecar's calibration, else the voltage and mrad per pixel the XML records."""
+        return self._calibration_choice()[0]
 
     # -- reading -------------------------------------------------------------------
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:

@@ -20,7 +20,14 @@ from ..errors import (
 )
 from .base import FrameSource, SourceIdentity, check_exists, header_digest, path_size
 
-__all__ = ["Hdf5Source", "attribute_value", "list_candidate_datasets", "open_h5"]
+__all__ = [
+    "Hdf5Source",
+    "attribute_value",
+    "candidate_datasets",
+    "describe_datasets",
+    "list_candidate_datasets",
+    "open_h5",
+]
 
 
 def open_h5(path: Path) -> Any:
@@ -41,18 +48,63 @@ def open_h5(path: Path) -> Any:
         raise FormatError(f"{str(path)!r} is not a readable HDF5 file: {exc}") from exc
 
 
-def list_candidate_datasets(h5file: Any) -> list[str]:
-    """Return the paths of every 3-D or 4-D dataset in an open HDF5 file."""
+def candidate_datasets(
+    h5file: Any, *, ndims: tuple[int, ...] = (3, 4)
+) -> list[tuple[str, tuple[int, ...], str]]:
+    """Return ``(path, shape, dtype)`` of every dataset of an open HDF5 file with those ranks.
+
+    External links are not followed (their files may be missing).
+    """
     import h5py
 
-    found: list[str] = []
+    found: list[tuple[str, tuple[int, ...], str]] = []
 
     def visit(name: str, obj: Any) -> None:
-        if isinstance(obj, h5py.Dataset) and obj.ndim in (3, 4):
-            found.append("/" + name)
+        if isinstance(obj, h5py.Dataset) and obj.ndim in ndims:
+            found.append(("/" + name, tuple(int(v) for v in obj.shape), str(obj.dtype)))
 
     h5file.visititems(visit)
     return found
+
+
+def list_candidate_datasets(h5file: Any) -> list[str]:
+    """Return the paths of every 3-D or 4-D dataset in an open HDF5 file."""
+    return [path for path, _, _ in candidate_datasets(h5file)]
+
+
+def describe_datasets(found: list[tuple[str, tuple[int, ...], str]], *, limit: int = 20) -> str:
+    """``'/a' (256, 256, 128, 128) uint16, '/b' ...`` for messages (at most ``limit``)."""
+    if not found:
+        return "none"
+    text = ", ".join(f"{path!r} {shape} {dtype}" for path, shape, dtype in found[:limit])
+    return text + (f" and {len(found) - limit} more" if len(found) > limit else "")
+
+
+def _choose_dataset(f: Any, path: Path) -> tuple[str, str]:
+    """The dataset to open when none was named, and a note; or raise listing the candidates.
+
+    The rule: the file's only 3-D or 4-D dataset is taken; with none or
+    several the error lists them (path, shape, dtype), 4-D first.
+    """
+    cands = candidate_datasets(f)
+    if len(cands) == 1:
+        only = cands[0]
+        return only[0], (
+            f"dataset_path {only[0]!r} chosen as the file's only 3-D/4-D dataset "
+            f"(shape {only[1]}, {only[2]})"
+        )
+    if not cands:
+        others = candidate_datasets(f, ndims=tuple(range(0, 33)))
+        raise DatasetPathError(
+            f"{str(path)!r} holds no 3-D or 4-D dataset, so no 4D-STEM data; its datasets: "
+            f"{describe_datasets(others)}. A 4D-STEM dataset is (R_r, R_c, k_r, k_c) or (frames, "
+            "k_r, k_c); check the file, or open it with the reader of its format (format=)"
+        )
+    cands.sort(key=lambda c: -len(c[1]))
+    raise DatasetPathError(
+        f"{str(path)!r} holds {len(cands)} 3-D/4-D datasets, so which one is the 4D-STEM data "
+        f"is not guessed: {describe_datasets(cands)}. Pass dataset_path= one of them"
+    )
 
 
 def dataset_filters(dset: Any) -> dict[str, Any]:
@@ -125,25 +177,18 @@ class Hdf5Source(FrameSource):
         self._handle_dset: Any = None
         self._open_notes: list[str] = []
         with open_h5(self._path) as f:
+            self._dataset_from = "given (dataset_path=)"
             if dataset_path is None:
-                cands = list_candidate_datasets(f)
-                if len(cands) != 1:
-                    raise DatasetPathError(
-                        f"{str(self._path)!r} holds {len(cands)} 3-D/4-D datasets "
-                        f"{cands}; pass dataset_path= one of them"
-                    )
-                dataset_path = cands[0]
-                self._open_notes.append(
-                    f"dataset_path {dataset_path!r} chosen as the file's only 3-D/4-D dataset"
-                )
+                dataset_path, note = _choose_dataset(f, self._path)
+                self._open_notes.append(note)
+                self._dataset_from = "the file's only 3-D/4-D dataset"
             self._dataset_path = dataset_path
             obj = f.get(dataset_path)
             if not isinstance(obj, h5py.Dataset):
-                cands = list_candidate_datasets(f)
                 what = "does not exist" if obj is None else f"is a {type(obj).__name__}"
                 raise DatasetPathError(
                     f"dataset_path {dataset_path!r} {what} in {str(self._path)!r}; "
-                    f"3-D/4-D datasets in the file: {cands or 'none'}"
+                    f"3-D/4-D datasets in the file: {describe_datasets(candidate_datasets(f))}"
                 )
             shape = tuple(int(s) for s in obj.shape)
             dtype = obj.dtype
@@ -318,8 +363,10 @@ class Hdf5Source(FrameSource):
             "dataset_path": self._dataset_path,
             "stored_shape": list(self._stored_shape),
             **self._layout,
+            "dataset_path_from": self._dataset_from,
             "attributes": self._attrs,
             **self.scan_metadata(),
+            "calibration_from": None,
         }
 
     def _guard(self, selection: Any) -> None:

@@ -1,0 +1,104 @@
+"""Content sniffers of the built-in formats whose reader modules keep no sniffer.
+
+A sniffer is ``sniff(path, head) -> bool``: from the first bytes of a file
+(``head``, up to :data:`HEAD_BYTES`; ``b""`` for a directory) it says
+cheaply whether the file is in its format.  It never raises and never
+imports a heavy module before a cheap signature has matched (an HDF5
+sniffer may open the file with h5py once the HDF5 signature is there).
+The first line of a sniffer's docstring says what it looks for; detection
+errors quote it.
+
+HDF5 structure sniffers (Dectris master, counted) live in their reader
+modules; this module holds the signature checks they share.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "HDF5_SIGNATURE",
+    "HEAD_BYTES",
+    "has_hdf5_signature",
+    "hdf5_sniff_open",
+    "mib",
+    "npy",
+    "read_head",
+    "zarr",
+]
+
+#: Bytes of a file's start passed to every sniffer.
+HEAD_BYTES = 4096
+#: The HDF5 format signature (HDF5 File Format Specification, "Format Signature").
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+#: The signature may follow a user block of 512, 1024, 2048... bytes; offsets looked at.
+_HDF5_OFFSETS = tuple([0] + [512 << i for i in range(12)])  # up to 1 MiB
+
+
+def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
+    """Return the first ``n`` bytes of a file, ``b""`` for a directory or an unreadable file."""
+    if path.is_dir():
+        return b""
+    try:
+        with open(path, "rb") as f:
+            return f.read(n)
+    except OSError:
+        return b""
+
+
+def has_hdf5_signature(path: Path, head: bytes) -> bool:
+    """Whether the HDF5 signature is at offset 0 or after a power-of-two user block."""
+    for offset in _HDF5_OFFSETS:
+        if offset + 8 <= len(head):
+            if head[offset : offset + 8] == HDF5_SIGNATURE:
+                return True
+            continue
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                if f.read(8) == HDF5_SIGNATURE:
+                    return True
+        except OSError:
+            return False
+    return False
+
+
+def hdf5_sniff_open(path: Path, head: bytes) -> Any:
+    """Open an HDF5 file for a structure sniffer, or return ``None`` (no signature, unreadable)."""
+    if not has_hdf5_signature(path, head):
+        return None
+    try:
+        import h5py
+
+        return h5py.File(path, "r")
+    except Exception:  # a sniffer never raises: a damaged file is simply not recognised
+        return None
+
+
+def hdf5(path: Path, head: bytes) -> bool:
+    r"""The HDF5 signature ``\x89HDF\r\n\x1a\n`` (at offset 0 or after a user block)."""
+    try:
+        return has_hdf5_signature(path, head)
+    except Exception:
+        return False
+
+
+def npy(path: Path, head: bytes) -> bool:
+    r"""The NumPy ``\x93NUMPY`` magic string at offset 0."""
+    return head.startswith(b"\x93NUMPY")
+
+
+def mib(path: Path, head: bytes) -> bool:
+    """A Merlin frame header: the file starts with ``MQ1,``."""
+    return head.startswith(b"MQ1,")
+
+
+def zarr(path: Path, head: bytes) -> bool:
+    """A directory holding ``zarr.json`` (Zarr v3) or ``.zarray``/``.zgroup`` (v2)."""
+    try:
+        return path.is_dir() and any(
+            (path / name).is_file() for name in ("zarr.json", ".zarray", ".zgroup")
+        )
+    except OSError:
+        return False
