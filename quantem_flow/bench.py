@@ -10,9 +10,13 @@ Runs, side by side in one session on a synthetic dataset written to disk:
 
 and records the bytes moved between workers during the resident queries
 (from each worker's transfer log), the placement of every chunk, the
-dashboard URL, and a Dask performance report with its JavaScript inlined
-(so it opens offline).  Everything goes to ``output_dir``:
-``report.md``, ``report.json`` and ``dask-performance-report.html``.
+dashboard URLs, a Dask performance report with its JavaScript inlined
+(so it opens offline) and, beside it, quantem-flow's own charts (the
+``/quantem-flow`` dashboard page at the end of the run: per-worker
+throughput, passes, the scan map of chunk placement, resident bytes, lost
+workers, placement log).  Everything goes to ``output_dir`` (the command
+line's default is ``./quantem-flow-bench``): ``report.md``, ``report.json``,
+``dask-performance-report.html`` and ``quantem-flow-dashboard.html``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any
 from . import operators as ops
 from .dataset import Dataset4D
 from .dataset import open as open_dataset
-from .graphs.cluster import dashboard_url
+from .graphs.cluster import dashboard_url, flow_dashboard_url
 from .graphs.execute import compute
 from .synthetic import write_synthetic
 
@@ -130,6 +134,7 @@ def run_bench(
             },
             "scheduler": runner.description,
             "dashboard": dashboard_url(c),
+            "quantem_flow_dashboard": flow_dashboard_url(c),
         },
         "dataset": {
             "path": str(data_path),
@@ -166,6 +171,7 @@ def run_bench(
         s_ring_res, t_ring_res = _median_time(ring(persisted), repeat)
         s_ring_file, t_ring_file = _median_time(ring(ds), repeat)
         holders = persisted.resident.holders()
+        charts = _write_charts(c, out / "quantem-flow-dashboard.html")
         persisted.release()
     gb = ds.read_nbytes / 1e9
     report["results"] = {
@@ -184,6 +190,13 @@ def run_bench(
             "ring_file": t_ring_file,
         },
         "chunk_placement": holders,
+    }
+    report["outputs"] = {
+        "folder": str(out),
+        "report": str(out / "report.md"),
+        "json": str(out / "report.json"),
+        "dask_performance_report": str(html),
+        "quantem_flow_charts": charts,
     }
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
     r = report["results"]
@@ -212,7 +225,25 @@ def run_bench(
         f"{r['bytes_moved_between_workers_during_resident_queries']}.",
         "",
         f"Dask performance report: {html.name} (self-contained).",
+        "quantem-flow charts (throughput per worker, passes, scan map of chunk placement, "
+        "resident bytes, lost workers, placement log): "
+        + (Path(charts).name if charts.endswith(".html") else charts),
+        f"Everything is in {out}.",
     ]
     md = out / "report.md"
     md.write_text("\n".join(lines) + "\n")
     return md
+
+
+def _write_charts(client: Any, path: Path) -> str:
+    """Write the quantem-flow dashboard's charts as they are now; return the path or why not."""
+    from .graphs.dashboard import bokeh_available, write_html
+    from .graphs.scheduler_plugin import dashboard_state
+
+    if not bokeh_available():
+        return "not written: Bokeh is not installed (pip install bokeh)"
+    state = client.run_on_scheduler(dashboard_state)
+    if state is None:
+        return "not written: the scheduler has no quantem-flow placement plugin"
+    write_html(state, path, title="quantem-flow bench: dashboard")
+    return str(path)

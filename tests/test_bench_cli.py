@@ -47,4 +47,25 @@ def test_bench_writes_a_report(tmp_path, capsys: pytest.CaptureFixture[str]) -> 
     assert r["bytes_moved_between_workers_during_resident_queries"] < 24 * 32 * 40 * 48 * 2
     html = (out / "dask-performance-report.html").read_text()
     assert "cdn.bokeh.org" not in html  # self-contained: opens offline
-    assert "| BF+ADF+CoM on resident chunks |" in (out / "report.md").read_text()
+    md = (out / "report.md").read_text()
+    assert "| BF+ADF+CoM on resident chunks |" in md
+    # quantem-flow's own charts beside Dask's report: self-contained, with the run's data
+    charts = out / "quantem-flow-dashboard.html"
+    assert report["outputs"]["quantem_flow_charts"] == str(charts)
+    assert "quantem-flow-dashboard.html" in md and f"Everything is in {out}." in md
+    page = charts.read_text()
+    assert "cdn.bokeh.org" not in page
+    for name in ("qf-throughput", "qf-scan-map", "qf-resident", "qf-progress", "qf-log"):
+        assert f'"name":"{name}"' in page.replace(" ", ""), name
+    assert report["machine"]["quantem_flow_dashboard"].endswith("/quantem-flow")
+
+
+def test_bench_output_folder_is_ignored_by_git() -> None:
+    from pathlib import Path
+
+    from quantem_flow.cli import _parser
+
+    default = _parser().parse_args(["bench"]).output_dir
+    assert default == "quantem-flow-bench"
+    ignored = (Path(__file__).resolve().parents[1] / ".gitignore").read_text().split()
+    assert f"/{default}/" in ignored

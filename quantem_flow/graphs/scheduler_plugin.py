@@ -63,6 +63,7 @@ __all__ = [
     "PLUGIN_NAME",
     "REPORT_HANDLER",
     "PlacementSchedulerPlugin",
+    "dashboard_state",
     "dask_setup",
     "ensure_placement",
     "pass_events",
@@ -668,6 +669,12 @@ def pass_events(cursor: int, dask_scheduler: Any = None) -> list[dict[str, Any]]
     """Return the departures recorded since ``cursor`` (``client.run_on_scheduler``)."""
     plugin = _plugin(dask_scheduler)
     return [] if plugin is None else plugin.departures_since(int(cursor))
+
+
+def dashboard_state(dask_scheduler: Any = None) -> dict[str, Any] | None:
+    """Return the plugin's dashboard state (``client.run_on_scheduler``), ``None`` without it."""
+    plugin = _plugin(dask_scheduler)
+    return None if plugin is None else plugin.state()
 
 
 def dask_setup(scheduler: Any) -> None:
