@@ -15,6 +15,31 @@ thresholds.  In processed mode a quad frame is already assembled (for
 example 512 x 512), so every record has the same size and the file is read
 through a memory map.  An optional Merlin ``.hdr`` acquisition header next
 to the file (same stem) is reported in the metadata.
+
+Raw mode (pixel depth ``R64``) stores the counters as the chip reads them
+out: a stream of big-endian 64-bit words, each holding ``64 / s`` pixels in
+slots of ``s`` bits, the first pixel in the least significant slot.  The
+counter depth (the field after ``MQ1A``, the extended time stamp and the
+shutter time in ns; the last field of older headers) gives the slot:
+
+==============  =====  ===================  ==============
+counter depth   slot   bytes per pixel      decoded dtype
+==============  =====  ===================  ==============
+1               1 bit  1/8                  uint8
+6               8 bit  1                    uint8
+12              16 bit 2                    uint16
+24              16 bit 4 (two sub-frames)   uint32
+==============  =====  ===================  ==============
+
+A 24-bit frame is two 12-bit sub-frames after one header, the first holding
+the 12 most significant bits; its header declares the width of both
+(twice the frame's width).  Pixels come in row-major order of the frame.
+The word layout is not in the Merlin manual's public pages; it is the
+layout that open-source Merlin readers (LiberTEM) decode and that Quantum
+Detectors' own tools were checked against by those projects.  The 24-bit
+width convention rests on the same source only.  Raw mode of a multi-chip
+sensor (quad, ``2x2``) interleaves the chips' rows and is refused with an
+error rather than decoded on a guess.
 """
 
 from __future__ import annotations
@@ -27,7 +52,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..calibration import Calibration
-from ..errors import FormatError
+from ..errors import CorruptChunkError, FormatError, ShapeError
 from .base import (
     FrameSource,
     SourceIdentity,
@@ -38,10 +63,26 @@ from .base import (
 )
 from .raw import RawSource
 
-__all__ = ["MIB_DTYPES", "MerlinSource", "parse_hdr", "parse_mib_header"]
+__all__ = [
+    "MIB_DTYPES",
+    "RAW_DEPTHS",
+    "MerlinSource",
+    "decode_raw_frames",
+    "parse_hdr",
+    "parse_mib_header",
+    "raw_payload_bytes",
+]
 
 #: On-disk dtype of each processed-mode pixel depth.
 MIB_DTYPES: dict[str, str] = {"U08": ">u1", "U16": ">u2", "U32": ">u4"}
+#: Raw mode (``R64``): counter depth -> (bits of a pixel's slot in a 64-bit word,
+#: decoded dtype).
+RAW_DEPTHS: dict[int, tuple[int, str]] = {
+    1: (1, "u1"),
+    6: (8, "u1"),
+    12: (16, "u2"),
+    24: (16, "u4"),
+}
 
 _PROBE_BYTES = 4096
 _FIELD_NAMES = (
@@ -123,15 +164,20 @@ def parse_mib_header(raw: bytes, path: Path) -> dict[str, Any]:
                 "integer"
             ) from exc
     depth = out["pixel_depth"]
-    if depth.startswith("R"):
+    if depth not in MIB_DTYPES and depth != "R64":
         raise FormatError(
-            f"{str(path)!r} holds raw (unprocessed) mode MIB data (pixel depth {depth!r}); raw "
-            "mode .mib files are not supported. Record in processed mode (U08/U16/U32), or "
-            "convert the file with the Merlin software first"
+            f"{str(path)!r} has pixel depth {depth!r}; expected one of "
+            f"{[*sorted(MIB_DTYPES), 'R64']}"
         )
-    if depth not in MIB_DTYPES:
+    counter_depth = _counter_depth(fields)
+    if counter_depth is not None and (depth == "R64" or "MQ1A" in fields):
+        out["counter_depth"] = counter_depth
+    if depth == "R64" and counter_depth not in RAW_DEPTHS:
         raise FormatError(
-            f"{str(path)!r} has pixel depth {depth!r}; expected one of {sorted(MIB_DTYPES)}"
+            f"the MQ1 header of {str(path)!r} has pixel depth 'R64' (raw mode) but its counter "
+            f"depth field gives {_counter_depth_text(fields)!r}; expected one of "
+            f"{sorted(RAW_DEPTHS)} (the field after 'MQ1A', time stamp and shutter ns, or the "
+            "last field). The header is damaged or from an unknown Merlin version"
         )
     try:
         out["shutter_time_s"] = float(out["shutter_time_s"])
@@ -145,6 +191,86 @@ def parse_mib_header(raw: bytes, path: Path) -> dict[str, Any]:
             break
     if thresholds:
         out["thresholds"] = thresholds
+    return out
+
+
+def _counter_depth_text(fields: list[str]) -> str | None:
+    stripped = [f.strip().strip("\x00").strip() for f in fields]
+    if "MQ1A" in stripped:
+        i = stripped.index("MQ1A")
+        return stripped[i + 3] if i + 3 < len(stripped) else None
+    rest = [f for f in stripped if f]
+    return rest[-1] if rest else None
+
+
+def _counter_depth(fields: list[str]) -> int | None:
+    """The counter depth of a header's fields, or ``None`` when absent or not an integer."""
+    text = _counter_depth_text(fields)
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def raw_payload_bytes(counter_depth: int, n_pixels: int) -> int:
+    """Bytes of one raw-mode (``R64``) frame of ``n_pixels`` pixels after its header.
+
+    Parameters
+    ----------
+    counter_depth
+        1, 6, 12 or 24.
+    n_pixels
+        Pixels of the decoded frame.
+
+    Returns
+    -------
+    int
+        ``n_pixels * slot / 8`` (twice that for 24 bits: two 12-bit sub-frames).
+    """
+    slot, _ = RAW_DEPTHS[counter_depth]
+    subframes = 2 if counter_depth == 24 else 1
+    return subframes * n_pixels * slot // 8
+
+
+def _unswap(payload: np.ndarray, slot: int) -> np.ndarray:
+    """Pixels of big-endian 64-bit words, first pixel in the least significant slot."""
+    n = payload.shape[0]
+    words = payload.reshape(n, -1, 8)
+    if slot == 1:
+        return np.unpackbits(words[:, :, ::-1], axis=-1, bitorder="little").reshape(n, -1)
+    if slot == 8:
+        return words[:, :, ::-1].reshape(n, -1)
+    values = words.view(">u2")  # slot == 16: four big-endian 16-bit values per word
+    return values[:, :, ::-1].reshape(n, -1)
+
+
+def decode_raw_frames(payload: np.ndarray, counter_depth: int, *, out: np.ndarray) -> np.ndarray:
+    """Decode raw-mode (``R64``) frames into ``out``.
+
+    Parameters
+    ----------
+    payload
+        ``(n, raw_payload_bytes(...))`` uint8: the frames' bytes after their headers.
+    counter_depth
+        1, 6, 12 or 24.
+    out
+        ``(n, k_r, k_c)`` array of the decoded dtype (:data:`RAW_DEPTHS`), filled.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``out``.
+    """
+    n = out.shape[0]
+    flat = out.reshape(n, -1)
+    slot, _ = RAW_DEPTHS[counter_depth]
+    if counter_depth == 24:
+        half = payload.shape[1] // 2
+        flat[...] = _unswap(payload[:, :half], slot)  # the 12 most significant bits
+        flat <<= 12
+        flat += _unswap(payload[:, half:], slot)
+    else:
+        flat[...] = _unswap(payload, slot)
     return out
 
 
@@ -205,14 +331,25 @@ class MerlinSource(FrameSource):
         head = int(self._header["header_bytes"])
         self._first_header = probe[:head]
         rows, cols = int(self._header["height"]), int(self._header["width"])
-        self._file_dtype = np.dtype(MIB_DTYPES[self._header["pixel_depth"]])
-        record = head + rows * cols * self._file_dtype.itemsize
+        self._counter_depth: int | None = None
+        if self._header["pixel_depth"] == "R64":
+            self._counter_depth = int(self._header["counter_depth"])
+            rows, cols = self._raw_frame_shape(rows, cols)
+            self._file_dtype = np.dtype(RAW_DEPTHS[self._counter_depth][1])
+            payload = raw_payload_bytes(self._counter_depth, rows * cols)
+            layout = (
+                f"{head}-byte header + {payload} bytes of raw {self._counter_depth}-bit counters"
+            )
+        else:
+            self._file_dtype = np.dtype(MIB_DTYPES[self._header["pixel_depth"]])
+            payload = rows * cols * self._file_dtype.itemsize
+            layout = f"{head}-byte header + {rows} x {cols} x {self._file_dtype.itemsize} bytes"
+        record = head + payload
         if size < record or size % record:
             raise FormatError(
                 f"{str(self._path)!r} holds {size} bytes but its frame records are {record} bytes "
-                f"({head}-byte header + {rows} x {cols} x {self._file_dtype.itemsize} bytes), "
-                f"which makes {size / record:.4g} frames, not a whole number; the file is "
-                "truncated (an interrupted acquisition?) or its records differ in size"
+                f"({layout}), which makes {size / record:.4g} frames, not a whole number; the "
+                "file is truncated (an interrupted acquisition?) or its records differ in size"
             )
         n_frames = size // record
         with open(self._path, "rb") as f:
@@ -237,14 +374,43 @@ class MerlinSource(FrameSource):
             path=self._path,
             frame_offset=frame_offset,
         )
-        self._raw = RawSource(
-            self._path,
-            dtype=self._file_dtype,
-            frame_shape=(rows, cols),
-            scan_shape=self._scan.shape,
-            frame_header_bytes=head,
-            frame_offset=frame_offset,
-        )
+        self._raw: RawSource | None = None
+        if self._counter_depth is None:
+            self._raw = RawSource(
+                self._path,
+                dtype=self._file_dtype,
+                frame_shape=(rows, cols),
+                scan_shape=self._scan.shape,
+                frame_header_bytes=head,
+                frame_offset=frame_offset,
+            )
+
+    def _raw_frame_shape(self, height: int, width: int) -> tuple[int, int]:
+        """The decoded frame shape of a raw-mode header, checked against the 64-bit words."""
+        depth = self._counter_depth
+        assert depth is not None
+        if int(self._header["n_chips"]) != 1:
+            raise FormatError(
+                f"{str(self._path)!r} holds raw-mode (R64) frames of a {self._header['n_chips']}-"
+                f"chip sensor (layout {self._header.get('sensor_layout')!r}); raw mode of a "
+                "multi-chip sensor interleaves the chips' rows and is not decoded. Record in "
+                "processed mode (U08/U16/U32), which stores assembled frames"
+            )
+        if depth == 24:
+            if width % 2:
+                raise FormatError(
+                    f"the MQ1 header of {str(self._path)!r} declares a 24-bit raw frame of odd "
+                    f"width {width}; expected twice the frame width (two 12-bit sub-frames)"
+                )
+            width //= 2
+        slot = RAW_DEPTHS[depth][0]
+        if (height * width * slot) % 64:
+            raise FormatError(
+                f"the MQ1 header of {str(self._path)!r} declares a raw {depth}-bit frame of "
+                f"{height} x {width} pixels, which does not fill whole 64-bit words of "
+                f"{64 // slot} pixels; the header is damaged"
+            )
+        return height, width
 
     # -- properties --------------------------------------------------------------
     @property
@@ -275,7 +441,13 @@ class MerlinSource(FrameSource):
         """First frame header fields, the ``.hdr`` content and the record layout."""
         return {
             "header": dict(self._header),
-            "stored_dtype": self._file_dtype.str,
+            "stored_dtype": (
+                self._file_dtype.str
+                if self._counter_depth is None
+                else f"R64 (raw, {self._counter_depth}-bit counters)"
+            ),
+            "raw_mode": self._counter_depth is not None,
+            "counter_depth": self._header.get("counter_depth"),
             "record_bytes": self._record,
             "last_sequence_number": self._last_sequence,
             "quad": int(self._header["n_chips"]) == 4,
@@ -291,12 +463,48 @@ class MerlinSource(FrameSource):
 
     # -- reading -------------------------------------------------------------------
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
-        """Read frames ``[start, stop)`` without their headers, in native byte order."""
-        return self._raw.read_frames(start, stop, out=out)
+        """Read frames ``[start, stop)`` without their headers, in native byte order.
+
+        Raw-mode frames are decoded (:func:`decode_raw_frames`); each record's
+        header is checked to start with ``MQ1,``.
+        """
+        if self._raw is not None:
+            return self._raw.read_frames(start, stop, out=out)
+        if not 0 <= start < stop <= self._n_frames:
+            raise ShapeError(
+                f"frames [{start}, {stop}) are outside the {self._n_frames} frames of "
+                f"{str(self._path)!r}"
+            )
+        n = stop - start
+        shape = (n, *self._frame_shape)
+        if out is None or out.shape != shape or out.dtype != self._dtype:
+            out = np.empty(shape, dtype=self._dtype)
+        records = np.empty((n, self._record), dtype=np.uint8)
+        with open(self._path, "rb") as f:
+            f.seek(start * self._record)
+            got = f.readinto(memoryview(records).cast("B"))
+        if got != records.nbytes:
+            raise CorruptChunkError(
+                f"{str(self._path)!r}: frames [{start}, {stop}) need {records.nbytes} bytes from "
+                f"byte {start * self._record} but {got} were read; the file was truncated after "
+                "it was opened"
+            )
+        head = int(self._header["header_bytes"])
+        bad = np.flatnonzero((records[:, :4] != np.frombuffer(b"MQ1,", np.uint8)).any(axis=1))
+        if bad.size:
+            raise CorruptChunkError(
+                f"{str(self._path)!r}: the record of frame {start + int(bad[0])} (byte "
+                f"{(start + int(bad[0])) * self._record}) does not start with an 'MQ1,' header; "
+                f"expected records of {self._record} bytes. The headers differ in size between "
+                "frames or the file is damaged"
+            )
+        assert self._counter_depth is not None
+        return decode_raw_frames(records[:, head:], self._counter_depth, out=out)
 
     def close(self) -> None:
         """Drop the memory map."""
-        self._raw.close()
+        if self._raw is not None:
+            self._raw.close()
 
 
 def _sequence(header: bytes) -> int | None:

@@ -300,11 +300,12 @@ def test_not_a_mib_file_raises(tmp_path: Path) -> None:
         open_source(p, scan_shape=(1, 1))
 
 
-def test_mib_raw_mode_is_refused(tmp_path: Path) -> None:
+def test_mib_raw_mode_records_of_the_wrong_size_raise(tmp_path: Path) -> None:
+    # R64 is decoded (tests/io/test_mib.py); 8 bytes a pixel is not a 12-bit raw record.
     p = writers.write_mib(tmp_path / "r.mib", _frames(2, (256, 256)), depth="R64")
     with pytest.raises(FormatError) as info:
         open_source(p, scan_shape=(1, 2))
-    assert "raw" in str(info.value) and "not supported" in str(info.value)
+    assert "raw 12-bit counters" in str(info.value) and "not a whole number" in str(info.value)
 
 
 # -- metadata and format-specific choices ---------------------------------------------------

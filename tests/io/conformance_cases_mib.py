@@ -1,0 +1,29 @@
+"""Conformance cases of Merlin raw-mode (``R64``) ``.mib`` files, counter depths 1 to 24."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from .test_reader_conformance import Case
+from .writers_mib import write_raw_mib
+
+_DTYPES = {1: "uint8", 6: "uint8", 12: "uint16", 24: "uint32"}
+
+
+def _raw(depth: int) -> Callable[[Path, np.random.Generator], Case]:
+    def make(tmp: Path, rng: np.random.Generator) -> Case:
+        scan, detector = (2, 3), (8, 16)  # rectangular scan and detector; 128 px = whole words
+        a = rng.integers(0, 2**depth - 1, size=(*scan, *detector), endpoint=True)
+        a = a.astype(_DTYPES[depth])
+        p = write_raw_mib(tmp / "raw.mib", a.reshape(-1, *detector), counter_depth=depth)
+        return Case(p, {"scan_shape": scan}, a, "mib")
+
+    return make
+
+
+CASES: dict[str, Callable[[Path, np.random.Generator], Case]] = {
+    f"mib-R64-{depth}bit": _raw(depth) for depth in (1, 6, 12, 24)
+}
