@@ -528,7 +528,11 @@ class Placement:
         n_planned = {a: sum(1 for x in self.planned.values() if x == a) for a in capable}
 
         def rank(a: str) -> tuple[float, int, str]:
-            return (-self.free(a, task.runtime), n_planned[a], a)
+            # ranked by the runtime's own budget left (identical workers tie and take turns:
+            # their pools differ by the few bytes their processes differ); pools only admit
+            budget = self.workers[a].budgets.get(task.runtime)
+            own = float("inf") if budget is None else budget - self.used(a, task.runtime)
+            return (-own, n_planned[a], a)
 
         ordered = sorted(capable, key=rank)
         if task.need and not any(self.fits(a, task) for a in ordered):
