@@ -1,0 +1,142 @@
+"""TIA .ser reader: row order, scan dimensions, .emi metadata, damaged and lying files."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from quantem_flow.errors import DtypeError, FormatError, ScanShapeError
+from quantem_flow.io.ser import SerSource, sniff
+
+from .writers_ser import write_emi, write_ser
+
+
+def _data(shape: tuple[int, int, int, int] = (3, 4, 5, 7), dtype: str = "uint16") -> np.ndarray:
+    rng = np.random.default_rng()
+    return rng.integers(0, 60000, size=shape).astype(dtype)
+
+
+def test_rows_are_returned_top_first_and_noted(tmp_path: Path) -> None:
+    a = _data()
+    p = write_ser(tmp_path / "s_1.ser", a)
+    # The writer stored the bottom row first, as TIA does.
+    raw = p.read_bytes()
+    assert sniff(p, raw[:4096])
+    src = SerSource(p)
+    first = src.read((0, 1), (0, 1))[0, 0]
+    np.testing.assert_array_equal(first, a[0, 0])
+    assert not np.array_equal(first, a[0, 0, ::-1])
+    np.testing.assert_array_equal(src.read((0, 3), (0, 4)), a)
+    np.testing.assert_array_equal(src.read((1, 3), (1, 3)), a[1:3, 1:3])
+    assert any("bottom to top" in n for n in src.notes)
+    clone = pickle.loads(pickle.dumps(src))
+    np.testing.assert_array_equal(clone.read((2, 3), (0, 4)), a[2:])
+
+
+@pytest.mark.parametrize("version", [0x0210, 0x0220])
+def test_dimensions_give_scan_shape_and_step(tmp_path: Path, version: int) -> None:
+    a = _data((2, 5, 4, 3), "float32")
+    p = write_ser(tmp_path / "d_1.ser", a, version=version, step_m=(3e-10, 1e-9))
+    src = SerSource(p)
+    assert src.shape == (2, 5, 4, 3)
+    cal = src.calibration
+    assert cal is not None
+    assert cal.scan_sampling == pytest.approx((0.3, 1.0))
+    assert cal.scan_units == "nm"
+    assert cal.detector_units == "px"
+    assert cal.accelerating_voltage_kV is None  # no .emi
+    md = src.metadata
+    assert md["scan_shape_from"].startswith("the .ser dimension records")
+    assert md["dimensions"][0]["units"] == "meters"
+    assert md["element_calibration"]["x"]["delta"] == 1e7
+    assert md["first_positions_m"][1] == pytest.approx([1e-9, 0.0])
+
+
+def test_emi_gives_voltage_and_can_be_opened(tmp_path: Path) -> None:
+    a = _data((2, 3, 4, 4))
+    p = write_ser(tmp_path / "acq_1.ser", a)
+    emi = write_emi(tmp_path / "acq.emi", high_tension_kv=200.0)
+    src = SerSource(p)
+    assert src.calibration is not None
+    assert src.calibration.accelerating_voltage_kV == 200.0
+    assert str(emi.resolve()) in src.identity.paths
+    assert src.metadata["emi"]["ExperimentalDescription/High tension [kV]"] == "200.0"
+    assert src.metadata["emi"]["AcquireInfo/CameraNamePath"] == "BM-Ceta"
+    via_emi = SerSource(emi)
+    np.testing.assert_array_equal(via_emi.read((0, 2), (0, 3)), a)
+    assert any(".emi file" in n for n in via_emi.notes)
+
+
+def test_non_metre_units_leave_the_scan_uncalibrated(tmp_path: Path) -> None:
+    p = write_ser(tmp_path / "u_1.ser", _data((2, 3, 4, 4)), units="")
+    assert SerSource(p).calibration is None
+
+
+def test_one_dimensional_series_needs_a_scan_shape(tmp_path: Path) -> None:
+    a = _data((3, 4, 2, 2))
+    p = write_ser(tmp_path / "n_1.ser", a, ndim=1, positions=False)
+    with pytest.raises(ScanShapeError, match=r"n_1\.ser.*12 frames"):
+        SerSource(p)
+    np.testing.assert_array_equal(SerSource(p, scan_shape=(3, 4)).read((0, 3), (0, 4)), a)
+
+
+def test_aborted_acquisition_says_what_to_pass(tmp_path: Path) -> None:
+    a = _data((3, 4, 2, 2))
+    p = write_ser(tmp_path / "ab_1.ser", a, valid=8)
+    with pytest.raises(ScanShapeError, match=r"ValidNumberElements is 8 of 12.*\(2, 4\)"):
+        SerSource(p)
+    np.testing.assert_array_equal(SerSource(p, scan_shape=(2, 4)).read((0, 2), (0, 4)), a[:2])
+
+
+def test_column_major_scan_is_refused(tmp_path: Path) -> None:
+    p = write_ser(tmp_path / "cm_1.ser", _data((3, 4, 2, 2)), column_major=True)
+    with pytest.raises(FormatError, match=r"cm_1\.ser.*column by column"):
+        SerSource(p)
+
+
+def test_truncated_file(tmp_path: Path) -> None:
+    # Drop all tags and part of the last element.
+    p = write_ser(tmp_path / "t_1.ser", _data((2, 3, 4, 4)), positions=False, truncate_by=60)
+    with pytest.raises(FormatError, match=r"t_1\.ser.*element 5.*truncated"):
+        SerSource(p)
+
+
+def test_lying_element_size(tmp_path: Path) -> None:
+    p = write_ser(tmp_path / "e_1.ser", _data((2, 3, 4, 4)), element_overrides={"ArraySizeX": 4000})
+    with pytest.raises(FormatError, match=r"e_1\.ser.*ArraySizeX=4000"):
+        SerSource(p)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error", "match"),
+    [
+        ("DataTypeID", 0x4120, FormatError, "1-D elements"),
+        ("DataTypeID", 0x1234, FormatError, "DataTypeID is 0x1234"),
+        ("ValidNumberElements", 99, FormatError, "ValidNumberElements is 99"),
+        ("TotalNumberElements", 10**6, FormatError, "OffsetArrayOffset"),
+    ],
+)
+def test_lying_header(
+    tmp_path: Path, field: str, value: int, error: type[Exception], match: str
+) -> None:
+    p = write_ser(tmp_path / "h_1.ser", _data((2, 3, 4, 4)), header_overrides={field: value})
+    with pytest.raises(error, match=match):
+        SerSource(p)
+
+
+def test_complex_elements_are_refused(tmp_path: Path) -> None:
+    p = write_ser(tmp_path / "c_1.ser", _data((2, 3, 4, 4)), element_overrides={"DataType": 9})
+    with pytest.raises(DtypeError, match="DataType is 9"):
+        SerSource(p)
+
+
+def test_not_a_ser_file(tmp_path: Path) -> None:
+    p = tmp_path / "x.ser"
+    p.write_bytes(b"MM" + bytes(100))
+    assert not sniff(p, p.read_bytes())
+    with pytest.raises(FormatError, match="TIA series header"):
+        SerSource(p)
+    assert not sniff(tmp_path, b"")
