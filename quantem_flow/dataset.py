@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,7 +18,7 @@ import numpy as np
 from . import config
 from .calibration import Calibration
 from .errors import DtypeError, ParameterError, ShapeError
-from .io import Source, open_source
+from .io import Source, open_source_explained
 from .io.base import sidecar_calibration
 from .representations import get_representation
 from .representations.base import describe_options
@@ -75,8 +75,10 @@ class Dataset4D:
         _resident: Any = None,
         _representation: str | None = None,
         _representation_options: dict[str, Any] | None = None,
+        _opened: Mapping[str, Any] | None = None,
     ):
         self._source = source
+        self._opened = dict(_opened or {})
         R, C, kr, kc = source.shape
         self._scan_block: Region = _scan_block or (0, R, 0, C)
         self._detector_ops = _detector_ops
@@ -242,6 +244,7 @@ class Dataset4D:
             "n_chunks": len(self.chunks),
             "nbytes": self.nbytes,
             "calibration": self._calibration.to_dict(),
+            **self._opened,
         }
 
     def __repr__(self) -> str:
@@ -263,6 +266,7 @@ class Dataset4D:
             "_detector_ops": self._detector_ops,
             "_representation": self._representation,
             "_representation_options": self._representation_options,
+            "_opened": self._opened,
         }
         kwargs.update(changes)
         return type(self)(self._source, **kwargs)
@@ -283,7 +287,11 @@ class Dataset4D:
         cal = calibration or self._calibration
         if fields:
             cal = cal.replace(**fields)
-        return self._derive(calibration=cal, _resident=self._resident)
+        opened = dict(self._opened)
+        if cal != self._calibration:
+            opened.update(_override_record(self._calibration, cal, opened.get("calibration_from")))
+            opened["calibration_from"] = "given (with_calibration)"
+        return self._derive(calibration=cal, _resident=self._resident, _opened=opened)
 
     # -- residency -----------------------------------------------------------------------
     def persist(self, *, client: Any = None, backend: str = "auto") -> Dataset4D:
@@ -593,7 +601,7 @@ def open(
         The lazy dataset.
     """
     verify = reader_options.pop("verify", None)
-    source = open_source(path_or_array, format=format, **reader_options)
+    source, format_from = open_source_explained(path_or_array, format=format, **reader_options)
     notes: list[str] = []
     if verify not in (None, "none", "checksums"):
         raise ParameterError(f"verify must be None, 'none' or 'checksums', got {verify!r}")
@@ -605,28 +613,59 @@ def open(
                 "unchecked"
             )
         notes.append(f"integrity: {how}")
-    cal: Calibration | None
-    if isinstance(calibration, dict):
-        cal = Calibration.from_dict(calibration)
+    metadata = source.metadata
+    # What the input itself records: a JSON sidecar (written by a person) wins over the file.
+    path = getattr(source, "path", None)
+    found: Calibration | None = sidecar_calibration(path) if path is not None else None
+    found_from = f"JSON sidecar next to {str(path)!r}" if found is not None else None
+    if found is None and source.calibration is not None:
+        found = source.calibration
+        found_from = metadata.get("calibration_from") or f"read from the {source.format} file"
+    opened: dict[str, Any] = {
+        "format_from": format_from,
+        "scan_shape_from": metadata.get("scan_shape_from", f"the {source.format} input's shape"),
+    }
+    cal: Calibration
+    if isinstance(calibration, (dict, Calibration)):
+        cal = Calibration.from_dict(calibration) if isinstance(calibration, dict) else calibration
         how = "given"
-    elif isinstance(calibration, Calibration):
-        cal = calibration
-        how = "given"
+        opened["calibration_from"] = "given (calibration=)"
+        if found is not None and found != cal:
+            # Explicit values win; what the file said is kept in provenance.
+            record = _override_record(found, cal, found_from)
+            opened.update(record)
+            notes.append(
+                f"calibration: the given calibration overrides the one {found_from} records "
+                f"(differing fields: {sorted(record['calibration_overridden']['fields'])})"
+            )
     elif calibration is None:
-        path = getattr(source, "path", None)
-        cal = sidecar_calibration(path) if path is not None else None
-        how = "sidecar"
-        if cal is None and source.calibration is not None:
-            cal = source.calibration
-            how = f"read from the {source.format} file"
-        if cal is None:
+        if found is not None:
+            cal = found
+            how = str(found_from)
+            opened["calibration_from"] = found_from
+        else:
             cal = Calibration()
             how = "none (all axes uncalibrated px)"
+            opened["calibration_from"] = "none (all axes uncalibrated px)"
     else:
         raise ParameterError(
             f"calibration must be a Calibration, a dict or None, got {type(calibration).__name__}"
         )
     notes.append(f"calibration: {how}")
     return Dataset4D(
-        source, calibration=cal, chunk_rows=chunk_rows, chunk_mib=chunk_mib, notes=notes
+        source,
+        calibration=cal,
+        chunk_rows=chunk_rows,
+        chunk_mib=chunk_mib,
+        notes=notes,
+        _opened=opened,
     )
+
+
+def _override_record(old: Calibration, new: Calibration, old_from: Any) -> dict[str, Any]:
+    """The provenance entry of an explicit calibration replacing another one."""
+    a, b = old.to_dict(), new.to_dict()
+    fields = {k: {"was": a[k], "now": b[k]} for k in a if a[k] != b.get(k)}
+    return {
+        "calibration_overridden": {"from": old_from, "calibration": a, "fields": fields},
+    }
