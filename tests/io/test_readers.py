@@ -430,3 +430,253 @@ def test_mib_metadata_and_hdr(tmp_path: Path) -> None:
     # The .hdr is metadata only: it never sets the scan shape.
     with pytest.raises(ScanShapeError):
         open_source(p)
+
+
+# -- EMPAD: the scan shape rule and the XML's calibration (issue 15) -----------------------
+
+
+def _empad_xml(raw_name: str, body: str) -> str:
+    return f'<?xml version="1.0"?>\n<root><raw_file filename="{raw_name}"/>{body}</root>\n'
+
+
+def _acquire(rows: int, cols: int, mode: str = "acquire") -> str:
+    return (
+        f'<scan_parameters mode="{mode}"><scan_resolution_x>{cols}</scan_resolution_x>'
+        f"<scan_resolution_y>{rows}</scan_resolution_y></scan_parameters>"
+    )
+
+
+def test_empad_older_file_scan_shape_from_pix_fields(tmp_path: Path) -> None:
+    # The issue's file: 16 frames, acquire parameters of another scan, root <pix_x>/<pix_y> 4x4.
+    a = np.random.default_rng().standard_normal((4, 4, 128, 128)).astype(np.float32)
+    xml = writers.write_empad(tmp_path, "scan_x4_y4", a)
+    xml.write_text(
+        _empad_xml("scan_x4_y4.raw", _acquire(256, 256) + "<pix_x>4</pix_x><pix_y>4</pix_y>")
+    )
+    src = open_source(xml)
+    assert src.shape[:2] == (4, 4)
+    assert src.metadata["scan_shape_from"].startswith("XML <pix_x>/<pix_y>")
+    assert any("(256, 256) from XML <scan_parameters mode='acquire'>" in n for n in src.notes)
+    np.testing.assert_array_equal(src.read((0, 4), (0, 4)), a)
+
+
+def test_empad_pix_fields_give_a_rectangular_scan_before_search(tmp_path: Path) -> None:
+    a = np.random.default_rng().standard_normal((2, 4, 128, 128)).astype(np.float32)
+    xml = writers.write_empad(tmp_path, "acq", a)
+    # search 8x1 also has 8 frames, but pix_x/pix_y come first in the rule.
+    body = _acquire(9, 9) + _acquire(8, 1, "search") + "<pix_x>4</pix_x><pix_y>2</pix_y>"
+    xml.write_text(_empad_xml("acq.raw", body))
+    src = open_source(xml)
+    assert src.shape[:2] == (2, 4)
+    np.testing.assert_array_equal(src.read((1, 2), (0, 1))[0, 0], a[1, 0])
+
+
+def test_empad_scan_shape_from_the_raw_file_name(tmp_path: Path) -> None:
+    a = np.zeros((2, 3, 128, 128), np.float32)
+    xml = writers.write_empad(tmp_path, "scan_x3_y2", a)
+    xml.write_text(_empad_xml("scan_x3_y2.raw", _acquire(9, 9)))
+    src = open_source(xml)
+    assert src.shape[:2] == (2, 3)
+    assert src.metadata["scan_shape_from"].startswith("raw file name 'scan_x3_y2.raw'")
+
+
+def test_empad_no_recorded_shape_fits_lists_them_all(tmp_path: Path) -> None:
+    xml = writers.write_empad(tmp_path, "acq", np.zeros((2, 3, 128, 128), np.float32))
+    body = _acquire(9, 9) + _acquire(5, 5, "search") + "<pix_x>7</pix_x><pix_y>7</pix_y>"
+    xml.write_text(_empad_xml("acq.raw", body))
+    with pytest.raises(ScanShapeError) as info:
+        open_source(xml)
+    msg = str(info.value)
+    for part in ("(9, 9) = 81 frames", "(7, 7) = 49 frames", "(5, 5) = 25 frames", "6 frames"):
+        assert part in msg
+    assert "scan_shape=(rows, cols)" in msg
+
+
+def _empad_with_calibration(tmp_path: Path, fields: str, padding: int = 0) -> Path:
+    xml = writers.write_empad(tmp_path, "acq", np.zeros((2, 3, 128, 128), np.float32))
+    filler = "".join(f"<f{i}>{i}</f{i}>" for i in range(padding))
+    body = _acquire(2, 3) + filler + f"<iom_measurements>{fields}</iom_measurements>"
+    xml.write_text(_empad_xml("acq.raw", body))
+    return xml
+
+
+def test_empad_voltage_and_mrad_per_pixel_from_the_xml(tmp_path: Path) -> None:
+    import quantem_flow as qf
+
+    # 250 other fields first: the calibration is read wherever it is in the file.
+    xml = _empad_with_calibration(
+        tmp_path,
+        "<high_voltage>300000</high_voltage>"
+        "<calibrated_diffraction_angle>0.00025</calibrated_diffraction_angle>",
+        padding=250,
+    )
+    expected = Calibration(
+        detector_sampling=0.25, detector_units="mrad", accelerating_voltage_kV=300.0
+    )
+    src = open_source(xml)
+    assert src.calibration == expected
+    how = src.metadata["calibration_from"]
+    assert "high_voltage = 300000 V -> 300 kV" in how
+    assert "calibrated_diffraction_angle = 0.00025 rad/px -> 0.25 mrad/px" in how
+    ds = qf.open(xml)
+    assert ds.calibration == expected
+    assert ds.describe()["calibration_from"] == how
+    assert ds.describe()["scan_shape_from"] == "XML <scan_parameters mode='acquire'>"
+
+
+def test_empad_second_generation_voltage_field(tmp_path: Path) -> None:
+    xml = _empad_with_calibration(
+        tmp_path, "<ColumnSourceHighVoltage>200000.0</ColumnSourceHighVoltage>"
+    )
+    cal = open_source(xml).calibration
+    assert cal == Calibration(accelerating_voltage_kV=200.0)
+    assert cal is not None and cal.detector_units == "px"
+
+
+def test_empad_implausible_xml_values_are_not_used_and_noted(tmp_path: Path) -> None:
+    xml = _empad_with_calibration(
+        tmp_path,
+        "<high_voltage>300</high_voltage>"  # kV written where volts belong
+        "<calibrated_diffraction_angle>0.5</calibrated_diffraction_angle>",
+    )
+    src = open_source(xml)
+    assert src.calibration is None
+    assert any("0.3 kV, outside 10-2000 kV" in n for n in src.notes)
+    assert any("500 mrad, outside (0, 100] mrad" in n for n in src.notes)
+
+
+def test_an_explicit_calibration_wins_and_the_override_is_recorded(tmp_path: Path) -> None:
+    import quantem_flow as qf
+    from quantem_flow.operators.base import dataset_provenance
+
+    xml = _empad_with_calibration(
+        tmp_path,
+        "<high_voltage>300000</high_voltage>"
+        "<calibrated_diffraction_angle>0.00025</calibrated_diffraction_angle>",
+    )
+    given = Calibration(detector_sampling=0.3, detector_units="mrad", accelerating_voltage_kV=300)
+    ds = qf.open(xml, calibration=given)
+    assert ds.calibration == given
+    prov = dataset_provenance(ds)["dataset"]
+    assert prov["calibration_from"] == "given (calibration=)"
+    over = prov["calibration_overridden"]
+    assert over["from"].startswith("EMPAD XML")
+    assert over["fields"] == {"detector_sampling": {"was": [0.25, 0.25], "now": [0.3, 0.3]}}
+    assert over["calibration"]["detector_sampling"] == [0.25, 0.25]
+    assert any("given calibration overrides" in n for n in ds.notes)
+    # The same values as the file's: nothing is overridden.
+    same = qf.open(xml, calibration=open_source(xml).calibration)
+    assert "calibration_overridden" not in same.describe()
+    # with_calibration later is recorded too.
+    later = ds.with_calibration(accelerating_voltage_kV=200)
+    assert later.describe()["calibration_from"] == "given (with_calibration)"
+    assert later.describe()["calibration_overridden"]["fields"] == {
+        "accelerating_voltage_kV": {"was": 300.0, "now": 200.0}
+    }
+
+
+# -- Dectris: calibration from the master (issue 15) ---------------------------------------
+
+
+def _dectris_with(tmp_path: Path, **fields: tuple[str, float, str | None]) -> Path:
+    """A Dectris master with extra ``group/name = (value, units)`` fields."""
+    master = writers.write_dectris(tmp_path, "acq", _frames(6))
+    with h5py.File(master, "a") as f:
+        for key, (group, value, units) in fields.items():
+            name = f"/entry/instrument/{group}/{key}"
+            if name in f:
+                del f[name]
+            d = f.create_dataset(name, data=np.float64(value))
+            if units is not None:
+                d.attrs["units"] = np.bytes_(units.encode())
+    return master
+
+
+def test_dectris_calibration_from_the_master(tmp_path: Path) -> None:
+    import math
+
+    from quantem_flow.calibration import electron_wavelength_angstrom
+
+    master = _dectris_with(
+        tmp_path,
+        beam_center_x=("detector", 4.5, "pixel"),
+        beam_center_y=("detector", 2.25, "pixel"),
+        incident_wavelength=("beam", electron_wavelength_angstrom(300.0), "angstrom"),
+    )
+    src = open_source(master, scan_shape=(2, 3))
+    cal = src.calibration
+    assert cal is not None
+    # The writer records 100 um pixels (float32) at 0.1 m.
+    px = float(np.float32(1e-4))
+    mrad = 1e3 * math.atan(px / float(np.float32(0.1)))
+    assert cal.detector_units == "mrad"
+    assert cal.detector_sampling == pytest.approx((mrad, mrad), rel=1e-12)
+    assert cal.detector_origin == (2.25, 4.5)
+    assert cal.accelerating_voltage_kV == pytest.approx(300.0, rel=1e-9)
+    how = src.metadata["calibration_from"]
+    assert "beam_center_y/x = (2.25, 4.5) px" in how and "incident_wavelength" in how
+    assert src.metadata["beam"]["incident_wavelength_units"] == "angstrom"
+
+
+def test_dectris_lengths_in_mm_and_an_x_ray_energy(tmp_path: Path) -> None:
+    master = _dectris_with(
+        tmp_path,
+        detector_distance=("detector", 200.0, "mm"),
+        photon_energy=("detector/detectorSpecific", 8041.0, "eV"),
+    )
+    src = open_source(master, scan_shape=(2, 3))
+    cal = src.calibration
+    assert cal is not None and cal.accelerating_voltage_kV is None
+    assert cal.detector_sampling == pytest.approx((0.5, 0.5), rel=1e-6)
+    assert any("8.041 kV electrons, outside 10-2000 kV" in n for n in src.notes)
+
+
+def test_dectris_unknown_length_units_leave_the_detector_uncalibrated(tmp_path: Path) -> None:
+    master = _dectris_with(tmp_path, detector_distance=("detector", 3.0, "furlong"))
+    src = open_source(master, scan_shape=(2, 3))
+    assert src.calibration is None
+    assert any("detector_distance = 3.0 with units 'furlong'" in n for n in src.notes)
+
+
+# -- HDF5: which dataset (issue 15) --------------------------------------------------------
+
+
+def test_hdf5_several_datasets_are_listed_with_shapes(tmp_path: Path) -> None:
+    p = tmp_path / "multi.emd"
+    with h5py.File(p, "w") as f:
+        f["/data/cube_a"] = _frames(6).reshape(2, 3, *K)
+        f["/data/cube_b"] = _frames(12).astype(np.float32).reshape(3, 4, *K)
+        f["/data/stack"] = _frames(5)
+        f["/dim1"] = np.arange(3)
+    with pytest.raises(DatasetPathError) as info:
+        open_source(p)
+    msg = str(info.value)
+    assert "holds 3 3-D/4-D datasets" in msg
+    assert "'/data/cube_a' (2, 3, 6, 9) uint16" in msg
+    assert "'/data/cube_b' (3, 4, 6, 9) float32" in msg
+    assert "'/data/stack' (5, 6, 9) uint16" in msg
+    assert "dim1" not in msg
+    assert msg.index("cube_b") < msg.index("stack")  # 4-D first
+    assert open_source(p, dataset_path="/data/cube_b").shape == (3, 4, *K)
+
+
+def test_hdf5_the_only_cube_is_chosen_and_recorded(tmp_path: Path) -> None:
+    p = tmp_path / "one.h5"
+    with h5py.File(p, "w") as f:
+        f["/a/cube"] = _frames(6).reshape(2, 3, *K)
+        f["/a/image"] = np.zeros((2, 3))
+    src = open_source(p)
+    assert src.shape == (2, 3, *K)
+    assert src.notes == [
+        "dataset_path '/a/cube' chosen as the file's only 3-D/4-D dataset (shape (2, 3, 6, 9), "
+        "uint16)"
+    ]
+    assert src.metadata["dataset_path_from"] == "the file's only 3-D/4-D dataset"
+
+
+def test_hdf5_without_a_cube_lists_what_it_holds(tmp_path: Path) -> None:
+    p = tmp_path / "none.h5"
+    with h5py.File(p, "w") as f:
+        f["/image"] = np.zeros((4, 5), np.float32)
+    with pytest.raises(DatasetPathError, match=r"its datasets: '/image' \(4, 5\) float32"):
+        open_source(p)
