@@ -1187,7 +1187,7 @@ def _reader_options(fmt: str) -> tuple[str, ...]:
 
     from .io import reader_class
 
-    params = inspect.signature(reader_class(fmt).__init__).parameters.values()  # type: ignore[misc]
+    params = inspect.signature(reader_class(fmt).__init__).parameters.values()
     names = [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
     return (*names, "verify")
 
