@@ -39,8 +39,8 @@ overflow).  Real dtypes also run :func:`check_nonfinite_support`: NaN, +inf
 and -inf pixels inside some weight rows' support and outside others'; a row
 whose nonzero weights miss every bad pixel must stay finite (no ``0 * NaN``),
 the others are NaN or +-inf as IEEE says (docs/runtimes.md, "Non-finite
-pixels"), and the oracle sums over nonzero weights only.  Encoded payloads hold several pieces of several LZ4 blocks
-with raw tails.
+pixels"), and the oracle sums over nonzero weights only.  Encoded payloads
+hold several pieces of several LZ4 blocks with raw tails.
 
 The CPU reference itself is checked against a plain NumPy oracle in every
 case, so the ``cpu`` cases are not tautological.
@@ -671,7 +671,11 @@ def check_nonfinite_support(
     finally:
         runtime.release(handle)
     per = np.asarray(got.per_frame)
-    labels = {"nan": np.isnan, "+inf": lambda v: v == np.inf, "-inf": lambda v: v == -np.inf}
+    labels: dict[str, Callable[[Any], Any]] = {
+        "nan": np.isnan,
+        "+inf": lambda v: v == np.inf,
+        "-inf": lambda v: v == -np.inf,
+    }
     expected_nonfinite = np.zeros(per.shape, dtype=bool)
     for (i, j), label in expect["nonfinite"].items():
         expected_nonfinite[i, j] = True

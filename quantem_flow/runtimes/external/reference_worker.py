@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import os
 import signal
 import sys
@@ -395,7 +396,7 @@ def _frame_pass(
         with np.errstate(invalid="ignore", over="ignore"):
             block = frames.astype(np.float64) @ w.T
         if frames.dtype.kind == "f" and w.shape[0]:  # skip zero weights where 0 * NaN struck
-            repair_per_frame(block, w, lambda rows, fr=frames: fr[rows])
+            repair_per_frame(block, w, functools.partial(np.take, frames, axis=0))
         per_frame[f0 : f0 + frames.shape[0]] = block
         if psum is not None:
             psum += frames.sum(axis=0, dtype=psum.dtype)
