@@ -118,7 +118,13 @@ def _resident_bytes(runner: Runner, refs: list[Any]) -> int:
 
 
 def persist(ds: Dataset4D, *, client: Any = None, backend: str = "auto") -> Dataset4D:
-    """Load every chunk of ``ds`` once and keep it resident (see :meth:`Dataset4D.persist`)."""
+    """Load every chunk of ``ds`` once and keep it resident (see :meth:`Dataset4D.persist`).
+
+    Each chunk's content digest is computed by its load task
+    (:func:`~quantem_flow.graphs.tasks.load_resident_chunk`) and kept with the
+    resident chunk, so passes over it record the digest without hashing again
+    (docs/data-integrity.md).
+    """
     if ds.is_persisted:
         return ds
     choice = resolve_backend(backend, representation=ds.representation, dtype=ds.dtype)

@@ -150,7 +150,7 @@ def _numba_listener_class() -> Any:
     if not _NUMBA_LISTENER:
         from numba.core import event
 
-        class ThreadCompileListener(event.Listener):  # type: ignore[misc]
+        class ThreadCompileListener(event.Listener):
             """Times numba's compiler lock on one thread (nested holds counted once)."""
 
             def __init__(self, clock: CompileTime) -> None:
