@@ -123,7 +123,8 @@ class ReaderEntry:
         if fn is None:
             return "(no content sniffer: never detected, pass format=)"
         doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
-        return doc[0].rstrip(".") if doc else f"content recognised by {self.sniffer!r}"
+        # reStructuredText literals read better without their backquotes in a message
+        return doc[0].rstrip(".").replace("``", "") if doc else f"content recognised by {fn!r}"
 
     def sniff(self, path: Path, head: bytes) -> tuple[bool, str | None]:
         """Return whether the content is this format, and the sniffer's failure if it raised."""

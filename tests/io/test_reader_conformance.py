@@ -4,10 +4,17 @@ Each case writes a rectangular scan (rows != cols) of fresh random data in
 its format with the writers in :mod:`tests.io.writers`, opens it through
 :func:`quantem_flow.io.open_source`, and compares what the reader returns
 with the array that was written.
+
+Cases of further formats live in modules ``tests/io/conformance_cases_<fmt>.py``,
+each exporting ``CASES: dict[str, Callable[[Path, np.random.Generator], Case]]``
+(importing :class:`Case` and :func:`_random` from this module); they are
+collected here, and every registered built-in reader must have at least one
+case (:func:`test_every_registered_reader_has_a_case`).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import pickle
 import re
@@ -175,6 +182,25 @@ CASES: dict[str, Callable[[Path, np.random.Generator], Case]] = {
 }
 
 
+def _collect_case_modules() -> dict[str, Callable[[Path, np.random.Generator], Case]]:
+    """The ``CASES`` of every ``conformance_cases_*.py`` module next to this one."""
+    found: dict[str, Callable[[Path, np.random.Generator], Case]] = {}
+    package = __package__ or "tests.io"
+    for path in sorted(Path(__file__).parent.glob("conformance_cases_*.py")):
+        module = importlib.import_module(f"{package}.{path.stem}")
+        cases = getattr(module, "CASES", None)
+        if not isinstance(cases, dict) or not all(callable(f) for f in cases.values()):
+            raise TypeError(f"{path.name} must export CASES: dict[str, Callable -> Case]")
+        for key, make in cases.items():
+            if key in CASES or key in found:
+                raise ValueError(f"conformance case {key!r} of {path.name} is already defined")
+            found[key] = make
+    return found
+
+
+CASES.update(_collect_case_modules())
+
+
 @pytest.fixture(params=sorted(CASES))
 def case(request: pytest.FixtureRequest, tmp_path: Path) -> Case:
     rng = np.random.default_rng()  # fresh data every run
@@ -269,3 +295,20 @@ def test_identity_and_metadata(case: Case) -> None:
     assert all(isinstance(n, str) for n in src.notes)
     # Opening the same input twice gives the same identity.
     assert _open(case).identity == ident
+
+
+def test_every_registered_reader_has_a_case(tmp_path: Path) -> None:
+    from quantem_flow.io.registry import readers
+
+    rng = np.random.default_rng()
+    covered: dict[str, list[str]] = {}
+    for key, make in CASES.items():
+        where = tmp_path / key
+        where.mkdir()
+        covered.setdefault(make(where, rng).format, []).append(key)
+    builtin = {name for name, entry in readers().items() if entry.origin == "built-in"}
+    missing = sorted(builtin - set(covered))
+    assert not missing, (
+        f"registered readers without a conformance case: {missing}; add their cases in a "
+        "tests/io/conformance_cases_<fmt>.py module exporting CASES"
+    )
