@@ -172,7 +172,9 @@ def _numba_listener_class() -> Any:
             def on_end(self, ev: Any) -> None:
                 if threading.get_ident() != self.thread or ev.kind == "numba:compile":
                     return
-                self.depth = max(self.depth - 1, 0)
+                if self.depth == 0:  # its start came before the listener: not timed
+                    return
+                self.depth -= 1
                 if self.depth == 0:
                     self.clock.seconds += time.perf_counter() - self.start
 
