@@ -69,7 +69,7 @@ from .errors import (
     ParameterError,
     QuantemFlowError,
 )
-from .io import READERS
+from .io import reader_names
 from .io.base import check_exists
 from .operators.base import LazyResult
 from .provenance import jsonable
@@ -1146,9 +1146,9 @@ def _parse_input(chk: _Checker, raw: Any, base: Path) -> InputSpec:
     fmt = m.get("format")
     if fmt is not None:
         fmt = chk.text(fmt, "input.format")
-        if fmt not in READERS:
+        if fmt not in reader_names():  # built-in and installed (entry-point) readers
             raise chk.fail(
-                "input.format", f"unknown format {fmt!r}; known formats: {sorted(READERS)}"
+                "input.format", f"unknown format {fmt!r}; known formats: {reader_names()}"
             )
     options = _parse_options(chk, m.get("options"), fmt)
     cal = None
