@@ -110,3 +110,41 @@ def test_chunks_that_fit_one_at_a_time_run_without_killing_a_3_thread_worker(
     finally:
         client.close()
         lc.close()
+
+
+@pytest.mark.parametrize("view", ["dense", "bin2", "crop", "packed", "paired"])
+def test_the_counted_need_bounds_what_a_chunk_task_allocates(view: str, tmp_path: Path) -> None:
+    import tracemalloc
+
+    from quantem_flow.graphs.lowering import task_memory_need
+    from quantem_flow.graphs.tasks import PassSpec, run_chunk_pass
+    from quantem_flow.runtimes.staging import clear_staging_buffers
+
+    data = np.random.default_rng(3).integers(0, 5, (32, 64, 64, 64)).astype(np.uint16)
+    np.save(tmp_path / "d.npy", data)
+    ds = qf.open(tmp_path / "d.npy", chunk_rows=16)
+    ds = {
+        "dense": ds,
+        "bin2": ds.bin_detector(2),
+        "crop": ds.crop_detector((8, 56, 8, 56)),
+        "packed": ds.to_representation("packed"),
+        "paired": ds.to_representation("paired"),
+    }[view]
+    k = ds.detector_shape[0] * ds.detector_shape[1]
+    spec = PassSpec(
+        dataset=ds, weights=np.ones((5, k)), want_sum=True, want_max=True, runtime="cpu"
+    )
+    run_chunk_pass(spec, 0, 0, 16)  # kernels compiled outside the measurement
+    clear_staging_buffers()
+    tracemalloc.start()
+    try:
+        run_chunk_pass(spec, 1, 16, 32)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    need = task_memory_need(ds, runtime="cpu", n_weights=5)
+    assert need.pools == {"host": need.total}
+    # an upper bound (paired assumes every pixel may be an event), never wildly above
+    assert peak <= need.total <= 2.1 * peak, (view, peak, need.parts)
+    rows = need.rows
+    assert need.total == need.fixed["host"] + rows * need.per_row["host"]

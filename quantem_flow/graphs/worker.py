@@ -128,7 +128,7 @@ def process_reserve() -> int:
     paused and killed on its whole resident memory, so only what is left
     after the process itself is available to tasks.
     """
-    import psutil
+    import psutil  # type: ignore[import-untyped]  # a dependency of distributed
 
     return int(psutil.Process().memory_info().rss) + KERNEL_RESERVE_BYTES
 
