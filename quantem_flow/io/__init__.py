@@ -50,6 +50,10 @@ READERS: dict[str, str] = {
     "empad": "quantem_flow.io.empad:EmpadSource",
     "mib": "quantem_flow.io.merlin:MerlinSource",
     "counted": "quantem_flow.io.counted:CountedSource",
+    "blockfile": "quantem_flow.io.blockfile:BlockfileSource",
+    "ser": "quantem_flow.io.ser:SerSource",
+    "mrc": "quantem_flow.io.mrc:MrcSource",
+    "tvips": "quantem_flow.io.tvips:TvipsSource",
 }
 
 #: Format name -> ``"module:sniff"``: ``sniff(path, head) -> bool`` says from the
@@ -63,6 +67,10 @@ SNIFFERS: dict[str, str] = {
     "empad": "quantem_flow.io.empad:sniff",
     "mib": "quantem_flow.io.sniffers:mib",
     "counted": "quantem_flow.io.counted:sniff",
+    "blockfile": "quantem_flow.io.blockfile:sniff",
+    "ser": "quantem_flow.io.ser:sniff",
+    "mrc": "quantem_flow.io.mrc:sniff",
+    "tvips": "quantem_flow.io.tvips:sniff",
 }
 
 #: Format name -> lower-case name endings of its files; used to choose between
@@ -74,6 +82,10 @@ SUFFIXES: dict[str, tuple[str, ...]] = {
     "zarr": (".zarr",),
     "empad": (".xml",),
     "mib": (".mib",),
+    "blockfile": (".blo",),
+    "ser": (".ser", ".emi"),
+    "mrc": (".mrc", ".mrcs"),
+    "tvips": (".tvips",),
 }
 
 #: Readers that open any file of a container format (any HDF5 file): chosen

@@ -117,3 +117,15 @@ def test_sniff(tmp_path: Path) -> None:
     assert sniff(p, p.read_bytes()[:4096])
     assert not sniff(p, b"MQ1,000001")
     assert not sniff(tmp_path, b"")
+
+
+def test_detected_by_content_and_calibrated_by_open(tmp_path: Path) -> None:
+    import quantem_flow as qf
+    from quantem_flow.io import detect_format
+
+    p = write_blockfile(tmp_path / "scan.data", _data((2, 3, 4)), step_nm=(4.0, 2.0))
+    assert detect_format(p) == "blockfile"
+    ds = qf.open(p)
+    assert ds.shape == (2, 3, 4, 4)
+    assert ds.calibration.scan_sampling == (4.0, 2.0)
+    assert ds.calibration.scan_units == "nm"

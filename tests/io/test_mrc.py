@@ -133,3 +133,15 @@ def test_short_file(tmp_path: Path) -> None:
     with pytest.raises(FormatError, match="fewer than the 1024-byte MRC header"):
         MrcSource(p)
     assert not sniff(p, p.read_bytes())
+
+
+def test_detected_by_content_and_calibrated_by_open(tmp_path: Path) -> None:
+    import quantem_flow as qf
+    from quantem_flow.io import detect_format
+
+    p = write_mrc(tmp_path / "a_1_movie.mrc", _frames(6))
+    write_de_info(tmp_path / "a_1_info.txt", (2, 3), step_nm=(0.25, 0.5))
+    assert detect_format(p) == "mrc"
+    ds = qf.open(p)
+    assert ds.shape == (2, 3, 4, 5)
+    assert ds.calibration.scan_sampling == (0.25, 0.5)

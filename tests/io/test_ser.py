@@ -140,3 +140,17 @@ def test_not_a_ser_file(tmp_path: Path) -> None:
     with pytest.raises(FormatError, match="TIA series header"):
         SerSource(p)
     assert not sniff(tmp_path, b"")
+
+
+def test_detected_by_content_and_calibrated_by_open(tmp_path: Path) -> None:
+    import quantem_flow as qf
+    from quantem_flow.io import detect_format
+
+    p = write_ser(tmp_path / "scan_1.ser", _data((2, 3, 4, 4)), step_m=(1e-9, 2e-9))
+    write_emi(tmp_path / "scan.emi", high_tension_kv=80.0)
+    assert detect_format(p) == "ser"
+    assert detect_format(tmp_path / "scan.emi") == "ser"  # by its suffix
+    ds = qf.open(p)
+    assert ds.shape == (2, 3, 4, 4)
+    assert ds.calibration.scan_sampling == pytest.approx((1.0, 2.0))
+    assert ds.calibration.accelerating_voltage_kV == 80.0

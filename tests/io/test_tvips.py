@@ -135,3 +135,18 @@ def test_sniff(tmp_path: Path) -> None:
     assert not sniff(tmp_path / "x_000.bin", head)
     assert not sniff(p, b"\x00" * 300)
     assert not sniff(tmp_path, b"")
+
+
+def test_detected_by_content_and_opened(tmp_path: Path) -> None:
+    import quantem_flow as qf
+    from quantem_flow.io import detect_format
+
+    f = _frames(6)
+    p = write_tvips(tmp_path, "d", f, frames_per_file=4, ht_kv=120)
+    assert detect_format(p) == "tvips"
+    assert detect_format(tmp_path / "d_001.tvips") == "tvips"  # by its suffix
+    ds = qf.open(p, scan_shape=(2, 3))
+    assert ds.calibration.accelerating_voltage_kV == 120.0
+    np.testing.assert_array_equal(
+        ds.to_dask().compute(scheduler="synchronous"), f.reshape(2, 3, 3, 5)
+    )
