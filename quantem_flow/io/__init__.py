@@ -50,6 +50,7 @@ READERS: dict[str, str] = {
     "empad": "quantem_flow.io.empad:EmpadSource",
     "mib": "quantem_flow.io.merlin:MerlinSource",
     "counted": "quantem_flow.io.counted:CountedSource",
+    "dm4": "quantem_flow.io.dm4:Dm4Source",
     "blockfile": "quantem_flow.io.blockfile:BlockfileSource",
     "ser": "quantem_flow.io.ser:SerSource",
     "mrc": "quantem_flow.io.mrc:MrcSource",
@@ -67,6 +68,7 @@ SNIFFERS: dict[str, str] = {
     "empad": "quantem_flow.io.empad:sniff",
     "mib": "quantem_flow.io.sniffers:mib",
     "counted": "quantem_flow.io.counted:sniff",
+    "dm4": "quantem_flow.io.dm4:sniff",
     "blockfile": "quantem_flow.io.blockfile:sniff",
     "ser": "quantem_flow.io.ser:sniff",
     "mrc": "quantem_flow.io.mrc:sniff",
@@ -82,6 +84,7 @@ SUFFIXES: dict[str, tuple[str, ...]] = {
     "zarr": (".zarr",),
     "empad": (".xml",),
     "mib": (".mib",),
+    "dm4": (".dm4",),
     "blockfile": (".blo",),
     "ser": (".ser", ".emi"),
     "mrc": (".mrc", ".mrcs"),
@@ -245,6 +248,7 @@ _DECLARED_BY = {
     "raw": "the frame_shape / shape given",
     "mib": "the frame size in the .mib frame header",
     "empad": "the frame size in the EMPAD .xml",
+    "dm4": "ImageData/Dimensions in the DM4 tags",
 }
 
 

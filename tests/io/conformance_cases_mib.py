@@ -4,17 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .test_reader_conformance import Case
 from .writers_mib import write_raw_mib
+
+if TYPE_CHECKING:
+    from .test_reader_conformance import Case
 
 _DTYPES = {1: "uint8", 6: "uint8", 12: "uint16", 24: "uint32"}
 
 
 def _raw(depth: int) -> Callable[[Path, np.random.Generator], Case]:
     def make(tmp: Path, rng: np.random.Generator) -> Case:
+        # imported here: test_reader_conformance imports this module to collect CASES
+        from .test_reader_conformance import Case
+
         scan, detector = (2, 3), (8, 16)  # rectangular scan and detector; 128 px = whole words
         a = rng.integers(0, 2**depth - 1, size=(*scan, *detector), endpoint=True)
         a = a.astype(_DTYPES[depth])
