@@ -79,11 +79,12 @@ class FlowDashboard:
 
     Parameters
     ----------
-    sizing_mode
-        Bokeh sizing mode of the layout.
+    width
+        Width of the page in pixels (two charts side by side; fixed sizes lay
+        out the same in every browser and in the static file).
     """
 
-    def __init__(self, *, sizing_mode: str = "stretch_width") -> None:
+    def __init__(self, *, width: int = 1360) -> None:
         from bokeh.layouts import column, row
         from bokeh.models import (
             BasicTickFormatter,
@@ -98,7 +99,10 @@ class FlowDashboard:
         from bokeh.plotting import figure
 
         self.colors: dict[str, str] = {}
-        self.header = Div(text="", sizing_mode="stretch_width")
+        half = width // 2 - 10
+        self._half = half
+        self._last: dict[str, Any] = {}
+        self.header = Div(text="", width=width)
 
         # throughput over time, one line per worker, lost workers marked
         self.throughput_src = ColumnDataSource(
@@ -111,7 +115,7 @@ class FlowDashboard:
             title="Throughput per worker (GB/s of chunk data, 1 s bins)",
             x_axis_type="datetime",
             height=260,
-            sizing_mode=sizing_mode,
+            width=half,
             tools="pan,xwheel_zoom,box_zoom,reset,save",
             name="qf-throughput-figure",
         )
@@ -151,7 +155,7 @@ class FlowDashboard:
         self.progress = figure(
             title="Passes (chunks done)",
             height=260,
-            sizing_mode=sizing_mode,
+            width=half,
             x_range=Range1d(0, 1),
             y_range=Range1d(-0.6, 4.6),
             tools="",
@@ -192,9 +196,9 @@ class FlowDashboard:
             name="qf-scan-map",
         )
         self.scan_map = figure(
-            title="Scan map: which worker holds or ran each chunk",
+            title="Chunks by worker (scan map)",
             height=340,
-            sizing_mode=sizing_mode,
+            width=half,
             x_range=Range1d(0, 1),
             y_range=Range1d(1, 0),
             tools="hover,reset,save",
@@ -202,7 +206,7 @@ class FlowDashboard:
                 ("chunk", "@chunk"),
                 ("scan rows", "@rows"),
                 ("worker", "@worker"),
-                ("status", "@status"),
+                ("status", "@status (faint: running, grey: waiting)"),
             ],
             name="qf-scan-map-figure",
         )
@@ -236,7 +240,7 @@ class FlowDashboard:
         self.resident = figure(
             title="Resident bytes per worker (runtime/representation)",
             height=340,
-            sizing_mode=sizing_mode,
+            width=half,
             y_range=Range1d(-0.6, 1.6),
             tools="hover,save",
             tooltips=[("worker", "@worker"), ("held", "@category"), ("MiB", "@mib{0.0}")],
@@ -269,7 +273,7 @@ class FlowDashboard:
                 TableColumn(field="what_next", title="what happened next", width=500),
             ],
             height=160,
-            sizing_mode="stretch_width",
+            width=width,
             index_position=None,
             name="qf-lost-table",
         )
@@ -286,21 +290,26 @@ class FlowDashboard:
                 TableColumn(field="detail", title="detail", width=420),
             ],
             height=220,
-            sizing_mode="stretch_width",
+            width=width,
             index_position=None,
             name="qf-log-table",
         )
         self.root = column(
             self.header,
-            row(self.throughput, self.progress, sizing_mode="stretch_width"),
-            row(self.scan_map, self.resident, sizing_mode="stretch_width"),
+            row(self.throughput, self.progress),
+            row(column(self.scan_map, width=half), self.resident),
             Div(text="<b>Workers lost</b>"),
             self.lost_table,
             Div(text="<b>Placement log</b> (most recent first)"),
             self.log_table,
-            sizing_mode="stretch_width",
             name="qf-dashboard",
         )
+
+    def _set(self, source: Any, data: Mapping[str, list[Any]]) -> None:
+        """Replace a source's data only when it changed (a live page gets only changes)."""
+        if self._last.get(source.id) != data:
+            self._last[source.id] = data
+            source.data = dict(data)
 
     # -- colours -------------------------------------------------------------------------
     def _color_of(self, workers: Sequence[str]) -> dict[str, str]:
@@ -354,29 +363,40 @@ class FlowDashboard:
             cs.append(colors.get(w, "#333333"))
             ws.append(f"{_short(w)} {names.get(w, '')}".strip())
             tot.append(f"{tp.get('total_bytes', {}).get(w, 0) / 1e9:.3f} GB")
-        self.throughput_src.data = {"xs": xs, "ys": ys, "color": cs, "worker": ws, "total": tot}
-        self.losses_src.data = {
-            "x": [float(d["time"]) * 1000.0 for d in lost],
-            "y": [0.0 for _ in lost],
-            "worker": [f"{_short(d['worker'])} {d.get('name') or ''}" for d in lost],
-            "restored": [
-                f"yes, by {_short(d['restored_by'])}" if d.get("restored") else "no" for d in lost
-            ],
-        }
+        self._set(
+            self.throughput_src, {"xs": xs, "ys": ys, "color": cs, "worker": ws, "total": tot}
+        )
+        self._set(
+            self.losses_src,
+            {
+                "x": [float(d["time"]) * 1000.0 for d in lost],
+                "y": [0.0 for _ in lost],
+                "worker": [f"{_short(d['worker'])} {d.get('name') or ''}" for d in lost],
+                "restored": [
+                    f"yes, by {_short(d['restored_by'])}" if d.get("restored") else "no"
+                    for d in lost
+                ],
+            },
+        )
 
         # progress
         recent = passes[-5:]
-        self.progress_src.data = {
-            "y": [float(len(recent) - 1 - i) for i in range(len(recent))],
-            "frac": [p["n_done"] / max(p["n_chunks"], 1) for p in recent],
-            "one": [1.0 for _ in recent],
-            "label": [
-                f"{p['kind']} {p['label']}: {p['n_done']}/{p['n_chunks']} chunks"
-                + (" (running)" if p.get("finished") is None else "")
-                for p in recent
-            ],
-            "color": ["#2ca02c" if p.get("finished") is not None else "#1f77b4" for p in recent],
-        }
+        self._set(
+            self.progress_src,
+            {
+                "y": [float(len(recent) - 1 - i) for i in range(len(recent))],
+                "frac": [p["n_done"] / max(p["n_chunks"], 1) for p in recent],
+                "one": [1.0 for _ in recent],
+                "label": [
+                    f"{p['kind']} {p['label']}: {p['n_done']}/{p['n_chunks']} chunks"
+                    + (" (running)" if p.get("finished") is None else "")
+                    for p in recent
+                ],
+                "color": [
+                    "#2ca02c" if p.get("finished") is not None else "#1f77b4" for p in recent
+                ],
+            },
+        )
 
         # scan map of the latest pass
         latest = passes[-1] if passes else None
@@ -385,10 +405,13 @@ class FlowDashboard:
             R, C = (int(x) for x in latest["scan_shape"])
             self.scan_map.x_range.start, self.scan_map.x_range.end = 0, max(C, 1)
             self.scan_map.y_range.start, self.scan_map.y_range.end = max(R, 1), 0
-            self.scan_map.title.text = (
-                f"Scan map of {latest['kind']} {latest['label']}: which worker holds or ran "
-                "each chunk (faint: running, grey: waiting)"
-            )
+            self.scan_map.title.text = f"Chunks by worker ({latest['kind']}, {R}x{C} scan)"
+            scale = min((self._half - 110) / max(C, 1), 300 / max(R, 1))
+            if C * scale < 260:  # room for the title: taller, up to 520 px, same aspect
+                scale = min(260 / max(C, 1), 520 / max(R, 1))
+            fw, fh = max(int(C * scale), 40), max(int(R * scale), 40)
+            if (self.scan_map.frame_width, self.scan_map.frame_height) != (fw, fh):
+                self.scan_map.frame_width, self.scan_map.frame_height = fw, fh
             for i, ((r0, r1), w, st) in enumerate(
                 zip(latest["chunks"], latest["worker"], latest["status"], strict=False)
             ):
@@ -402,7 +425,7 @@ class FlowDashboard:
                 data["rows"].append(f"{r0}:{r1}")
                 data["worker"].append(f"{_short(w)} {names.get(str(w), '')}".strip() or "-")
                 data["status"].append(st)
-        self.map_src.data = data
+        self._set(self.map_src, data)
 
         # resident bytes
         rd: dict[str, list[Any]] = {k: [] for k in self.resident_src.data}
@@ -426,32 +449,40 @@ class FlowDashboard:
                 rd["worker"].append(ticks[y])
                 rd["mib"].append(mib)
                 left += mib
-        self.resident_src.data = rd
+        self._set(self.resident_src, rd)
         self.resident.y_range.start, self.resident.y_range.end = -0.6, max(len(ticks), 1) - 0.4
         self.resident.yaxis.ticker = list(ticks)
         self.resident.yaxis.major_label_overrides = {k: v for k, v in ticks.items()}
 
         # tables
-        self.lost_src.data = {
-            "time": [_clock(d["time"]) for d in reversed(lost)],
-            "worker": [str(d["worker"]) for d in reversed(lost)],
-            "name": [str(d.get("name")) for d in reversed(lost)],
-            "restored": [_restored_text(d) for d in reversed(lost)],
-            "what_next": [str(d.get("what_next", "")) for d in reversed(lost)],
-        }
+        self._set(
+            self.lost_src,
+            {
+                "time": [_clock(d["time"]) for d in reversed(lost)],
+                "worker": [str(d["worker"]) for d in reversed(lost)],
+                "name": [str(d.get("name")) for d in reversed(lost)],
+                "restored": [_restored_text(d) for d in reversed(lost)],
+                "what_next": [str(d.get("what_next", "")) for d in reversed(lost)],
+            },
+        )
         log = list(reversed(state.get("log", [])[-200:]))
-        self.log_src.data = {
-            "time": [_clock(e.get("time")) for e in log],
-            "event": [str(e.get("event", "")) for e in log],
-            "key": [str(e.get("key", "")) for e in log],
-            "worker": [str(e.get("worker", "")) for e in log],
-            "detail": [
-                "; ".join(
-                    f"{k}={v}" for k, v in e.items() if k not in ("time", "event", "key", "worker")
-                )
-                for e in log
-            ],
-        }
+        self._set(
+            self.log_src,
+            {
+                "time": [_clock(e.get("time")) for e in log],
+                "event": [str(e.get("event", "")) for e in log],
+                "key": [str(e.get("key", "")) for e in log],
+                "worker": [str(e.get("worker", "")) for e in log],
+                "detail": [
+                    "; ".join(
+                        f"{k}={v}"
+                        for k, v in e.items()
+                        if k not in ("time", "event", "key", "worker")
+                    )
+                    for e in log
+                ],
+            },
+        )
 
 
 def _clock(t: Any) -> str:

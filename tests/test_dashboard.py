@@ -1,0 +1,170 @@
+"""The /quantem-flow dashboard page (issue 12, item 6).
+
+It exists from the moment a local cluster starts (not only after the first
+compute), is linked from Dask's navigation bar, is a Bokeh document whose
+charts carry the run's data (loaded in headless Chromium with no JavaScript
+error, screenshot taken), and without Bokeh it is a plain page that says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import quantem_flow as qf
+from quantem_flow.dataset import Dataset4D
+from tests.conftest import probe_data
+from tests.slow_source import SlowArraySource
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+CENTER = (8.6, 14.2)
+
+
+def _get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=20) as resp:
+        return int(resp.status), str(resp.read().decode())
+
+
+def test_the_page_is_served_before_the_first_compute_and_linked_from_dask() -> None:
+    from distributed import Client
+
+    from quantem_flow.graphs.cluster import flow_dashboard_url, start_local_cluster
+
+    cluster = start_local_cluster(n_workers=1, threads_per_worker=1, memory_limit="1 GiB")
+    client = Client(cluster, set_as_default=False)
+    try:
+        url = flow_dashboard_url(client)
+        assert url is not None and url.startswith("http://127.0.0.1:")
+        assert url.endswith("/quantem-flow")
+        status, page = _get(url)  # nothing computed yet
+        assert status == 200
+        assert "quantem-flow placement: 1 worker(s)" in page  # the summary, without JavaScript
+        assert "bokeh" in page.lower()
+        state = json.loads(_get(url + "/state.json")[1])
+        assert state["page"] == "bokeh" and len(state["workers"]) == 1
+        _, dask_status = _get(url.rsplit("/", 1)[0] + "/status")
+        assert 'href="quantem-flow"' in dask_status  # in Dask's navigation bar
+    finally:
+        client.close()
+        cluster.close()
+
+
+def test_without_bokeh_the_page_is_a_plain_table_that_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from distributed import Client
+
+    from quantem_flow.graphs import dashboard
+    from quantem_flow.graphs.cluster import flow_dashboard_url, start_local_cluster
+
+    monkeypatch.setattr(dashboard, "bokeh_available", lambda: False)
+    cluster = start_local_cluster(n_workers=1, threads_per_worker=1, memory_limit="1 GiB")
+    client = Client(cluster, set_as_default=False)
+    try:
+        url = flow_dashboard_url(client)
+        assert url is not None
+        status, page = _get(url)
+        assert status == 200
+        assert "quantem-flow placement" in page and "Bokeh is not installed" in page
+        assert json.loads(_get(url + "/state.json")[1])["page"] == "html"
+    finally:
+        client.close()
+        cluster.close()
+
+
+def _queries(ds: Dataset4D) -> list[Any]:
+    return [qf.virtual_bf(ds, radius=4.5, center=CENTER), qf.center_of_mass(ds, center=CENTER)]
+
+
+def _browser(url: str, shot: Path) -> dict[str, Any]:
+    node = shutil.which("node")
+    assert node is not None, (
+        "node is not on PATH; install Node.js 20 (scripts/install-toolchains.sh)"
+    )
+    assert (ROOT / "web" / "node_modules" / "playwright-core").is_dir(), (
+        "web/node_modules/playwright-core is missing: run `bash scripts/install-toolchains.sh`"
+    )
+    chromium = os.environ.get("QF_CHROMIUM") or shutil.which("chromium")
+    assert chromium, "no chromium on PATH; install it (apt-get install chromium)"
+    run = subprocess.run(
+        [node, str(ROOT / "tests" / "dashboard_browser.cjs"), url, str(shot)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "QF_CHROMIUM": chromium},
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    return out
+
+
+@pytest.mark.slow
+def test_the_page_in_headless_chromium_after_a_pass_that_lost_a_worker(
+    rng: np.random.Generator, tmp_path: Path
+) -> None:
+    from distributed import Client
+    from PIL import Image
+
+    from quantem_flow.graphs.cluster import flow_dashboard_url, start_local_cluster
+
+    cluster = start_local_cluster(n_workers=2, threads_per_worker=1, memory_limit="1 GiB")
+    client = Client(cluster, set_as_default=False)
+    try:
+        client.wait_for_workers(2, timeout=60)
+        data = probe_data(rng, scan=(24, 16))
+        ds = Dataset4D(SlowArraySource(data, delay_s=0.25), chunk_rows=2)
+        pids = client.run(os.getpid)
+        victim = sorted(pids)[0]
+        out: dict[str, Any] = {}
+
+        def run() -> None:
+            out["results"] = qf.compute(*_queries(ds), client=client)
+
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(1.0)
+        os.kill(pids[victim], signal.SIGKILL)  # a lost worker for the table and the chart
+        t.join(timeout=120)
+        assert "results" in out
+        deadline = time.monotonic() + 60
+        while len(client.scheduler_info()["workers"]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        resident = qf.open(data, chunk_rows=3).persist(client=client)  # on both workers
+        qf.compute(*_queries(resident), client=client)  # the latest pass: on resident chunks
+
+        url = flow_dashboard_url(client)
+        assert url is not None
+        shot = Path(os.environ.get("QF_DASHBOARD_SHOT") or tmp_path / "dashboard.png")
+        seen = _browser(url, shot)
+        assert seen["status"] == 200
+        assert seen["errors"] == [], seen["errors"]
+        assert seen["title"] == "quantem-flow placement"
+        assert "quantem-flow" in seen["navbar"]
+        assert seen["throughput"] >= 2  # a line per worker that finished chunks
+        assert seen["map"] == len(resident.chunks)  # one rectangle per chunk of the latest pass
+        assert seen["resident"] >= 2  # both workers hold resident chunks
+        assert seen["progress"] >= 3  # the pass that lost a worker, persist, the resident pass
+        assert seen["log"] >= len(resident.chunks)  # one placement per resident chunk at least
+        assert seen["lost"] == 1
+        with Image.open(shot) as im:
+            assert im.size[0] == 1400 and im.size[1] >= 900
+            colours = len(set(im.convert("RGB").getdata()))
+        assert colours > 50, "the screenshot is (nearly) blank"
+        resident.release()
+    finally:
+        client.close()
+        cluster.close()
