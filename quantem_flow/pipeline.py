@@ -79,7 +79,6 @@ __all__ = [
     "OPERATIONS",
     "OPERATION_SUMMARIES",
     "PARAMETER_HELP",
-    "READER_OPTIONS",
     "READER_OPTION_HELP",
     "InputSpec",
     "OutputSpec",
@@ -92,8 +91,10 @@ __all__ = [
     "load_pipeline",
     "operations_reference",
     "prepare_pipeline",
+    "reader_options",
     "reader_options_reference",
     "run_pipeline",
+    "write_reference",
     "yaml_terms",
 ]
 
@@ -400,7 +401,8 @@ READER_OPTION_HELP: dict[str, str] = {
     "scan_shape": "`[rows, cols]` of the scan for files of flat frames (3-D), or `square` to "
     "assume a square scan (recorded); a 4-D array's own shape is used, and a different one "
     "is refused. Without it, a JSON sidecar `<file>.json` with `scan_shape` is read.",
-    "frame_offset": "Leading frames to skip (e.g. flyback frames), integer >= 0.",
+    "frame_offset": "Leading frames to skip (e.g. flyback frames), integer >= 0 (tvips also "
+    "`rotidx`: start at rotator index 1).",
     "dtype": "Value type as stored, e.g. `<u2`, `>u2`, `float32` (raw: required); counted: "
     "the type of the counts.",
     "frame_shape": "`[k_r, k_c]` of one frame.",
@@ -414,6 +416,23 @@ READER_OPTION_HELP: dict[str, str] = {
 }
 
 
+def _option_help(name: str) -> str:
+    """The meaning of a reader option: :data:`READER_OPTION_HELP`, else its readers' docstrings."""
+    import inspect
+
+    from .io import reader_class, reader_names
+
+    if name in READER_OPTION_HELP:
+        return READER_OPTION_HELP[name]
+    for fmt in reader_names():
+        doc = inspect.getdoc(reader_class(fmt)) or ""
+        match = re.search(rf"^{re.escape(name)}(?:,[^\n]*)?\n((?:[ ]{{4}}.*\n?)+)", doc, re.M)
+        if match:
+            text = " ".join(line.strip() for line in match.group(1).splitlines())
+            return f"({fmt}) {text}"
+    return "see the reader's documentation (docs/readers.md)."
+
+
 def reader_options_reference() -> str:
     """Return the Markdown table of the reader options of every format (docs/pipelines.md).
 
@@ -424,17 +443,17 @@ def reader_options_reference() -> str:
     str
         A table: format, its options.  Then one line per option.
     """
-    from .io import READERS
+    from .io import reader_names
 
     lines = ["| `format` | `input.options` it takes |", "|----------|-----------|"]
-    for fmt in READERS:
+    for fmt in reader_names():
         if fmt == "memory":
             continue
         names = ", ".join(f"`{n}`" for n in _reader_options(fmt))
         lines.append(f"| `{fmt}` | {names} |")
     lines.append("")
-    for name in READER_OPTIONS:
-        lines.append(f"- `{name}`: {READER_OPTION_HELP[name]}")
+    for name in reader_options():
+        lines.append(f"- `{name}`: {_option_help(name)}")
     return "\n".join(lines) + "\n"
 
 
@@ -781,20 +800,20 @@ def _prefixed(exc: QuantemFlowError, prefix: str) -> QuantemFlowError:
     return _same_class(exc, prefix + yaml_terms(message))
 
 
-#: Reader options a pipeline may give under ``input.options`` (any reader).
-READER_OPTIONS: tuple[str, ...] = (
-    "dataset_path",
-    "array_path",
-    "scan_shape",
-    "frame_offset",
-    "dtype",
-    "frame_shape",
-    "shape",
-    "offset",
-    "frame_header_bytes",
-    "frame_footer_bytes",
-    "verify",
-)
+def reader_options() -> tuple[str, ...]:
+    """Return every option a pipeline may give under ``input.options`` (any reader).
+
+    The union of the keyword options of every registered reader (built-in
+    and installed), read from their signatures, plus ``verify``.
+    """
+    from .io import reader_names
+
+    seen: dict[str, None] = {}
+    for fmt in reader_names():
+        if fmt != "memory":
+            seen.update(dict.fromkeys(_reader_options(fmt)))
+    return (*sorted(k for k in seen if k != "verify"), "verify")
+
 
 _PY_VALUE = r"""(\([^()]*\)|\[[^\[\]]*\]|'[^']*'|"[^"]*"|\.\.\.|[A-Za-z0-9_+\-]+(?:\.[0-9]+)?)?"""
 
@@ -870,6 +889,7 @@ def yaml_terms(message: str, pipeline: Pipeline | None = None, *, output: str | 
     )
     text = re.sub(r"\boverwrite=True\b", "save.overwrite: true (or --overwrite)", text)
     cal_fields = {f.name for f in dataclasses.fields(Calibration)}
+    options = reader_options()
 
     def param_path(name: str) -> str | None:
         if pipeline is None:
@@ -886,7 +906,7 @@ def yaml_terms(message: str, pipeline: Pipeline | None = None, *, output: str | 
     def keyword(match: re.Match[str]) -> str:
         name, value = match.group(1), match.group(2)
         path: str | None
-        if name in READER_OPTIONS:
+        if name in options:
             path = f"input.options.{name}"
         elif name in cal_fields:
             path = f"input.calibration.{name}"
@@ -1194,7 +1214,7 @@ def _reader_options(fmt: str) -> tuple[str, ...]:
 
 def _parse_options(chk: _Checker, raw: Any, fmt: str | None) -> dict[str, Any]:
     options = dict(chk.mapping(raw or {}, "input.options"))
-    allowed = READER_OPTIONS if fmt is None else _reader_options(fmt)
+    allowed = reader_options() if fmt is None else _reader_options(fmt)
     chk.keys(options, "input.options" + ("" if fmt is None else f" (format {fmt})"), allowed)
     for key, value in options.items():
         where = f"input.options.{key}"
@@ -1206,6 +1226,8 @@ def _parse_options(chk: _Checker, raw: Any, fmt: str | None) -> dict[str, Any]:
                 raise chk.fail(where, f"expected two integers >= 1, got {value!r}")
         elif key in ("frame_shape", "shape"):
             chk.integers(value, where, 2 if key == "frame_shape" else 4)
+        elif key == "frame_offset" and isinstance(value, str):
+            continue  # a reader's named rule (tvips: 'rotidx'); the reader checks it
         elif key in ("frame_offset", "offset", "frame_header_bytes", "frame_footer_bytes"):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise chk.fail(where, f"expected an integer >= 0, got {_describe(value)}")
@@ -1690,3 +1712,42 @@ def run_pipeline(
         }
         _write_json(targets.json, doc)
     return results
+
+
+def write_reference(path: str | os.PathLike[str]) -> bool:
+    """Regenerate the generated sections of ``docs/pipelines.md`` in place.
+
+    Parameters
+    ----------
+    path
+        The Markdown file holding the ``<!-- BEGIN ... -->`` /
+        ``<!-- END ... -->`` markers of the operations and reader options.
+
+    Returns
+    -------
+    bool
+        Whether the file changed.
+    """
+    p = Path(path)
+    text = p.read_text(encoding="utf-8")
+    new = text
+    for label, body in (
+        ("operations", operations_reference()),
+        ("reader options", reader_options_reference()),
+    ):
+        pattern = re.compile(
+            rf"(<!-- BEGIN {label}: generated by [^>]*-->\n)(.*?)(<!-- END {label} -->)", re.S
+        )
+        if not pattern.search(new):
+            raise FormatError(f"{str(p)!r} has no generated {label!r} section (BEGIN/END markers)")
+        new = pattern.sub(lambda m, body=body: m.group(1) + body + m.group(3), new)
+    if new != text:
+        p.write_text(new, encoding="utf-8")
+    return new != text
+
+
+if __name__ == "__main__":  # python -m quantem_flow.pipeline docs/pipelines.md
+    import sys
+
+    for target in sys.argv[1:] or ["docs/pipelines.md"]:
+        print(f"{target}: {'updated' if write_reference(target) else 'up to date'}")

@@ -21,7 +21,7 @@ import yaml
 import quantem_flow.operators as ops
 from quantem_flow import cli
 from quantem_flow.calibration import Calibration
-from quantem_flow.io import READERS, reader_class
+from quantem_flow.io import reader_class, reader_names
 from quantem_flow.pipeline import (
     _DISPLAY_KEYS,
     _INPUT_KEYS,
@@ -29,12 +29,12 @@ from quantem_flow.pipeline import (
     _TOP_KEYS,
     _TRANSFORMS,
     OPERATIONS,
-    READER_OPTIONS,
     Pipeline,
     example_pipeline,
     load_pipeline,
     operations_reference,
     prepare_pipeline,
+    reader_options,
     reader_options_reference,
 )
 from quantem_flow.synthetic import write_synthetic
@@ -62,11 +62,9 @@ def _generated(text: str, label: str) -> str:
 
 def test_generated_tables_are_current() -> None:
     text = _text()
-    assert _generated(text, "operations") == operations_reference(), (
-        "regenerate the operations section of docs/pipelines.md from "
-        "quantem_flow.pipeline.operations_reference()"
-    )
-    assert _generated(text, "reader options") == reader_options_reference()
+    hint = "regenerate them: python -m quantem_flow.pipeline docs/pipelines.md"
+    assert _generated(text, "operations") == operations_reference(), hint
+    assert _generated(text, "reader options") == reader_options_reference(), hint
 
 
 def test_every_operation_and_parameter_is_documented() -> None:
@@ -95,14 +93,16 @@ def test_every_key_and_option_is_documented() -> None:
     keys = [*_TOP_KEYS, *_INPUT_KEYS, *_SAVE_KEYS, *_DISPLAY_KEYS, *_TRANSFORMS, *calibration]
     for key in keys:
         assert f"| `{key}` |" in text, key
-    for fmt in READERS:
+    for fmt in reader_names():
         if fmt != "memory":
-            assert f"`{fmt}`" in text, fmt
+            assert f"| `{fmt}` |" in text, fmt
     union = set()
-    for fmt in READERS:
+    for fmt in reader_names():
         params = inspect.signature(reader_class(fmt).__init__).parameters.values()
         union |= {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    assert union | {"verify"} == set(READER_OPTIONS)
+    assert union | {"verify"} == set(reader_options())
+    for name in reader_options():
+        assert f"- `{name}`: " in text, name
 
 
 def test_every_flag_of_run_is_documented() -> None:
