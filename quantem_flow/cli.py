@@ -242,15 +242,19 @@ def _start_client(scheduler: str | None) -> tuple[Any, str]:
 
 
 def _report_dashboard(client: Any) -> None:
+    """Print the cluster's dashboard: the quantem-flow page, and Dask's own."""
     if isinstance(client, str):
         return
-    from .graphs import dashboard_url
+    from .graphs.cluster import dashboard_url, flow_dashboard_url
 
-    url = dashboard_url(client)
+    url = flow_dashboard_url(client)
     if url is None:
         _say("dashboard: none (install bokeh for the Dask dashboard)")
     else:
-        _say(f"dashboard: {url}  (live while this command runs)")
+        _say(
+            f"dashboard: {url}  (placement and residency; Dask's own: {dashboard_url(client)}; "
+            "live while this command runs)"
+        )
 
 
 def _finish_client(client: Any, scheduler: str | None) -> None:

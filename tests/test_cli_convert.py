@@ -157,4 +157,5 @@ def test_bench_prints_the_dashboard(
     monkeypatch.setattr(quantem_flow.graphs.cluster, "close_embedded_cluster", lambda: None)
     assert main(["bench", "--output-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "dashboard: http://127.0.0.1:4321/" in out
+    assert "dashboard: http://127.0.0.1:4321/quantem-flow " in out
+    assert "http://127.0.0.1:4321/status" in out
