@@ -89,13 +89,11 @@ class FlowDashboard:
         from bokeh.models import (
             BasicTickFormatter,
             ColumnDataSource,
-            DataTable,
-            Div,
             HoverTool,
             NumeralTickFormatter,
             Range1d,
-            TableColumn,
         )
+        from bokeh.models.widgets import DataTable, Div, TableColumn
         from bokeh.plotting import figure
 
         self.colors: dict[str, str] = {}
@@ -111,7 +109,7 @@ class FlowDashboard:
         self.losses_src = ColumnDataSource(
             {"x": [], "y": [], "worker": [], "restored": []}, name="qf-losses"
         )
-        self.throughput = figure(
+        self.throughput: Any = figure(
             title="Throughput per worker (GB/s of chunk data, 1 s bins)",
             x_axis_type="datetime",
             height=260,
@@ -152,12 +150,12 @@ class FlowDashboard:
         self.progress_src = ColumnDataSource(
             {"y": [], "frac": [], "one": [], "label": [], "color": []}, name="qf-progress"
         )
-        self.progress = figure(
+        self.progress: Any = figure(
             title="Passes (chunks done)",
             height=260,
             width=half,
-            x_range=Range1d(0, 1),
-            y_range=Range1d(-0.6, 4.6),
+            x_range=Range1d(start=0, end=1),
+            y_range=Range1d(start=-0.6, end=4.6),
             tools="",
             toolbar_location=None,
             name="qf-progress-figure",
@@ -195,12 +193,12 @@ class FlowDashboard:
             },
             name="qf-scan-map",
         )
-        self.scan_map = figure(
+        self.scan_map: Any = figure(
             title="Chunks by worker (scan map)",
             height=340,
             width=half,
-            x_range=Range1d(0, 1),
-            y_range=Range1d(1, 0),
+            x_range=Range1d(start=0, end=1),
+            y_range=Range1d(start=1, end=0),
             tools="hover,reset,save",
             tooltips=[
                 ("chunk", "@chunk"),
@@ -237,11 +235,11 @@ class FlowDashboard:
             },
             name="qf-resident",
         )
-        self.resident = figure(
+        self.resident: Any = figure(
             title="Resident bytes per worker (runtime/representation)",
             height=340,
             width=half,
-            y_range=Range1d(-0.6, 1.6),
+            y_range=Range1d(start=-0.6, end=1.6),
             tools="hover,save",
             tooltips=[("worker", "@worker"), ("held", "@category"), ("MiB", "@mib{0.0}")],
             name="qf-resident-figure",
