@@ -231,7 +231,7 @@ class BlockfileSource(FrameSource):
             self._set_frames(
                 n_frames=n,
                 frame_shape=(k, k),
-                dtype=np.uint8,
+                dtype=np.dtype(np.uint8),
                 scan_shape=shape,
                 path=self._path,
                 scan_shape_from=how,
