@@ -1740,7 +1740,9 @@ def write_reference(path: str | os.PathLike[str]) -> bool:
         )
         if not pattern.search(new):
             raise FormatError(f"{str(p)!r} has no generated {label!r} section (BEGIN/END markers)")
-        new = pattern.sub(lambda m, body=body: m.group(1) + body + m.group(3), new)
+        match = pattern.search(new)
+        assert match is not None
+        new = new[: match.start(2)] + body + new[match.end(2) :]
     if new != text:
         p.write_text(new, encoding="utf-8")
     return new != text
