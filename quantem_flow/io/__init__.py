@@ -51,6 +51,7 @@ READERS: dict[str, str] = {
     "mib": "quantem_flow.io.merlin:MerlinSource",
     "counted": "quantem_flow.io.counted:CountedSource",
     "dm4": "quantem_flow.io.dm4:Dm4Source",
+    "emd": "quantem_flow.io.emd:EmdSource",
     "blockfile": "quantem_flow.io.blockfile:BlockfileSource",
     "ser": "quantem_flow.io.ser:SerSource",
     "mrc": "quantem_flow.io.mrc:MrcSource",
@@ -69,6 +70,7 @@ SNIFFERS: dict[str, str] = {
     "mib": "quantem_flow.io.sniffers:mib",
     "counted": "quantem_flow.io.counted:sniff",
     "dm4": "quantem_flow.io.dm4:sniff",
+    "emd": "quantem_flow.io.emd:sniff",
     "blockfile": "quantem_flow.io.blockfile:sniff",
     "ser": "quantem_flow.io.ser:sniff",
     "mrc": "quantem_flow.io.mrc:sniff",
@@ -85,6 +87,7 @@ SUFFIXES: dict[str, tuple[str, ...]] = {
     "empad": (".xml",),
     "mib": (".mib",),
     "dm4": (".dm4",),
+    "emd": (".emd", ".py4dstem"),
     "blockfile": (".blo",),
     "ser": (".ser", ".emi"),
     "mrc": (".mrc", ".mrcs"),
@@ -249,6 +252,7 @@ _DECLARED_BY = {
     "mib": "the frame size in the .mib frame header",
     "empad": "the frame size in the EMPAD .xml",
     "dm4": "ImageData/Dimensions in the DM4 tags",
+    "emd": "the shape of the EMD array's data",
 }
 
 

@@ -1,0 +1,133 @@
+"""EMD 1.0 (py4DSTEM / emdfile) datacubes: exact reads, dims calibration, detection, errors."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from quantem_flow.errors import DatasetPathError, FormatError
+from quantem_flow.io import detect_format, open_source
+from quantem_flow.io.emd import EmdSource, sniff
+
+from . import writers
+from .conformance_cases_emd import CASES
+from .writers_emd import write_emd
+
+
+def _data(shape: tuple[int, ...] = (4, 3, 5, 8)) -> np.ndarray:
+    return np.arange(int(np.prod(shape))).reshape(shape).astype("uint16")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_conformance_cases_read_exactly(name: str, tmp_path: Path) -> None:
+    case = CASES[name](tmp_path, np.random.default_rng())
+    src = open_source(case.target, **case.options)
+    assert src.format == "emd" and src.shape == case.expected.shape
+    np.testing.assert_array_equal(src.read((0, 5), (0, 7)), case.expected)
+    np.testing.assert_array_equal(src.read((1, 4), (2, 5)), case.expected[1:4, 2:5])
+    again = pickle.loads(pickle.dumps(src))
+    np.testing.assert_array_equal(again.read((4, 5), (0, 7)), case.expected[4:5])
+
+
+def test_calibration_from_dimension_vectors(tmp_path: Path) -> None:
+    p = write_emd(tmp_path / "c.emd", _data(), r_step=0.8, q_step=0.05, q_first=(-0.1, -0.3))
+    src = EmdSource(p)
+    cal = src.calibration
+    assert cal is not None
+    assert cal.scan_units == "Å" and cal.scan_sampling == pytest.approx((0.8, 1.2))
+    assert cal.detector_units == "1/Å" and cal.detector_sampling == pytest.approx((0.05, 0.1))
+    assert cal.detector_origin == pytest.approx((2.0, 3.0))
+    md = src.metadata
+    assert md["emd_group"] == "/experiment/datacube"
+    assert "EMD dimension vectors" in md["calibration_from"]
+    assert [d["name"] for d in md["dims"]] == ["Rx", "Ry", "Qx", "Qy"]
+    json.dumps(md)
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_emd_02_one_based_full_dims(full: bool, tmp_path: Path) -> None:
+    p = write_emd(
+        tmp_path / "o.emd", _data(), one_based=True, full_dims=full, r_units="nm", q_units="mrad"
+    )
+    cal = EmdSource(p).calibration
+    assert cal is not None and cal.scan_units == "nm" and cal.detector_units == "mrad"
+
+
+def test_reciprocal_nm_converted_and_pixels_uncalibrated(tmp_path: Path) -> None:
+    p = write_emd(tmp_path / "n.emd", _data(), r_units="pixels", q_units="1/nm", q_step=0.5)
+    cal = EmdSource(p).calibration
+    assert cal is not None
+    assert cal.scan_units == "px" and cal.detector_sampling == pytest.approx((0.05, 0.1))
+
+
+def test_unknown_units_leave_axes_uncalibrated_with_a_note(tmp_path: Path) -> None:
+    p = write_emd(tmp_path / "u.emd", _data(), r_units="parsec", q_units="pixels")
+    src = EmdSource(p)
+    assert src.calibration is None
+    assert any("parsec" in n for n in src.notes)
+
+
+def test_string_group_type_and_several_arrays(tmp_path: Path) -> None:
+    p = write_emd(
+        tmp_path / "s.emd",
+        _data(),
+        group_type="array",
+        extra_arrays={"virtual_bf": np.zeros((4, 3)), "other_cube": np.zeros((2, 2, 2, 2))},
+    )
+    with pytest.raises(DatasetPathError) as info:
+        EmdSource(p)
+    assert "2 EMD arrays with 4-D data" in str(info.value)
+    assert "/experiment/other_cube" in str(info.value)
+    src = EmdSource(p, dataset_path="/experiment/datacube")
+    np.testing.assert_array_equal(src.read((0, 4), (0, 3)), _data())
+    src = EmdSource(p, dataset_path="/experiment/datacube/data")
+    assert src.metadata["emd_group"] == "/experiment/datacube"
+
+
+def test_not_an_array_group_raises(tmp_path: Path) -> None:
+    p = write_emd(tmp_path / "g.emd", _data())
+    with pytest.raises(DatasetPathError) as info:
+        EmdSource(p, dataset_path="/experiment")
+    assert "'/experiment' in" in str(info.value) and "/experiment/datacube" in str(info.value)
+
+
+def test_lying_dimension_vector_raises(tmp_path: Path) -> None:
+    p = write_emd(tmp_path / "l.emd", _data())
+    with h5py.File(p, "a") as f:
+        del f["experiment/datacube/dim2"]
+        f["experiment/datacube/dim2"] = np.arange(7.0)  # the axis has 5 pixels
+    with pytest.raises(FormatError) as info:
+        EmdSource(p)
+    assert str(p) in str(info.value) and "'dim2' holds 7 values" in str(info.value)
+
+
+def test_three_d_data_is_refused(tmp_path: Path) -> None:
+    p = write_emd(tmp_path / "t.emd", _data())
+    with h5py.File(p, "a") as f:
+        del f["experiment/datacube/data"]
+        f["experiment/datacube/data"] = np.zeros((12, 5, 8))
+    with pytest.raises(FormatError) as info:
+        EmdSource(p, dataset_path="/experiment/datacube")
+    assert "(12, 5, 8)" in str(info.value) and "4-D" in str(info.value)
+
+
+def test_truncated_file_is_a_format_error(tmp_path: Path) -> None:
+    p = write_emd(tmp_path / "x.emd", _data((6, 5, 32, 32)))
+    p.write_bytes(p.read_bytes()[:3000])
+    with pytest.raises(FormatError) as info:
+        open_source(p, format="emd")
+    assert str(p) in str(info.value)
+
+
+def test_detection_tells_emd_from_plain_hdf5(tmp_path: Path) -> None:
+    p = write_emd(tmp_path / "datacube.h5", _data())
+    assert sniff(p, p.read_bytes()[:4096])
+    assert detect_format(p) == "emd"
+    plain = writers.write_hdf5(tmp_path / "plain.emd", _data())
+    assert not sniff(plain, plain.read_bytes()[:4096])
+    assert detect_format(plain) == "hdf5"
