@@ -838,7 +838,11 @@ def _parser() -> argparse.ArgumentParser:
         help="write a dataset losslessly to a compressed Zarr v3 store or a counted file",
     )
     p.add_argument("input", metavar="INPUT", help="data file or Zarr store")
-    p.add_argument("output", metavar="OUTPUT", help="Zarr store (directory) or .h5 file to write")
+    p.add_argument(
+        "output",
+        metavar="OUTPUT",
+        help="OUTPUT.zarr (a Zarr store, a directory) or OUTPUT.h5 with --to counted",
+    )
     p.add_argument("--format", help="reader name (default: guessed from the name)")
     p.add_argument("--dataset-path", help="dataset inside an HDF5 file, e.g. /data")
     p.add_argument(

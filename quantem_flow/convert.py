@@ -1,6 +1,7 @@
 """Lossless conversion of a 4D-STEM dataset to a compressed Zarr v3 store or a counted file.
 
-``convert(ds, "scan.zarr", codec="bitshuffle-lz4")`` writes the dataset (with
+``convert(ds, "scan.zarr", codec="bitshuffle-lz4")`` (a Zarr store, chosen by
+the ``.zarr`` name) or ``convert(ds, "scan.h5", to="counted")`` writes the dataset (with
 any regions and binning it carries) chunk by chunk, never holding more
 than one block of scan rows in memory:
 
@@ -256,6 +257,9 @@ def convert(
 
     Raises
     ------
+    ParameterError
+        The output's name does not say what to write and ``to`` is not
+        given, or it contradicts ``to`` (see :func:`output_kind`).
     FileExistsError
         The output exists and ``overwrite`` is false.
     ConversionError
