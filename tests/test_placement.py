@@ -347,3 +347,17 @@ def test_worker_resources_advertise_one_pool_for_shared_memory() -> None:
     )
     res = capability_resources({"cpu": 1, "cuda": 1}, {"cpu": 1000, "cuda": 500})
     assert res["qf-memory-host"] == 1000.0 and res["qf-memory-cuda"] == 500.0
+
+
+def test_a_pass_requests_only_the_pools_its_workers_advertise() -> None:
+    # a CUDA-only worker advertises its device pool, not the host one: requesting host
+    # memory from it would leave the task waiting forever
+    caps = parse_resources(
+        "gpu", {"qf-runtime-cuda": 1.0, "qf-budget-cuda": 1000.0, "qf-memory-cuda": 1000.0}
+    )
+    assert caps.pool_resources == frozenset({"cuda"})
+    p = Placement()
+    p.handle(WorkerJoined(caps))
+    task = TaskInfo("t", "pass", "cuda", need={"host": 300, "cuda": 400})
+    (d,) = p.handle(TasksSubmitted((task,)))
+    assert isinstance(d, Restrict) and d.resources == {"qf-memory-cuda": 400.0}

@@ -111,9 +111,9 @@ class WorkerCapabilities:
         ``{pool: bytes}`` of its memory pools (:func:`memory_pools`); when
         not given, derived from ``budgets``.
     pool_resources
-        Whether the worker advertises the pools as Dask resources
+        The pools the worker advertises as Dask resources
         (``qf-memory-<pool>``), so tasks can request their need from them
-        and the worker runs at once only what fits.  False for plain Dask
+        and the worker runs at once only what fits.  Empty for plain Dask
         workers and workers of older versions.
     """
 
@@ -123,7 +123,7 @@ class WorkerCapabilities:
     budgets: Mapping[str, int]
     name: str = ""
     pools: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    pool_resources: bool = False
+    pool_resources: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.pools:
@@ -138,7 +138,7 @@ class WorkerCapabilities:
             "slots": dict(self.slots),
             "budgets": dict(self.budgets),
             "pools": dict(self.pools),
-            "pool_resources": self.pool_resources,
+            "pool_resources": sorted(self.pool_resources),
         }
 
 
@@ -198,5 +198,5 @@ def parse_resources(
         budgets=budgets,
         name=name,
         pools={**derived, **pools},
-        pool_resources=bool(pools) and set(derived) <= set(pools),
+        pool_resources=frozenset(pools),
     )

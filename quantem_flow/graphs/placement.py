@@ -462,9 +462,18 @@ class Placement:
         # the tasks running at once on a worker never need more than its budget.
         enforcing = [a for a in fitting if self.workers[a].pool_resources]
         if enforcing:
-            resources = {MEMORY_PREFIX + pool: float(n) for pool, n in sorted(need.items())}
+            # only pools every chosen worker advertises: a resource one of them lacks would
+            # leave the task waiting for a worker that has it
+            resources = {
+                MEMORY_PREFIX + pool: float(n)
+                for pool, n in sorted(need.items())
+                if all(pool in self.workers[a].pool_resources for a in enforcing)
+            }
             return self._restrict(
-                task, enforcing, f"{why}; memory need {_mib(sum(need.values()))}", resources
+                task,
+                enforcing,
+                f"{why}; memory need {_mib(sum(need.values()))}",
+                resources or None,
             )
         return self._restrict(task, fitting, why)
 
