@@ -23,7 +23,13 @@ at every output (``n x m`` values, a tiny fraction of the ``n x k x m``
 multiply-adds) and recomputes only the non-finite ones over the nonzero
 weights of their row.  A row whose support holds a NaN, or infinities of
 both signs, is NaN; one holding infinities of one sign is that infinity.
-Integer data cannot be non-finite and skip the check.  The sum and max
+Integer data cannot be non-finite and skip the check.  Measured on this
+project's 2-core machine (busy; medians of 11, side by side, 1024 frames of
+128 x 128, 5 weight rows): u16 and f32 without bad pixels no measurable
+change (ratios 0.92-1.05, within the noise); f32 with a NaN pixel outside
+every row in *every* frame, where each frame is recomputed, the repair costs
+1.1-1.2x one fused pass (2.4x before frames were grouped 4 x 2 here too).
+The sum and max
 patterns are per pixel already: a non-finite pixel makes only its own
 pattern pixel non-finite (sum: IEEE; max: NaN like ``numpy.max``, +inf
 wins, -inf loses).
@@ -124,33 +130,60 @@ def _fused(frames, weights, out, acc_sum, acc_max, do_sum, do_max):  # type: ign
 
 
 @_jit
-def _skip_zero_weights(frames, weights, out, m):  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
-    # Recompute the non-finite out[i, j] (j < m) over the nonzero weights of row j only,
-    # two weight rows per read of the frame; a select, not a branch, so the loop vectorises.
+def _skip_zero_weights(frames, weights, out, m, todo):  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
+    # Recompute the non-finite out[i, j] (j < m) over the nonzero weights of row j only.
+    # The frames with a non-finite output go four at a time against two weight rows
+    # (as in _fused), with a select, not a branch, on each weight so the loop vectorises.
     n, k = frames.shape
+    nt = 0
     for i in range(n):
-        row = frames[i]
+        for j in range(m):
+            if not math.isfinite(out[i, j]):
+                todo[nt] = i
+                nt += 1
+                break
+    for q in range(0, nt, 4):
+        i0 = todo[q]
+        i1 = todo[min(q + 1, nt - 1)]  # a short group repeats its last frame
+        i2 = todo[min(q + 2, nt - 1)]
+        i3 = todo[min(q + 3, nt - 1)]
+        ra = frames[i0]
+        rb = frames[i1]
+        rc = frames[i2]
+        rd = frames[i3]
         for j in range(0, m, 2):
-            redo0 = not math.isfinite(out[i, j])
-            redo1 = j + 1 < m and not math.isfinite(out[i, j + 1])
-            if not (redo0 or redo1):
-                continue
             w0 = weights[j]
             w1 = weights[j + 1]  # weights has an even number of rows
             a0 = 0.0
             a1 = 0.0
+            b0 = 0.0
+            b1 = 0.0
+            c0 = 0.0
+            c1 = 0.0
+            d0 = 0.0
+            d1 = 0.0
             for p in range(k):
-                v = np.float64(row[p])
                 x0 = w0[p]
                 x1 = w1[p]
-                t0 = v * x0
-                t1 = v * x1
-                a0 += t0 if x0 != 0.0 else 0.0
-                a1 += t1 if x1 != 0.0 else 0.0
-            if redo0:
-                out[i, j] = a0
-            if redo1:
-                out[i, j + 1] = a1
+                s0 = x0 != 0.0
+                s1 = x1 != 0.0
+                va = np.float64(ra[p])
+                vb = np.float64(rb[p])
+                vc = np.float64(rc[p])
+                vd = np.float64(rd[p])
+                a0 += va * x0 if s0 else 0.0
+                a1 += va * x1 if s1 else 0.0
+                b0 += vb * x0 if s0 else 0.0
+                b1 += vb * x1 if s1 else 0.0
+                c0 += vc * x0 if s0 else 0.0
+                c1 += vc * x1 if s1 else 0.0
+                d0 += vd * x0 if s0 else 0.0
+                d1 += vd * x1 if s1 else 0.0
+            for i, v0, v1 in ((i0, a0, a1), (i1, b0, b1), (i2, c0, c1), (i3, d0, d1)):
+                if not math.isfinite(out[i, j]):
+                    out[i, j] = v0
+                if j + 1 < m and not math.isfinite(out[i, j + 1]):
+                    out[i, j + 1] = v1
 
 
 def skip_zero_weights(frames: np.ndarray, weights: np.ndarray, out: np.ndarray, m: int) -> None:
@@ -171,7 +204,7 @@ def skip_zero_weights(frames: np.ndarray, weights: np.ndarray, out: np.ndarray, 
     Integer frames are never non-finite and return at once, at no cost.
     """
     if frames.dtype.kind == "f" and out.size and m:
-        _skip_zero_weights(frames, weights, out, m)
+        _skip_zero_weights(frames, weights, out, m, np.empty(frames.shape[0], dtype=np.int64))
 
 
 def sum_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
