@@ -22,7 +22,8 @@ Choices of this reader:
 
 * **Mode 0** is signed int8 (MRC2014), except in files stamped by IMOD
   without its "bytes are signed" flag, which IMOD writes unsigned; the
-  choice is recorded in the metadata and notes.  Complex (3, 4) and 4-bit
+  choice is recorded in the metadata and notes, and ``mode0_unsigned=``
+  overrides it (writers that store counts 0..255 without the IMOD stamp).  Complex (3, 4) and 4-bit
   (101) modes are refused.
 * **Rows** are returned as stored (row 0 is the first stored row); no flip
   is applied.  Viewers that follow the crystallographic convention show
@@ -191,6 +192,10 @@ class MrcSource(FrameSource):
     info_file
         The DE ``*_info.txt`` metadata file, when it does not lie beside the
         movie under its usual name; ``False`` to ignore it.
+    mode0_unsigned
+        For ``MODE`` 0: ``None`` follows the header (signed int8 per MRC2014,
+        unsigned for IMOD files without the signed flag); ``True``/``False``
+        reads the bytes as uint8/int8 whatever the header says (noted).
 
     Notes
     -----
@@ -206,6 +211,7 @@ class MrcSource(FrameSource):
         scan_shape: Sequence[int] | str | None = None,
         frame_offset: int = 0,
         info_file: str | os.PathLike[str] | bool | None = None,
+        mode0_unsigned: bool | None = None,
     ):
         self._path = check_exists(path, what="MRC file")
         self._handle_file: PositionalFile | None = None
@@ -237,7 +243,14 @@ class MrcSource(FrameSource):
             )
         order = "<" if h["byte_order"] == "little" else ">"
         code = MRC_MODES[mode]
-        if mode == 0 and h["imod_stamp"] and not int(h["imod_flags"]) & 1:
+        if mode == 0 and mode0_unsigned is not None:
+            code = "u1" if mode0_unsigned else "i1"
+            self._extra_notes.append(
+                f"MRC file {p!r} is MODE 0; its bytes were read as "
+                f"{'uint8' if mode0_unsigned else 'int8'} because mode0_unsigned="
+                f"{mode0_unsigned} was given"
+            )
+        elif mode == 0 and h["imod_stamp"] and not int(h["imod_flags"]) & 1:
             code = "u1"
             self._extra_notes.append(
                 f"MRC file {p!r} is MODE 0 stamped by IMOD without its signed-bytes flag: "

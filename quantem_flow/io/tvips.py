@@ -290,11 +290,7 @@ class TvipsSource(FrameSource):
                 "where the scan starts, not its shape"
             )
         count = int(scan_shape[0]) * int(scan_shape[1])
-        start = None
-        for k in range(n):  # the scan usually starts within the first frames
-            if self._frame_header(k).get("rotidx") == 1:
-                start = k
-                break
+        start = self._first_rotidx_one()
         if start is None:
             raise ScanShapeError(
                 f"TVIPS series {p!r}: no frame has rotator index 1, so the scan start is unknown; "
@@ -319,6 +315,18 @@ class TvipsSource(FrameSource):
             f"{start} frames before it and {n - last - 1} after it were not read"
         )
         return start, last + 1
+
+    def _first_rotidx_one(self) -> int | None:
+        """Return the first frame whose rotator index is 1 (one open per file)."""
+        for i, fp in enumerate(self._files):
+            count = int(self._cum[i + 1]) - int(self._cum[i])
+            with open(fp, "rb") as f:
+                for j in range(count):
+                    f.seek(self._starts[i] + j * self._record + _ROTIDX_AT)
+                    raw = f.read(4)
+                    if len(raw) == 4 and struct.unpack("<I", raw)[0] == 1:
+                        return int(self._cum[i]) + j
+        return None
 
     def _files_open(self) -> dict[int, PositionalFile]:
         if self._handle_files is None:

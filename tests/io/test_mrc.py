@@ -145,3 +145,14 @@ def test_detected_by_content_and_calibrated_by_open(tmp_path: Path) -> None:
     ds = qf.open(p)
     assert ds.shape == (2, 3, 4, 5)
     assert ds.calibration.scan_sampling == (0.25, 0.5)
+
+
+@pytest.mark.parametrize(("unsigned", "dtype"), [(True, np.uint8), (False, np.int8)])
+def test_mode0_signedness_can_be_given(tmp_path: Path, unsigned: bool, dtype: type) -> None:
+    f = np.arange(24, dtype=np.uint8).reshape(6, 2, 2) + 120
+    p = write_mrc(tmp_path / "b.mrc", f.view(np.int8))  # MODE 0, no IMOD stamp
+    assert MrcSource(p, scan_shape=(2, 3)).dtype == np.int8
+    src = MrcSource(p, scan_shape=(2, 3), mode0_unsigned=unsigned)
+    assert src.dtype == dtype
+    assert any(f"mode0_unsigned={unsigned}" in n for n in src.notes)
+    np.testing.assert_array_equal(src.read((0, 2), (0, 3)), f.view(dtype).reshape(2, 3, 2, 2))
