@@ -52,6 +52,7 @@ READERS: dict[str, str] = {
     "counted": "quantem_flow.io.counted:CountedSource",
     "dm4": "quantem_flow.io.dm4:Dm4Source",
     "emd": "quantem_flow.io.emd:EmdSource",
+    "velox": "quantem_flow.io.velox:VeloxSource",
     "blockfile": "quantem_flow.io.blockfile:BlockfileSource",
     "ser": "quantem_flow.io.ser:SerSource",
     "mrc": "quantem_flow.io.mrc:MrcSource",
@@ -71,6 +72,7 @@ SNIFFERS: dict[str, str] = {
     "counted": "quantem_flow.io.counted:sniff",
     "dm4": "quantem_flow.io.dm4:sniff",
     "emd": "quantem_flow.io.emd:sniff",
+    "velox": "quantem_flow.io.velox:sniff",
     "blockfile": "quantem_flow.io.blockfile:sniff",
     "ser": "quantem_flow.io.ser:sniff",
     "mrc": "quantem_flow.io.mrc:sniff",
@@ -88,6 +90,7 @@ SUFFIXES: dict[str, tuple[str, ...]] = {
     "mib": (".mib",),
     "dm4": (".dm4",),
     "emd": (".emd", ".py4dstem"),
+    "velox": (".emd",),
     "blockfile": (".blo",),
     "ser": (".ser", ".emi"),
     "mrc": (".mrc", ".mrcs"),
@@ -253,6 +256,7 @@ _DECLARED_BY = {
     "empad": "the frame size in the EMPAD .xml",
     "dm4": "ImageData/Dimensions in the DM4 tags",
     "emd": "the shape of the EMD array's data",
+    "velox": "the Velox stack's shape and Scan/ScanSize",
 }
 
 

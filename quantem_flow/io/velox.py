@@ -1,0 +1,439 @@
+"""Thermo Fisher Velox ``.emd`` files: a 4D-STEM camera stack and its JSON metadata.
+
+A Velox EMD file is HDF5 (not EMD 1.0: no ``emd_group_type``): a dataset
+``/Version`` holding JSON (``{"format": "Velox", "version": ...}``) and a
+group ``/Data`` with one subgroup per kind of data, ``Image``,
+``SpectrumStream``, ``SpectrumImage``, ``Spectrum``..., each holding one
+group per acquisition (named by a UUID) with:
+
+- ``Data``: an image stack stored as ``(height, width, frames)``, frames
+  last, usually one frame per HDF5 chunk;
+- ``Metadata``: ``uint8`` of shape ``(n, frames)``, column ``i`` the
+  zero-padded UTF-8 JSON of frame ``i`` (``BinaryResult``: ``PixelSize``
+  ``{width, height}`` in ``PixelUnitX``, ``Detector``...; ``Optics``:
+  ``AccelerationVoltage`` in volts...; ``Scan``: ``ScanSize`` ``{width,
+  height}``...).
+
+A 4D-STEM acquisition with a camera is an ``Image`` stack with one frame per
+scan position: frame ``i`` is scan position ``(i // width, i % width)``, and
+``height x width x frames`` is ``k_r x k_c x`` positions.  The reader takes
+the one ``Image`` stack whose frame count equals its ``Scan/ScanSize``
+(or the one named by ``dataset_path``); the scan shape comes from
+``ScanSize`` (``height`` rows, ``width`` columns) unless ``scan_shape`` is
+given.  ``SpectrumStream``/``SpectrumImage`` hold EDS events, not
+diffraction, and are not read.
+
+Calibration from the stack's JSON: the detector pixel from
+``BinaryResult/PixelSize`` when its unit (``PixelUnitX``) is reciprocal
+(``1/m`` or ``1/nm``, converted to ``1/Å``), the optical axis from
+``BinaryResult/Offset`` (``-offset / pixel size``) when not zero, and the
+voltage from ``Optics/AccelerationVoltage``.  The scan step comes from the
+pixel size (in ``m``) of a 2-D STEM image of the same file whose size is
+the scan shape (the detector image Velox records with the stack); when
+there is none, or several disagree, the scan is left uncalibrated with a
+note.  A JSON sidecar's calibration overrides the file's.
+
+Not verified against a 4D-STEM file written by Velox here: the field names
+and the frames-last layout are those of Velox image stacks (as read by
+RosettaSciIO); a 4-D ``Data`` or a stack whose frame count matches no
+``ScanSize`` is refused with an error rather than guessed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..calibration import Calibration
+from ..errors import CorruptChunkError, DatasetPathError, DtypeError, FormatError, ShapeError
+from .base import (
+    FrameSource,
+    SourceIdentity,
+    check_exists,
+    header_digest,
+    path_size,
+    sidecar_calibration,
+)
+from .hdf5 import attribute_value, dataset_filters, layout_integrity, open_h5
+
+__all__ = ["VeloxSource", "read_velox_metadata", "sniff"]
+
+_KINDS = ("Image", "SpectrumStream", "SpectrumImage", "Spectrum")
+_RECIPROCAL = {"1/m": 1e-10, "1/nm": 0.1, "1/å": 1.0, "1/a": 1.0, "1/pm": 100.0}
+_LENGTH_M = {"m": 1.0, "nm": 1e-9, "µm": 1e-6, "um": 1e-6, "pm": 1e-12, "å": 1e-10, "a": 1e-10}
+
+
+def sniff(path: Path, head: bytes) -> bool:
+    """An HDF5 file with a ``/Version`` dataset and a ``/Data`` group of Velox kinds (Image...)."""
+    from .sniffers import hdf5_sniff_open
+
+    f = hdf5_sniff_open(path, head)
+    if f is None:
+        return False
+    try:
+        with f:
+            import h5py
+
+            data = f.get("Data")
+            if not isinstance(f.get("Version"), h5py.Dataset) or not isinstance(data, h5py.Group):
+                return False
+            return any(k in data for k in _KINDS)
+    except Exception:  # a sniffer never raises
+        return False
+
+
+def read_velox_metadata(group: Any, path: Path, where: str) -> dict[str, Any]:
+    """Return the JSON metadata of the first frame of a Velox acquisition group.
+
+    Raises
+    ------
+    FormatError
+        No ``Metadata`` dataset, or one that is not zero-padded UTF-8 JSON.
+    """
+    meta = group.get("Metadata")
+    if meta is None or getattr(meta, "ndim", 0) not in (1, 2):
+        raise FormatError(
+            f"{str(path)!r}: Velox acquisition {where!r} has no Metadata dataset (uint8, one "
+            "JSON text per frame); the file is damaged or not written by Velox"
+        )
+    column = meta[:, 0] if meta.ndim == 2 else meta[:]
+    raw = np.asarray(column, dtype=np.uint8).tobytes().rstrip(b"\x00")
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise FormatError(
+            f"{str(path)!r}: the Metadata of Velox acquisition {where!r} is not JSON ({exc}); "
+            "the file is damaged"
+        ) from exc
+    if not isinstance(value, dict):
+        raise FormatError(
+            f"{str(path)!r}: the Metadata of Velox acquisition {where!r} is a JSON "
+            f"{type(value).__name__}; expected an object"
+        )
+    return value
+
+
+def _field(tree: Any, *names: str) -> Any:
+    for name in names:
+        if not isinstance(tree, dict) or name not in tree:
+            return None
+        tree = tree[name]
+    return tree
+
+
+def _number(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def _scan_size(meta: dict[str, Any]) -> tuple[int, int] | None:
+    w = _number(_field(meta, "Scan", "ScanSize", "width"))
+    h = _number(_field(meta, "Scan", "ScanSize", "height"))
+    if w is None or h is None or w < 1 or h < 1 or w != int(w) or h != int(h):
+        return None
+    return int(h), int(w)
+
+
+class VeloxSource(FrameSource):
+    """The 4D-STEM camera stack of a Velox ``.emd`` file.
+
+    Parameters
+    ----------
+    path
+        The ``.emd`` file.
+    dataset_path
+        The acquisition group (``"/Data/Image/<uuid>"``) or its ``Data``;
+        ``None`` for the only ``Image`` stack whose frames fill its
+        ``Scan/ScanSize``.
+    scan_shape
+        ``(rows, cols)``; ``None`` for ``Scan/ScanSize``.
+    """
+
+    format: ClassVar[str] = "velox"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        dataset_path: str | None = None,
+        scan_shape: Sequence[int] | str | None = None,
+    ):
+        import h5py
+
+        self._path = check_exists(path, what="Velox EMD file")
+        self._handle_file: Any = None
+        self._handle_dset: Any = None
+        with open_h5(self._path) as f:
+            version = f.get("Version")
+            try:
+                first = np.asarray(version[()]).reshape(-1)[0]
+                text = first.decode() if isinstance(first, bytes) else str(first)
+                self._version = json.loads(text)
+            except Exception as exc:
+                raise FormatError(
+                    f"{str(self._path)!r}: /Version is not Velox's JSON version record ({exc}); "
+                    "expected a Velox .emd file"
+                ) from exc
+            images = f.get("Data/Image")
+            stacks: list[tuple[str, tuple[int, ...], Any]] = []
+            if isinstance(images, h5py.Group):
+                for key in images:
+                    g = images[key]
+                    d = g.get("Data") if isinstance(g, h5py.Group) else None
+                    if isinstance(d, h5py.Dataset):
+                        where = f"/Data/Image/{key}"
+                        stacks.append((where, tuple(int(s) for s in d.shape), g))
+            listing = ", ".join(f"{w!r} {s}" for w, s, _ in stacks) or "none"
+            if dataset_path is None:
+                picked = []
+                for where, shape, g in stacks:
+                    if len(shape) != 3 or shape[2] < 2:
+                        continue
+                    size = _scan_size(read_velox_metadata(g, self._path, where))
+                    if size is not None and size[0] * size[1] == shape[2]:
+                        picked.append(where)
+                if len(picked) != 1:
+                    raise DatasetPathError(
+                        f"{str(self._path)!r} holds {len(picked)} Velox image stacks whose frame "
+                        f"count equals their Scan/ScanSize (image stacks: {listing}); expected "
+                        "one 4D-STEM camera stack. Pass dataset_path= the acquisition group "
+                        "(and scan_shape= if its ScanSize is missing)"
+                    )
+                group_path = picked[0]
+                self._group_from = "the only image stack whose frames fill its Scan/ScanSize"
+            else:
+                group_path = dataset_path.rstrip("/")
+                if group_path.endswith("/Data") and isinstance(f.get(group_path), h5py.Dataset):
+                    group_path = group_path[: -len("/Data")]
+                self._group_from = "given (dataset_path=)"
+            group = f.get(group_path)
+            dset = group.get("Data") if isinstance(group, h5py.Group) else None
+            if not isinstance(dset, h5py.Dataset):
+                raise DatasetPathError(
+                    f"{group_path!r} in {str(self._path)!r} is not a Velox acquisition group "
+                    f"holding Data; image stacks in the file: {listing}"
+                )
+            shape = tuple(int(s) for s in dset.shape)
+            if len(shape) != 3:
+                raise ShapeError(
+                    f"{str(self._path)!r}: Velox Data {group_path + '/Data'!r} has shape {shape}; "
+                    "expected an image stack (height, width, frames), one frame per scan "
+                    "position"
+                )
+            if dset.dtype.kind not in "uif":
+                raise DtypeError(
+                    f"{str(self._path)!r}: Velox Data {group_path + '/Data'!r} has dtype "
+                    f"{dset.dtype}; expected integer or real camera frames (FFT and DPC results "
+                    "are not 4D-STEM data)"
+                )
+            self._meta = read_velox_metadata(group, self._path, group_path)
+            self._layout = dataset_filters(dset)
+            self._scan_images = self._companion_images(stacks, group_path)
+            dtype = dset.dtype
+        self._group_path = group_path
+        self._dataset_path = group_path + "/Data"
+        self._stored_shape = shape
+        size = _scan_size(self._meta)
+        self._set_frames(
+            n_frames=shape[2],
+            frame_shape=(shape[0], shape[1]),
+            dtype=dtype,
+            scan_shape=scan_shape if scan_shape is not None else size,
+            path=self._path,
+            scan_shape_from=(
+                "the file (Scan/ScanSize in the Velox metadata)"
+                if scan_shape is None and size is not None
+                else None
+            ),
+        )
+
+    def _companion_images(
+        self, stacks: list[tuple[str, tuple[int, ...], Any]], skip: str
+    ) -> list[tuple[str, tuple[int, int], dict[str, Any]]]:
+        """2-D images (one frame) of the file: where, (rows, cols), metadata."""
+        out = []
+        for where, shape, g in stacks:
+            if where == skip or len(shape) != 3 or shape[2] != 1:
+                continue
+            try:
+                meta = read_velox_metadata(g, self._path, where)
+            except FormatError:
+                continue
+            out.append((where, (shape[0], shape[1]), meta))
+        return out
+
+    # -- calibration ---------------------------------------------------------------
+    def _file_calibration(self) -> tuple[Calibration | None, list[str], list[str]]:
+        used: list[str] = []
+        notes: list[str] = []
+        kwargs: dict[str, Any] = {}
+        binary = _field(self._meta, "BinaryResult") or {}
+        unit = str(_field(binary, "PixelUnitX") or "").strip()
+        pw = _number(_field(binary, "PixelSize", "width"))
+        ph = _number(_field(binary, "PixelSize", "height"))
+        factor = _RECIPROCAL.get(unit.lower())
+        if factor is not None and pw and ph and pw > 0 and ph > 0:
+            kwargs["detector_sampling"] = (ph * factor, pw * factor)
+            kwargs["detector_units"] = "1/Å"
+            used.append(f"detector pixel {ph:g} x {pw:g} {unit} (BinaryResult/PixelSize)")
+            ox = _number(_field(binary, "Offset", "x"))
+            oy = _number(_field(binary, "Offset", "y"))
+            if ox is not None and oy is not None and (ox, oy) != (0.0, 0.0):
+                kwargs["detector_origin"] = (-oy / ph, -ox / pw)
+                used.append("optical axis from BinaryResult/Offset")
+        elif unit or pw is not None:
+            notes.append(
+                f"the Velox stack's BinaryResult/PixelSize is {pw!r} x {ph!r} {unit!r}; only a "
+                "reciprocal unit (1/m, 1/nm) calibrates a diffraction pixel, so the detector was "
+                "left uncalibrated"
+            )
+        volts = _number(_field(self._meta, "Optics", "AccelerationVoltage"))
+        if volts is not None:
+            kv = volts / 1000.0
+            if 10.0 <= kv <= 2000.0:
+                kwargs["accelerating_voltage_kV"] = kv
+                used.append(f"voltage {kv:g} kV (Optics/AccelerationVoltage)")
+            else:
+                notes.append(
+                    f"Optics/AccelerationVoltage is {volts!r} V ({kv:g} kV), outside 10-2000 kV; "
+                    "the voltage was not taken from it"
+                )
+        steps = set()
+        sources = []
+        for where, shape, meta in self._scan_images:
+            if shape != self.shape[:2]:
+                continue
+            b = _field(meta, "BinaryResult") or {}
+            to_m = _LENGTH_M.get(str(_field(b, "PixelUnitX") or "").strip().lower())
+            w = _number(_field(b, "PixelSize", "width"))
+            h = _number(_field(b, "PixelSize", "height"))
+            if to_m is None or not w or not h or w <= 0 or h <= 0:
+                continue
+            steps.add((round(h * to_m * 1e10, 9), round(w * to_m * 1e10, 9)))
+            sources.append(where)
+        if len(steps) == 1:
+            step = steps.pop()
+            kwargs["scan_sampling"] = step
+            kwargs["scan_units"] = "Å"
+            used.append(f"scan step {step[0]:g} x {step[1]:g} Å from the image(s) {sources}")
+        elif len(steps) > 1:
+            notes.append(
+                f"the STEM images {sources} of the scan's size give different pixel sizes "
+                f"{sorted(steps)} Å; the scan was left uncalibrated"
+            )
+        else:
+            notes.append(
+                "no 2-D STEM image of the scan's size with a pixel size in m was found in the "
+                "file, so the scan was left uncalibrated"
+            )
+        if not kwargs:
+            return None, used, notes
+        return Calibration(**kwargs), used, notes
+
+    def _calibration_choice(self) -> tuple[Calibration | None, str | None]:
+        side = sidecar_calibration(self._path)
+        if side is not None:
+            return side, f"JSON sidecar next to {str(self._path)!r}"
+        cal, used, _ = self._file_calibration()
+        if cal is None:
+            return None, None
+        return cal, f"Velox metadata of {self._group_path!r}: " + "; ".join(used)
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """A JSON sidecar's calibration, else the one the Velox metadata records."""
+        return self._calibration_choice()[0]
+
+    @property
+    def notes(self) -> list[str]:
+        """Explicit choices made while opening."""
+        return [*super().notes, *self._file_calibration()[2]]
+
+    # -- description -------------------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        """The ``.emd`` file."""
+        return self._path
+
+    @property
+    def integrity(self) -> tuple[bool, str]:
+        """Fletcher32 checksums (HDF5 filter 3), verified by HDF5 on every read, if present."""
+        return layout_integrity(self._layout, f"dataset {self._dataset_path!r}")
+
+    @property
+    def identity(self) -> SourceIdentity:
+        """Path, size and a digest of the dataset's layout and the stack's metadata."""
+        return SourceIdentity(
+            format=self.format,
+            paths=(str(self._path),),
+            file_sizes=(path_size(self._path),),
+            header_sha256=header_digest(
+                self._dataset_path,
+                self._stored_shape,
+                str(self._dtype),
+                self._layout,
+                json.dumps(self._meta, sort_keys=True),
+            ),
+        )
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The acquisition group, the stored layout, the Velox version and JSON sections."""
+        keep = ("BinaryResult", "Optics", "Scan", "Acquisition", "Instrument", "Core")
+        return {
+            "dataset_path": self._dataset_path,
+            "dataset_path_from": self._group_from,
+            "stored_shape": list(self._stored_shape),
+            "stored_order": "(height, width, frames): frames last",
+            **self._layout,
+            "velox_version": {k: attribute_value(v) for k, v in self._version.items()}
+            if isinstance(self._version, dict)
+            else attribute_value(self._version),
+            "velox_metadata": {k: self._meta[k] for k in keep if k in self._meta},
+            "calibration_from": self._calibration_choice()[1],
+            **self.scan_metadata(),
+        }
+
+    # -- reading ---------------------------------------------------------------------------
+    def _dset(self) -> Any:
+        if self._handle_dset is None:
+            self._handle_file = open_h5(self._path)
+            self._handle_dset = self._handle_file[self._dataset_path]
+        return self._handle_dset
+
+    def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
+        """Read frames ``[start, stop)``: ``Data[:, :, start:stop]``, frames moved first."""
+        if not 0 <= start < stop <= self._n_frames:
+            raise ShapeError(
+                f"frames [{start}, {stop}) are outside the {self._n_frames} frames of "
+                f"{str(self._path)!r}"
+            )
+        try:
+            block = self._dset()[:, :, start:stop]
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise CorruptChunkError(
+                f"could not read or decode frames [{start}, {stop}) of {self._dataset_path!r} in "
+                f"{str(self._path)!r}: {exc}. The file may be truncated or a compressed chunk "
+                "corrupt"
+            ) from exc
+        frames = np.moveaxis(block, 2, 0)
+        if out is not None and out.shape == frames.shape:
+            out[...] = frames
+            return out
+        return np.ascontiguousarray(frames, dtype=self._dtype)
+
+    def close(self) -> None:
+        """Close the file (it reopens on the next read)."""
+        if self._handle_file is not None:
+            self._handle_file.close()
+        self._handle_file = None
+        self._handle_dset = None
