@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .fileio import PositionalFile
+from .fileio import SCRATCH_BYTES, PositionalFile
 
 __all__ = ["read_records_into"]
 
@@ -71,15 +71,37 @@ def read_records_into(
         target = np.empty(shape, dtype=native)
     if n:
         frame_bytes = frame_shape[0] * frame_shape[1] * file_dtype.itemsize
-        if head == 0 and record == frame_bytes:
+        if flip_rows:
+            _read_flipped(fh, offset, target, record=record, head=head, what=what)
+        elif head == 0 and record == frame_bytes:
             fh.readinto(offset, target, what=what)
         else:
             fh.read_records(offset, target, record=record, head=head, what=what)
         if not file_dtype.isnative and file_dtype.itemsize > 1:
             target.byteswap(inplace=True)
-        if flip_rows:
-            target[...] = target[:, ::-1].copy()
     if out is not None and target is not out:
         np.copyto(out, target, casting="same_kind")
         return out
     return target
+
+
+def _read_flipped(
+    fh: PositionalFile, offset: int, out: np.ndarray, *, record: int, head: int, what: str
+) -> None:
+    """Fill ``out`` (``(n, rows, cols)``) from records, reversing each frame's rows.
+
+    Records are read a few MiB at a time into a scratch buffer and copied
+    once, rows reversed, into ``out``.
+    """
+    n, rows = int(out.shape[0]), int(out.shape[1])
+    frame = int(out[0].nbytes)
+    row_bytes = frame // rows
+    dest = out.reshape(n, -1).view(np.uint8).reshape(n, rows, row_bytes)
+    per = max(1, SCRATCH_BYTES // record)
+    scratch = np.empty(min(n, per) * record, dtype=np.uint8)
+    for i in range(0, n, per):
+        k = min(per, n - i)
+        part = scratch[: k * record]
+        fh.readinto(offset + i * record, part, what=what)
+        frames = part.reshape(k, record)[:, head : head + frame].reshape(k, rows, row_bytes)
+        dest[i : i + k] = frames[:, ::-1, :]
