@@ -61,6 +61,7 @@ from .base import (
     path_size,
     sidecar_calibration,
 )
+from .fileio import PositionalFile
 from .raw import RawSource
 
 __all__ = [
@@ -375,6 +376,7 @@ class MerlinSource(FrameSource):
             frame_offset=frame_offset,
         )
         self._raw: RawSource | None = None
+        self._handle_file: PositionalFile | None = None
         if self._counter_depth is None:
             self._raw = RawSource(
                 self._path,
@@ -480,15 +482,11 @@ class MerlinSource(FrameSource):
         if out is None or out.shape != shape or out.dtype != self._dtype:
             out = np.empty(shape, dtype=self._dtype)
         records = np.empty((n, self._record), dtype=np.uint8)
-        with open(self._path, "rb") as f:
-            f.seek(start * self._record)
-            got = f.readinto(memoryview(records).cast("B"))
-        if got != records.nbytes:
-            raise CorruptChunkError(
-                f"{str(self._path)!r}: frames [{start}, {stop}) need {records.nbytes} bytes from "
-                f"byte {start * self._record} but {got} were read; the file was truncated after "
-                "it was opened"
-            )
+        if self._handle_file is None:
+            self._handle_file = PositionalFile(self._path)
+        self._handle_file.readinto(
+            start * self._record, records, what=f"raw-mode frame records {start}..{stop - 1}"
+        )
         head = int(self._header["header_bytes"])
         bad = np.flatnonzero((records[:, :4] != np.frombuffer(b"MQ1,", np.uint8)).any(axis=1))
         if bad.size:
@@ -505,6 +503,9 @@ class MerlinSource(FrameSource):
         """Drop the memory map."""
         if self._raw is not None:
             self._raw.close()
+        if self._handle_file is not None:
+            self._handle_file.close()
+        self._handle_file = None
 
 
 def _sequence(header: bytes) -> int | None:
