@@ -27,8 +27,6 @@ from quantem_flow.dataset import Dataset4D
 from tests.conftest import probe_data
 from tests.slow_source import SlowArraySource
 
-pytestmark = pytest.mark.cluster
-
 ROOT = Path(__file__).resolve().parents[1]
 CENTER = (8.6, 14.2)
 
@@ -38,6 +36,7 @@ def _get(url: str) -> tuple[int, str]:
         return int(resp.status), str(resp.read().decode())
 
 
+@pytest.mark.cluster
 def test_the_page_is_served_before_the_first_compute_and_linked_from_dask() -> None:
     from distributed import Client
 
@@ -62,6 +61,7 @@ def test_the_page_is_served_before_the_first_compute_and_linked_from_dask() -> N
         cluster.close()
 
 
+@pytest.mark.cluster
 def test_without_bokeh_the_page_is_a_plain_table_that_says_so(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -112,6 +112,7 @@ def _browser(url: str, shot: Path) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.cluster
 @pytest.mark.slow
 def test_the_page_in_headless_chromium_after_a_pass_that_lost_a_worker(
     rng: np.random.Generator, tmp_path: Path
@@ -168,3 +169,51 @@ def test_the_page_in_headless_chromium_after_a_pass_that_lost_a_worker(
     finally:
         client.close()
         cluster.close()
+
+
+def test_the_charts_draw_a_state_and_send_nothing_when_it_does_not_change() -> None:
+    from bokeh.document import Document
+
+    from quantem_flow.graphs.dashboard import FlowDashboard
+
+    now = time.time()
+    w = "tcp://127.0.0.1:1"
+    state = {
+        "workers": [{"address": w, "name": "a", "resident_bytes_by_runtime": {"cpu/dense": 2**20}}],
+        "passes": [
+            {
+                "name": "qf-pass-x",
+                "kind": "pass",
+                "label": "4x6 scan",
+                "scan_shape": [4, 6],
+                "chunks": [[0, 3], [3, 4]],
+                "worker": [w, None],
+                "status": ["done", "waiting"],
+                "n_chunks": 2,
+                "n_done": 1,
+                "finished": None,
+            }
+        ],
+        "departures": [{"worker": "tcp://127.0.0.1:2", "name": "b", "lost": True, "time": now - 1}],
+        "throughput": {"bin_s": 1.0, "start": now - 3, "workers": {w: [0.0, 2.0, 1.0]}},
+        "log": [{"event": "placed", "key": "k", "worker": w, "time": now}],
+        "decisions": 1,
+    }
+    dash = FlowDashboard()
+    doc = Document()
+    doc.add_root(dash.root)
+    events: list[Any] = []
+    doc.on_change(events.append)
+    dash.update(state)
+    assert events
+    m = dash.map_src.data
+    assert (m["top"], m["bottom"], m["right"]) == ([0, 3], [3, 4], [6, 6])  # rows, whole width
+    assert m["status"] == ["done", "waiting"] and m["color"][1] == "#d9d9d9"
+    assert m["color"][0] == dash.throughput_src.data["color"][0]  # one colour per worker
+    assert dash.throughput_src.data["ys"] == [[0.0, 2.0, 1.0]]
+    assert dash.resident_src.data["mib"] == [1.0]
+    assert dash.lost_src.data["restored"] == ["no"]
+    assert dash.progress_src.data["frac"] == [0.5]
+    n = len(events)
+    dash.update(state)  # a live page is sent changes only
+    assert len(events) == n

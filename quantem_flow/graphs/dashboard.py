@@ -449,8 +449,10 @@ class FlowDashboard:
                 left += mib
         self._set(self.resident_src, rd)
         self.resident.y_range.start, self.resident.y_range.end = -0.6, max(len(ticks), 1) - 0.4
-        self.resident.yaxis.ticker = list(ticks)
-        self.resident.yaxis.major_label_overrides = {k: v for k, v in ticks.items()}
+        if self._last.get("ticks") != ticks:  # a new ticker model only when the workers change
+            self._last["ticks"] = dict(ticks)
+            self.resident.yaxis.ticker = list(ticks)
+            self.resident.yaxis.major_label_overrides = {k: v for k, v in ticks.items()}
 
         # tables
         self._set(
