@@ -419,7 +419,7 @@ class VeloxSource(FrameSource):
             )
         try:
             block = self._dset()[:, :, start:stop]
-        except (OSError, RuntimeError, ValueError) as exc:
+        except (OSError, RuntimeError, ValueError, KeyError) as exc:  # h5py: damaged metadata
             raise CorruptChunkError(
                 f"could not read or decode frames [{start}, {stop}) of {self._dataset_path!r} in "
                 f"{str(self._path)!r}: {exc}. The file may be truncated or a compressed chunk "

@@ -122,3 +122,20 @@ def test_detection_tells_velox_from_emd_1_0(tmp_path: Path) -> None:
     assert sniff(v, v.read_bytes()[:4096]) and not sniff(e, e.read_bytes()[:4096])
     assert detect_format(v) == "velox"
     assert detect_format(e) == "emd"
+
+
+def test_h5py_key_error_at_read_is_a_corrupt_chunk_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a damaged object header makes h5py raise KeyError when the dataset is reopened to read
+    from quantem_flow.errors import CorruptChunkError
+
+    src = VeloxSource(write_velox(tmp_path / "k.emd", _data()))
+
+    def broken() -> None:
+        raise KeyError("Unable to synchronously open object (bad heap free list)")
+
+    monkeypatch.setattr(src, "_dset", broken)
+    with pytest.raises(CorruptChunkError) as info:
+        src.read((0, 1), (0, 3))
+    assert str(src.path) in str(info.value) and "frames [0, 3)" in str(info.value)
