@@ -219,6 +219,11 @@ class BlockfileSource(FrameSource):
             )
         how: str | None = "the blockfile header (NY, NX)"
         shape: Sequence[int] = (ny, nx)
+        if isinstance(scan_shape, str):
+            raise ScanShapeError(
+                f"blockfile {p!r}: scan_shape={scan_shape!r} is not accepted; the header gives "
+                f"the scan shape ({ny}, {nx}). Pass scan_shape=None to use it, or (rows, cols)"
+            )
         if scan_shape is not None:
             given = tuple(int(v) for v in scan_shape)
             if given != (ny, nx):

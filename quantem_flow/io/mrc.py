@@ -285,6 +285,18 @@ class MrcSource(FrameSource):
             if de_shape is not None:
                 shape = de_shape
                 how = f"DE metadata {self._info_path} (Scan - Size Y, Scan - Size X)"
+        elif scan_shape is not None and self._info:
+            try:
+                de_given = self._de_scan_shape()
+            except ScanShapeError:
+                de_given = None
+            if de_given is not None and (
+                isinstance(scan_shape, str) or tuple(int(v) for v in scan_shape) != de_given
+            ):
+                self._extra_notes.append(
+                    f"scan_shape={scan_shape!r} was given and overrides the scan shape "
+                    f"{de_given} written in {str(self._info_path)!r}"
+                )
         try:
             self._set_frames(
                 n_frames=nz,

@@ -66,6 +66,8 @@ def test_given_scan_shape_overrides_and_is_noted(tmp_path: Path) -> None:
     np.testing.assert_array_equal(src.read((0, 3), (0, 8)), a.reshape(3, 8, 4, 4))
     with pytest.raises(ScanShapeError, match=r"o\.blo"):
         BlockfileSource(tmp_path / "o.blo", scan_shape=(5, 5))
+    with pytest.raises(ScanShapeError, match="'square' is not accepted"):
+        BlockfileSource(tmp_path / "o.blo", scan_shape="square")  # type: ignore[arg-type]
 
 
 def test_truncated_file_names_the_header_fields(tmp_path: Path) -> None:

@@ -70,7 +70,9 @@ def test_de_info_gives_scan_shape_and_step(tmp_path: Path) -> None:
     assert "Specimen Pixel Size" in src.metadata["calibration_from"]
     assert src.metadata["de_info"]["Camera Model"] == "DE-16"
     # A given shape wins; info_file=False ignores the DE file.
-    assert MrcSource(p, scan_shape=(5, 2)).shape[:2] == (5, 2)
+    given = MrcSource(p, scan_shape=(5, 2))
+    assert given.shape[:2] == (5, 2)
+    assert any("overrides the scan shape (2, 5)" in n for n in given.notes)
     with pytest.raises(ScanShapeError, match="no scan shape was given"):
         MrcSource(p, info_file=False)
 
