@@ -79,12 +79,15 @@ class FlowDashboard:
 
     Parameters
     ----------
+    live
+        A live page on the scheduler (links its ``state.json``); ``False`` for
+        a static snapshot (:func:`write_html`).
     width
         Width of the page in pixels (two charts side by side; fixed sizes lay
         out the same in every browser and in the static file).
     """
 
-    def __init__(self, *, width: int = 1360) -> None:
+    def __init__(self, *, width: int = 1360, live: bool = True) -> None:
         from bokeh.layouts import column, row
         from bokeh.models import (
             BasicTickFormatter,
@@ -98,6 +101,7 @@ class FlowDashboard:
 
         self.colors: dict[str, str] = {}
         half = width // 2 - 10
+        self.live = live
         self._half = half
         self._last: dict[str, Any] = {}
         self.header = Div(text="", width=width)
@@ -345,7 +349,11 @@ class FlowDashboard:
             f"{len(running)} running; {state.get('decisions', 0)} placement decision(s); "
             f"{len(lost)} worker(s) lost, "
             f"{sum(1 for d in lost if d.get('restored'))} restored. "
-            f"State as JSON: <a href='quantem-flow/state.json'>state.json</a></p>"
+            + (
+                "State as JSON: <a href='quantem-flow/state.json'>state.json</a></p>"
+                if self.live
+                else f"Snapshot taken at {_clock(state.get('time'))}.</p>"
+            )
         )
 
         # throughput
@@ -386,7 +394,8 @@ class FlowDashboard:
                 "frac": [p["n_done"] / max(p["n_chunks"], 1) for p in recent],
                 "one": [1.0 for _ in recent],
                 "label": [
-                    f"{p['kind']} {p['label']}: {p['n_done']}/{p['n_chunks']} chunks"
+                    f"{_clock(p.get('started'))} {p['kind']} {p['label']}: "
+                    f"{p['n_done']}/{p['n_chunks']} chunks"
                     + (" (running)" if p.get("finished") is None else "")
                     for p in recent
                 ],
@@ -648,7 +657,7 @@ def write_html(
     from bokeh.embed import file_html
     from bokeh.resources import INLINE
 
-    dash = FlowDashboard()
+    dash = FlowDashboard(live=False)
     dash.update(state)
     out = Path(path)
     out.write_text(file_html(dash.root, resources=INLINE, title=title))
