@@ -37,9 +37,18 @@ the 12 most significant bits; its header declares the width of both
 The word layout is not in the Merlin manual's public pages; it is the
 layout that open-source Merlin readers (LiberTEM) decode and that Quantum
 Detectors' own tools were checked against by those projects.  The 24-bit
-width convention rests on the same source only.  Raw mode of a multi-chip
-sensor (quad, ``2x2``) interleaves the chips' rows and is refused with an
-error rather than decoded on a guess.
+width convention rests on the same source only.
+
+A raw 2x2 quad (1, 6 or 12 bits) is not assembled: its header declares the
+four chips' rows side by side (width ``4 s``, height ``s`` for chips of
+``s x s``), and each raw row ``j`` is ``[chip 4, chip 3, chip 2, chip 1]``:
+chips 1 and 2 are row ``j`` of the top-left and top-right quadrants, chips
+3 and 4 row ``2 s - 1 - j`` of the bottom-left and bottom-right quadrants,
+reversed left to right (the bottom chips are mounted rotated by 180
+degrees).  The frame is assembled to ``2 s x 2 s``, with no gap pixels
+inserted.  This arrangement too comes from LiberTEM's
+reader, not from the manual.  Other multi-chip layouts and 24-bit quads
+are refused with an error rather than decoded on a guess.
 """
 
 from __future__ import annotations
@@ -245,7 +254,9 @@ def _unswap(payload: np.ndarray, slot: int) -> np.ndarray:
     return values[:, :, ::-1].reshape(n, -1)
 
 
-def decode_raw_frames(payload: np.ndarray, counter_depth: int, *, out: np.ndarray) -> np.ndarray:
+def decode_raw_frames(
+    payload: np.ndarray, counter_depth: int, *, out: np.ndarray, quad: bool = False
+) -> np.ndarray:
     """Decode raw-mode (``R64``) frames into ``out``.
 
     Parameters
@@ -256,6 +267,11 @@ def decode_raw_frames(payload: np.ndarray, counter_depth: int, *, out: np.ndarra
         1, 6, 12 or 24.
     out
         ``(n, k_r, k_c)`` array of the decoded dtype (:data:`RAW_DEPTHS`), filled.
+    quad
+        A 2x2 quad (1, 6 or 12 bits): each raw row ``j`` of ``4 s`` pixels is
+        ``[chip 4 row, chip 3 row, chip 2 row, chip 1 row]``: chips 1 and 2
+        give row ``j`` of the left and right top quadrants, chips 3 and 4 row
+        ``2 s - 1 - j`` of the left and right bottom quadrants, reversed.
 
     Returns
     -------
@@ -265,6 +281,14 @@ def decode_raw_frames(payload: np.ndarray, counter_depth: int, *, out: np.ndarra
     n = out.shape[0]
     flat = out.reshape(n, -1)
     slot, _ = RAW_DEPTHS[counter_depth]
+    if quad:
+        half = out.shape[1] // 2
+        rows = _unswap(payload, slot).reshape(n, half, 4, half)  # (frame, raw row, chip, x)
+        out[:, :half, :half] = rows[:, :, 3]
+        out[:, :half, half:] = rows[:, :, 2]
+        out[:, half:, :half] = rows[:, ::-1, 1, ::-1]
+        out[:, half:, half:] = rows[:, ::-1, 0, ::-1]
+        return out
     if counter_depth == 24:
         half = payload.shape[1] // 2
         flat[...] = _unswap(payload[:, :half], slot)  # the 12 most significant bits
@@ -333,6 +357,7 @@ class MerlinSource(FrameSource):
         self._first_header = probe[:head]
         rows, cols = int(self._header["height"]), int(self._header["width"])
         self._counter_depth: int | None = None
+        self._quad = False
         if self._header["pixel_depth"] == "R64":
             self._counter_depth = int(self._header["counter_depth"])
             rows, cols = self._raw_frame_shape(rows, cols)
@@ -391,13 +416,31 @@ class MerlinSource(FrameSource):
         """The decoded frame shape of a raw-mode header, checked against the 64-bit words."""
         depth = self._counter_depth
         assert depth is not None
-        if int(self._header["n_chips"]) != 1:
+        chips = int(self._header["n_chips"])
+        layout = str(self._header.get("sensor_layout", "")).strip().rstrip("G")
+        self._quad = chips == 4 and layout == "2x2"
+        if chips != 1 and not (self._quad and depth != 24):
             raise FormatError(
-                f"{str(self._path)!r} holds raw-mode (R64) frames of a {self._header['n_chips']}-"
-                f"chip sensor (layout {self._header.get('sensor_layout')!r}); raw mode of a "
-                "multi-chip sensor interleaves the chips' rows and is not decoded. Record in "
-                "processed mode (U08/U16/U32), which stores assembled frames"
+                f"{str(self._path)!r} holds raw-mode (R64) {depth}-bit frames of a {chips}-chip "
+                f"sensor (layout {self._header.get('sensor_layout')!r}); only single chips and "
+                "2x2 quads of 1, 6 or 12 bits are decoded (the chips' rows are interleaved in "
+                "an order known only for those). Record in processed mode (U08/U16/U32), "
+                "which stores assembled frames"
             )
+        if self._quad:
+            if width != 4 * height:
+                raise FormatError(
+                    f"the MQ1 header of {str(self._path)!r} declares a raw 2x2 quad frame of "
+                    f"{width} x {height} (width x height); expected the four chips' rows side by "
+                    f"side, a width of 4 x the chip height ({4 * height})"
+                )
+            if (height * RAW_DEPTHS[depth][0]) % 64:
+                raise FormatError(
+                    f"the MQ1 header of {str(self._path)!r} declares raw {depth}-bit quad chips "
+                    f"{height} pixels wide, whose rows do not fill whole 64-bit words; the "
+                    "header is damaged"
+                )
+            height, width = 2 * height, 2 * height
         if depth == 24:
             if width % 2:
                 raise FormatError(
@@ -497,7 +540,7 @@ class MerlinSource(FrameSource):
                 "frames or the file is damaged"
             )
         assert self._counter_depth is not None
-        return decode_raw_frames(records[:, head:], self._counter_depth, out=out)
+        return decode_raw_frames(records[:, head:], self._counter_depth, out=out, quad=self._quad)
 
     def close(self) -> None:
         """Drop the memory map."""

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .writers_mib import write_raw_mib
+from .writers_mib import write_raw_mib, write_raw_quad_mib
 
 if TYPE_CHECKING:
     from .test_reader_conformance import Case
@@ -30,6 +30,20 @@ def _raw(depth: int) -> Callable[[Path, np.random.Generator], Case]:
     return make
 
 
+def _quad(depth: int) -> Callable[[Path, np.random.Generator], Case]:
+    def make(tmp: Path, rng: np.random.Generator) -> Case:
+        from .test_reader_conformance import Case
+
+        scan = (2, 3)  # quad frames are square: 2 x 2 chips of 64 x 64
+        a = rng.integers(0, 2**depth - 1, size=(*scan, 128, 128), endpoint=True)
+        a = a.astype(_DTYPES[depth])
+        p = write_raw_quad_mib(tmp / "quad.mib", a.reshape(-1, 128, 128), counter_depth=depth)
+        return Case(p, {"scan_shape": scan}, a, "mib")
+
+    return make
+
+
 CASES: dict[str, Callable[[Path, np.random.Generator], Case]] = {
-    f"mib-R64-{depth}bit": _raw(depth) for depth in (1, 6, 12, 24)
+    **{f"mib-R64-{depth}bit": _raw(depth) for depth in (1, 6, 12, 24)},
+    **{f"mib-R64-{depth}bit-quad": _quad(depth) for depth in (1, 6, 12)},
 }

@@ -12,7 +12,7 @@ from quantem_flow.errors import CorruptChunkError, FormatError
 from quantem_flow.io import detect_format, open_source
 
 from .conformance_cases_mib import CASES
-from .writers_mib import encode_raw_frame, raw_header, write_raw_mib
+from .writers_mib import encode_raw_frame, raw_header, write_raw_mib, write_raw_quad_mib
 
 DTYPES = {1: np.uint8, 6: np.uint8, 12: np.uint16, 24: np.uint32}
 
@@ -113,12 +113,57 @@ def test_lying_header_partial_word_raises(tmp_path: Path) -> None:
     assert str(p) in str(info.value) and "64-bit words" in str(info.value)
 
 
-def test_quad_raw_mode_is_refused_not_guessed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("depth", [1, 6, 12])
+def test_quad_raw_frames_are_assembled(depth: int, tmp_path: Path) -> None:
+    a = _frames(depth, 6, (128, 128))  # chips of 64 x 64
+    p = write_raw_quad_mib(tmp_path / "q.mib", a, counter_depth=depth)
+    src = open_source(p, scan_shape=(2, 3))
+    assert src.shape == (2, 3, 128, 128) and src.dtype == DTYPES[depth]
+    np.testing.assert_array_equal(src.read((0, 2), (0, 3)).reshape(a.shape), a)
+    np.testing.assert_array_equal(src.read((1, 2), (2, 3))[0, 0], a[5])
+
+
+def test_quad_orientation_by_hand(tmp_path: Path) -> None:
+    # one marked pixel per quadrant, written as raw rows [chip 4, chip 3, chip 2, chip 1]
+    s = 8
+    chips = np.zeros((s, 4, s), dtype=np.uint8)  # (raw row, chip slot, x)
+    chips[0, 3, 0] = 1  # chip 1, row 0, x 0 -> top-left corner
+    chips[0, 2, s - 1] = 2  # chip 2, row 0, last x -> top-right corner
+    chips[0, 1, 0] = 3  # chip 3, raw row 0, reversed -> bottom-left corner's right end
+    chips[2, 0, 0] = 4  # chip 4, raw row 2, reversed -> row 2 s - 3, last column
+    head = raw_header(1, width=4 * s, height=s, counter_depth=6, size=768, n_chips=4)
+    p = tmp_path / "o.mib"
+    p.write_bytes(head + encode_raw_frame(chips.reshape(-1), 6))
+    frame = open_source(p, scan_shape=(1, 1)).read((0, 1), (0, 1))[0, 0]
+    assert {
+        (int(r), int(c)): int(frame[r, c]) for r, c in zip(*np.nonzero(frame), strict=True)
+    } == {
+        (0, 0): 1,
+        (0, 2 * s - 1): 2,
+        (2 * s - 1, s - 1): 3,
+        (2 * s - 3, 2 * s - 1): 4,
+    }
+
+
+@pytest.mark.parametrize(
+    ("depth", "width", "height", "chips", "expected"),
+    [
+        (24, 4 * 64, 64, 4, "only single chips and 2x2 quads of 1, 6 or 12 bits"),
+        (6, 512, 512, 4, "a width of 4 x the chip height"),
+        (12, 4 * 6, 6, 4, "do not fill whole 64-bit words"),
+        (6, 512, 256, 2, "2-chip sensor"),
+    ],
+)
+def test_unsupported_or_lying_multi_chip_headers_raise(
+    depth: int, width: int, height: int, chips: int, expected: str, tmp_path: Path
+) -> None:
     p = tmp_path / "q.mib"
-    p.write_bytes(raw_header(1, width=512, height=512, counter_depth=6, size=768, n_chips=4))
+    p.write_bytes(
+        raw_header(1, width=width, height=height, counter_depth=depth, size=768, n_chips=chips)
+    )
     with pytest.raises(FormatError) as info:
         open_source(p, scan_shape=(1, 1))
-    assert str(p) in str(info.value) and "4-chip" in str(info.value)
+    assert str(p) in str(info.value) and expected in str(info.value)
 
 
 def test_damaged_record_header_raises_at_read(tmp_path: Path) -> None:

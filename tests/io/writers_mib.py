@@ -6,6 +6,11 @@ pixel by pixel with Python integers.  A raw frame is a stream of big-endian
 (1 bit for 1-bit counters, 8 for 6-bit, 16 for 12-bit), the first pixel in
 the least significant slot.  A 24-bit frame is two 12-bit sub-frames (high
 12 bits first) after one header that declares twice the frame's width.
+
+A raw 2x2 quad of ``s x s`` chips declares width ``4 s`` and height ``s``;
+raw row ``j`` holds, in this order, the bottom-right and bottom-left
+quadrants' row ``2 s - 1 - j`` reversed, then the top-right and top-left
+quadrants' row ``j`` (chips 4, 3, 2, 1).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["SLOT_BITS", "encode_raw_frame", "raw_header", "write_raw_mib"]
+__all__ = ["SLOT_BITS", "encode_raw_frame", "raw_header", "write_raw_mib", "write_raw_quad_mib"]
 
 #: Counter depth -> bits of one pixel's slot in a 64-bit word.
 SLOT_BITS = {1: 1, 6: 8, 12: 16, 24: 16}
@@ -108,4 +113,27 @@ def write_raw_mib(
                 )
             )
             f.write(encode_raw_frame(frames[i], counter_depth))
+    return path
+
+
+def write_raw_quad_mib(path: Path, frames: np.ndarray, *, counter_depth: int) -> Path:
+    """Write ``(n, 2 s, 2 s)`` frames as a raw-mode 2x2 quad ``.mib`` file (768-byte headers)."""
+    frames = np.asarray(frames)
+    n, h, w = frames.shape
+    assert h == w and h % 2 == 0 and counter_depth != 24
+    s = h // 2
+    with open(path, "wb") as f:
+        for i in range(n):
+            fr = frames[i]
+            raw_rows = []
+            for j in range(s):
+                bottom = fr[2 * s - 1 - j]
+                raw_rows += [bottom[s:][::-1], bottom[:s][::-1], fr[j, s:], fr[j, :s]]
+            stream = np.concatenate(raw_rows)
+            f.write(
+                raw_header(
+                    i + 1, width=4 * s, height=s, counter_depth=counter_depth, size=768, n_chips=4
+                )
+            )
+            f.write(encode_raw_frame(stream, counter_depth))
     return path
