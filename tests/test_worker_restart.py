@@ -201,3 +201,47 @@ def test_a_restart_that_gives_up_is_reported(caplog: pytest.LogCaptureFixture) -
     plugin.log_event("tcp://127.0.0.1:2", {"action": "worker-status-change", "status": "closing"})
     plugin.remove_worker(plugin.scheduler, "tcp://127.0.0.1:2", stimulus_id="test")
     assert plugin.departures_since(1)[0]["lost"] is False
+
+
+@pytest.mark.cluster
+def test_a_supervisor_that_gives_up_reports_it_to_the_scheduler(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from distributed import Client
+
+    from quantem_flow.graphs import cluster as cluster_module
+    from quantem_flow.graphs.scheduler_plugin import PLUGIN_NAME
+
+    monkeypatch.setattr(cluster_module, "MAX_RESTARTS", 0)  # the first death is one too many
+    cluster = cluster_module.start_local_cluster(
+        n_workers=2, threads_per_worker=1, memory_limit="1 GiB"
+    )
+    client = Client(cluster, set_as_default=False)
+    try:
+        client.wait_for_workers(2, timeout=60)
+        pids = client.run(os.getpid)
+        victim = sorted(pids)[0]
+
+        def departures(dask_scheduler: Any) -> list[dict[str, Any]]:
+            return list(dask_scheduler.plugins[PLUGIN_NAME].state()["departures"])
+
+        with caplog.at_level(logging.WARNING, logger="quantem_flow"):
+            os.kill(pids[victim], signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            record: dict[str, Any] = {}
+            while time.monotonic() < deadline:
+                found = [d for d in client.run_on_scheduler(departures) if d["worker"] == victim]
+                record = found[0] if found else {}
+                if (record.get("restart") or {}).get("restart") == "gave-up":
+                    break
+                time.sleep(0.2)
+        assert record.get("lost") is True and record.get("restored") is False, record
+        assert record["restart"]["restart"] == "gave-up", record
+        assert "not restarted: it exited 1 times within 300 s" in record["restart"]["detail"]
+        assert victim not in client.scheduler_info()["workers"]
+        assert len(client.scheduler_info()["workers"]) == 1  # not restarted
+        errors = {r.name for r in caplog.records if r.levelno == logging.ERROR}
+        assert {"quantem_flow.cluster", "quantem_flow.placement"} <= errors, caplog.text
+    finally:
+        client.close()
+        cluster.close()
