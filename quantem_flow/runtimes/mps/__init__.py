@@ -11,6 +11,15 @@ has no float64, so float64 work runs on MLX's CPU stream, never silently in
 float32; :meth:`MpsRuntime.describe` records the accumulation dtypes and
 devices for provenance.
 
+Payloads: ``put`` keeps every representation resident in MLX: a dense
+block as one MLX array; paired, packed and encoded payloads as an
+:class:`~quantem_flow.runtimes.mps.payloads.MlxPayload` whose large arrays
+are MLX arrays (kernels in :mod:`quantem_flow.runtimes.mps.payloads`:
+paired O(events) with MLX scatters, packed unpacked with MLX integer ops a
+group of frames at a time, encoded decoded on the host by the codec library,
+which MLX lacks, into a reusable MLX buffer; :meth:`MpsRuntime.describe`
+records each path).
+
 MLX evaluation is serialised per process by a lock: MLX's thread safety
 across concurrently evaluating threads is recent (0.31.2 / 0.32) and not
 guaranteed on every backend, and Dask runs tasks in threads.
@@ -20,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -75,9 +84,10 @@ class MpsRuntime(Runtime):
     ----------
     path
         ``"mlx"`` (default): plain MLX operations, runs wherever MLX runs.
-        ``"metal"``: additionally a small ``mx.fast.metal_kernel`` for the
-        pattern sum/max of integer data; only on a machine with Metal, and
-        never run in this project's own tests (no Metal device there).
+        ``"metal"``: additionally small ``mx.fast.metal_kernel`` s for the
+        pattern sum/max of integer data and for unpacking ``packed``
+        payloads; only on a machine with Metal, and never run in this
+        project's own tests (no Metal device there).
 
     Raises
     ------
@@ -160,24 +170,81 @@ class MpsRuntime(Runtime):
 
     # -- the payload contract ------------------------------------------------------------
     def frame_pass_kernels(self) -> Mapping[str, FramePassKernel]:
-        """Dense payloads only (MLX arrays of ``(rows, cols, k_r, k_c)``)."""
-        return {"dense": self._dense_pass}
+        """Every representation, on payloads resident in MLX (see :mod:`.payloads`)."""
+        from . import payloads as pl
+
+        def packed(
+            payload: Any, weights: np.ndarray, *, want_sum: bool, want_max: bool
+        ) -> FramePassResult:
+            return pl.frame_pass_packed_mlx(
+                payload, weights, want_sum=want_sum, want_max=want_max, path=self._packed_path()
+            )
+
+        return {
+            "dense": self._dense_pass,
+            "paired": self._locked(pl.frame_pass_paired_mlx),
+            "packed": self._locked(packed),
+            "encoded": self._locked(pl.frame_pass_encoded_mlx),
+        }
 
     def gather_kernels(self) -> Mapping[str, GatherKernel]:
-        """Dense payloads: pixels taken on the device, copied to the host."""
-        return {"dense": self._dense_gather}
+        """Every representation: pixels taken in MLX, copied to the host."""
+        from . import payloads as pl
+
+        def packed(payload: Any, indices: np.ndarray) -> np.ndarray:
+            return pl.gather_packed_mlx(payload, indices, path=self._packed_path())
+
+        return {
+            "dense": self._dense_gather,
+            "paired": self._locked(pl.gather_paired_mlx),
+            "packed": self._locked(packed),
+            "encoded": self._locked(pl.gather_encoded_mlx),
+        }
+
+    def _packed_path(self) -> Literal["mlx", "metal"]:
+        """The Metal unpacking kernel only where Metal answers and ``path="metal"`` asked."""
+        from .kernels import metal_available
+
+        return "metal" if self.path == "metal" and metal_available() else "mlx"
+
+    @staticmethod
+    def _locked(kernel: Callable[..., Any]) -> Callable[..., Any]:
+        """``kernel`` run under the process's MLX lock (see the module docstring)."""
+
+        @functools.wraps(kernel)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with _LOCK:
+                return kernel(*args, **kwargs)
+
+        return run
 
     def payload_dtype(self, representation: str, payload: Any) -> np.dtype[Any]:
         """The NumPy dtype equal to the MLX array's (a host payload's, byte order native)."""
         if not (type(payload).__module__ or "").startswith("mlx"):
-            return super().payload_dtype(representation, payload)  # a host payload
+            return super().payload_dtype(representation, payload)  # a host or MlxPayload
         from .kernels import numpy_dtype
 
         return np.dtype(numpy_dtype(payload.dtype))
 
     def _put_payload(self, representation: str, payload: Any) -> Any:
-        """Copy a dense host block into MLX memory, dtype kept exactly."""
-        return self.to_device(payload)
+        """Copy a host payload into MLX memory, dtypes kept exactly.
+
+        A dense block becomes one MLX array; a paired, packed or encoded
+        payload an :class:`~quantem_flow.runtimes.mps.payloads.MlxPayload`
+        whose large arrays are MLX arrays (a persisted chunk is copied once).
+        """
+        if representation == "dense":
+            return self.to_device(payload)
+        from .payloads import MlxPayload
+
+        with _LOCK:
+            return MlxPayload.upload(representation, payload)
+
+    def _release_payload(self, representation: str, payload: Any) -> None:
+        """Drop the MLX arrays; MLX returns their memory to its buffer cache."""
+        free = getattr(payload, "free", None)
+        if callable(free):
+            free()
 
     def _dense_pass(
         self, payload: Any, weights: np.ndarray, *, want_sum: bool, want_max: bool
@@ -228,6 +295,7 @@ class MpsRuntime(Runtime):
         import mlx.core as mx
 
         from .kernels import precision_record
+        from .payloads import payload_paths
 
         _, on_metal, why = _probe()
         device = self.device
@@ -239,10 +307,18 @@ class MpsRuntime(Runtime):
             "available": why,
             "path": self.path,
             **precision_record(device),
+            "payload_paths": payload_paths(self._packed_path()),
+            "host_decode": {
+                "encoded": "pieces are decoded on the host by the codec library (MLX has no "
+                "LZ4/Zstandard/Blosc codec) into a reusable MLX buffer; the compressed bytes "
+                "stay resident in MLX"
+            },
         }
         if self.path == "metal":
             out["metal_kernel"] = (
-                "pattern sum/max of integer data (<= 32 bits) on the GPU; per_frame and "
-                "float data on the plain-MLX path"
+                "pattern sum/max of integer data (<= 32 bits) and packed bit unpacking on the "
+                "GPU; per_frame and float data on the plain-MLX path"
+                if self._packed_path() == "metal"
+                else "asked for, but Metal does not answer: the plain-MLX path ran"
             )
         return out

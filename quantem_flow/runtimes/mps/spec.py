@@ -4,16 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..dtypes import ALL_NUMERIC, triples
+from ..dtypes import ALL_NUMERIC, INTEGERS, triples
 from ..registry import ProbeResult, RuntimeSpec
 
 __all__ = ["KERNELS", "SPEC", "probe"]
 
-#: MLX holds every integer and real dtype; payloads other than dense are not
-#: offered (no MLX kernels for them).
+#: MLX holds every integer and real dtype; every representation stays
+#: resident in MLX (``paired`` and ``packed`` hold integer counts only, as on
+#: the CPU; ``encoded`` is decoded on the host into an MLX buffer).
 KERNELS = frozenset(
     triples("frame_pass", "dense", ALL_NUMERIC)
+    | triples("frame_pass", "encoded", ALL_NUMERIC)
+    | triples("frame_pass", "paired", INTEGERS)
+    | triples("frame_pass", "packed", INTEGERS)
     | triples("gather", "dense", ALL_NUMERIC)
+    | triples("gather", "encoded", ALL_NUMERIC)
+    | triples("gather", "paired", INTEGERS)
+    | triples("gather", "packed", INTEGERS)
     | triples("ssb", "gathered", ALL_NUMERIC)
 )
 
