@@ -136,15 +136,17 @@ def _calibration_lines(cal: Mapping[str, Any]) -> list[str]:
 
 def _hdf5_default_path(path: Path) -> tuple[str, str]:
     """Return the only 3-D/4-D dataset of an HDF5 file, or raise listing the candidates."""
-    from .io.hdf5 import list_candidate_datasets, open_h5
+    from .io.hdf5 import candidate_datasets, describe_datasets, open_h5
 
     with open_h5(path) as f:
-        found = list_candidate_datasets(f)
+        found = candidate_datasets(f)
     if len(found) == 1:
-        return found[0], f"dataset_path {found[0]} chosen: the only 3-D/4-D dataset in the file"
+        return found[0][0], (
+            f"dataset_path {found[0][0]} chosen: the only 3-D/4-D dataset in the file"
+        )
     raise ParameterError(
         f"{str(path)!r} is an HDF5 file; pass --dataset-path, one of the 3-D/4-D datasets "
-        f"{found or '(none found)'}"
+        f"(path, shape, dtype): {describe_datasets(found)}"
     )
 
 

@@ -680,3 +680,17 @@ def test_hdf5_without_a_cube_lists_what_it_holds(tmp_path: Path) -> None:
         f["/image"] = np.zeros((4, 5), np.float32)
     with pytest.raises(DatasetPathError, match=r"its datasets: '/image' \(4, 5\) float32"):
         open_source(p)
+
+
+def test_cli_info_lists_hdf5_candidates_with_shapes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from quantem_flow.cli import main
+
+    p = tmp_path / "two.h5"
+    with h5py.File(p, "w") as f:
+        f["/a"] = _frames(6).reshape(2, 3, *K)
+        f["/b"] = _frames(4)
+    assert main(["info", str(p)]) != 0
+    err = capsys.readouterr().err
+    assert "'/a' (2, 3, 6, 9) uint16" in err and "'/b' (4, 6, 9) uint16" in err
