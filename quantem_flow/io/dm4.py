@@ -104,6 +104,10 @@ DM_IMAGE_DTYPES: dict[int, str] = {
 #: are recorded by offset.
 _SMALL_ARRAY_BYTES = 1 << 16
 _MAX_DEPTH = 64
+#: Detector pixels transposed at a time when gathering hybrid-order frames.
+_TRANSPOSE_BLOCK = 256
+#: Bytes of hybrid-order values gathered at a time (the read's scratch).
+_SCRATCH_BYTES = 4 << 20
 _SCAN_UNITS = {"nm": ("nm", 1.0), "µm": ("nm", 1000.0), "um": ("nm", 1000.0), "å": ("Å", 1.0)}
 _SCAN_UNITS |= {"a": ("Å", 1.0), "pm": ("pm", 1.0), "angstrom": ("Å", 1.0)}
 _DETECTOR_UNITS = {"1/nm": ("1/Å", 0.1), "1/å": ("1/Å", 1.0), "1/a": ("1/Å", 1.0)}
@@ -605,8 +609,15 @@ class Dm4Source(FrameSource):
                 offset=self._data.offset,
                 shape=(frame_values, self._n_frames),
             )
+            flat = target.reshape(stop - start, frame_values)
+            per = max(1, _SCRATCH_BYTES // (frame_values * self._file_dtype.itemsize))
             try:
-                target.reshape(stop - start, frame_values)[...] = mm[:, start:stop].T
+                for f0 in range(start, stop, per):  # a bounded scratch of a few MiB
+                    f1 = min(stop, f0 + per)
+                    runs = np.array(mm[:, f0:f1])  # one short run per detector pixel
+                    part = flat[f0 - start : f1 - start]
+                    for p0 in range(0, frame_values, _TRANSPOSE_BLOCK):  # cache-friendly
+                        part[:, p0 : p0 + _TRANSPOSE_BLOCK] = runs[p0 : p0 + _TRANSPOSE_BLOCK].T
             finally:
                 del mm
         if out is not None and target is not out:

@@ -166,3 +166,16 @@ def test_detected_by_content_under_any_name(tmp_path: Path) -> None:
 
     p = write_dm4_4d(tmp_path / "acquisition.bin", _data())
     assert detect_format(p) == "dm4"
+
+
+def test_hybrid_read_in_several_scratch_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import quantem_flow.io.dm4 as dm4
+
+    monkeypatch.setattr(dm4, "_SCRATCH_BYTES", 3 * 5 * 8 * 2)  # three frames at a time
+    monkeypatch.setattr(dm4, "_TRANSPOSE_BLOCK", 7)  # blocks that do not divide 40 pixels
+    a = _data()
+    src = Dm4Source(write_dm4_4d(tmp_path / "g.dm4", a, swapped=None))
+    np.testing.assert_array_equal(src.read((0, 4), (0, 3)), a)
+    np.testing.assert_array_equal(src.read((1, 3), (1, 3)), a[1:3, 1:3])
