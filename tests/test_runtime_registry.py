@@ -66,8 +66,11 @@ def test_builtins_are_declared_once_and_everything_is_derived() -> None:
         "uint8",
     )
     assert specs["mps"].operations() == {
-        ("frame_pass", "dense"),
-        ("gather", "dense"),
+        *(
+            (op, rep)
+            for op in ("frame_pass", "gather")
+            for rep in ("dense", "encoded", "paired", "packed")
+        ),
         ("ssb", "gathered"),
     }
 
@@ -194,8 +197,8 @@ def test_resolve_backend_checks_the_dtype() -> None:
     assert not spec.supports("frame_pass", "dense", "uint64")
     with pytest.raises(UnsupportedOperationError, match=r"'cuda' has no kernel.*uint64.*'cpu'"):
         rt.resolve_backend("cuda", dtype="uint64")
-    with pytest.raises(UnsupportedOperationError, match=r"'mps' has no kernel.*paired.*\['cpu'"):
-        rt.resolve_backend("mps", representation="paired", dtype="uint16")
+    with pytest.raises(UnsupportedOperationError, match=r"'cuda' has no kernel.*paired.*\['cpu'"):
+        rt.resolve_backend("cuda", representation="paired", dtype="uint64")
     with pytest.raises(UnsupportedOperationError, match="float32"):
         rt.resolve_backend("cpu", representation="paired", dtype="float32")
     choice = rt.resolve_backend("auto", representation="packed", dtype="int8")
