@@ -64,6 +64,8 @@ from .hdf5 import attribute_value, dataset_filters, layout_integrity, open_h5
 
 __all__ = ["VeloxSource", "read_velox_metadata", "sniff"]
 
+#: Bytes of frames read at a time (frames are the last, slowest-to-gather axis).
+_SCRATCH_BYTES = 4 << 20
 _KINDS = ("Image", "SpectrumStream", "SpectrumImage", "Spectrum")
 _RECIPROCAL = {"1/m": 1e-10, "1/nm": 0.1, "1/å": 1.0, "1/a": 1.0, "1/pm": 100.0}
 _LENGTH_M = {"m": 1.0, "nm": 1e-9, "µm": 1e-6, "um": 1e-6, "pm": 1e-12, "å": 1e-10, "a": 1e-10}
@@ -417,19 +419,27 @@ class VeloxSource(FrameSource):
                 f"frames [{start}, {stop}) are outside the {self._n_frames} frames of "
                 f"{str(self._path)!r}"
             )
-        try:
-            block = self._dset()[:, :, start:stop]
-        except (OSError, RuntimeError, ValueError, KeyError) as exc:  # h5py: damaged metadata
-            raise CorruptChunkError(
-                f"could not read or decode frames [{start}, {stop}) of {self._dataset_path!r} in "
-                f"{str(self._path)!r}: {exc}. The file may be truncated or a compressed chunk "
-                "corrupt"
-            ) from exc
-        frames = np.moveaxis(block, 2, 0)
-        if out is not None and out.shape == frames.shape:
-            out[...] = frames
+        shape = (stop - start, *self._frame_shape)
+        target = out
+        if target is None or target.shape != shape or target.dtype != self._dtype:
+            target = np.empty(shape, dtype=self._dtype)
+        kr, kc = self._frame_shape
+        per = max(1, _SCRATCH_BYTES // (kr * kc * self._dtype.itemsize))
+        for f0 in range(start, stop, per):  # frames last: gathered through a bounded scratch
+            f1 = min(stop, f0 + per)
+            try:
+                block = self._dset()[:, :, f0:f1]
+            except (OSError, RuntimeError, ValueError, KeyError) as exc:  # KeyError: h5py
+                raise CorruptChunkError(
+                    f"could not read or decode frames [{f0}, {f1}) of {self._dataset_path!r} in "
+                    f"{str(self._path)!r}: {exc}. The file may be truncated or a compressed "
+                    "chunk corrupt"
+                ) from exc
+            target[f0 - start : f1 - start] = np.moveaxis(block, 2, 0)
+        if out is not None and target is not out:
+            out[...] = target
             return out
-        return np.ascontiguousarray(frames, dtype=self._dtype)
+        return target
 
     def close(self) -> None:
         """Close the file (it reopens on the next read)."""

@@ -139,3 +139,15 @@ def test_h5py_key_error_at_read_is_a_corrupt_chunk_error(
     with pytest.raises(CorruptChunkError) as info:
         src.read((0, 1), (0, 3))
     assert str(src.path) in str(info.value) and "frames [0, 3)" in str(info.value)
+
+
+def test_frames_read_in_several_scratch_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import quantem_flow.io.velox as velox
+
+    monkeypatch.setattr(velox, "_SCRATCH_BYTES", 2 * 5 * 8 * 2)  # two frames at a time
+    a = _data()
+    src = VeloxSource(write_velox(tmp_path / "g.emd", a))
+    np.testing.assert_array_equal(src.read((0, 4), (0, 3)), a)
+    np.testing.assert_array_equal(src.read((1, 4), (0, 2)), a[1:4, :2])
