@@ -97,11 +97,8 @@ class Runner:
         """Register passes with the scheduler plugin; return the departures' cursor."""
         assert self.client is not None
         self.departures = []
-        cursor: int | None = None
-        for info in infos:
-            c = self.client.run_on_scheduler(register_pass, info)
-            cursor = c if cursor is None else cursor
-        return cursor
+        result: int | None = self.client.run_on_scheduler(register_pass, infos)
+        return result
 
     def _end(self, cursor: int | None) -> None:
         """Collect (and log) the workers that left since ``cursor``."""

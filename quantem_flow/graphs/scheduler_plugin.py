@@ -646,23 +646,32 @@ def _plugin(dask_scheduler: Any) -> PlacementSchedulerPlugin | None:
     return plugin if isinstance(plugin, PlacementSchedulerPlugin) else None
 
 
-def register_pass(info: Mapping[str, Any], dask_scheduler: Any = None) -> int | None:
-    """Register a pass with the scheduler's plugin (``client.run_on_scheduler``).
+def register_pass(
+    info: Mapping[str, Any] | list[Mapping[str, Any]], dask_scheduler: Any = None
+) -> int | None:
+    """Register passes with the scheduler's plugin (``client.run_on_scheduler``).
 
     Parameters
     ----------
     info
-        ``{"name", "kind", "label", "scan_shape", "chunks", "row_bytes"}``.
+        One pass, or a list of them: ``{"name", "kind", "label", "scan_shape",
+        "chunks", "row_bytes"}``.
     dask_scheduler
         Given by ``run_on_scheduler``.
 
     Returns
     -------
     int or None
-        The departures' cursor, ``None`` when the plugin is not installed.
+        The departures' cursor before the passes, ``None`` when the plugin is
+        not installed.
     """
     plugin = _plugin(dask_scheduler)
-    return None if plugin is None else plugin.register_pass(info)
+    if plugin is None:
+        return None
+    cursor = plugin.next_departure()
+    for one in [info] if isinstance(info, Mapping) else info:
+        plugin.register_pass(one)
+    return cursor
 
 
 def pass_events(cursor: int, dask_scheduler: Any = None) -> list[dict[str, Any]]:
