@@ -9,6 +9,7 @@ whether it was restored.  A restart that gives up is reported too.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -133,6 +134,9 @@ def test_a_worker_sigkilled_mid_pass_is_named_in_provenance_log_and_dashboard(
         assert ("restored: a worker of the same name joined at tcp://" in scheduler) or (
             "not restored by the end of the pass" in scheduler
         ), scheduler
+        departed = bf.provenance.execution["workers_departed"]  # the same, as records
+        assert [d["worker"] for d in departed if d["lost"]] == [victim], departed
+        assert json.loads(json.dumps(departed)) == departed  # saved with the result
 
         # the log: the scheduler plugin at the loss, the client after the pass
         lost_logs = [

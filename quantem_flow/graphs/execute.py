@@ -183,6 +183,7 @@ def _outputs(
     execution = {
         "backend": backend_record,
         "scheduler": runner.description,
+        "workers_departed": [dict(d) for d in runner.departures],
         "n_chunks": len(records),
         "chunk_rows": ds.chunk_rows,
         "bytes_read": bytes_read,
