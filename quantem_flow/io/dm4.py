@@ -52,6 +52,7 @@ are refused with an error.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import struct
 from collections.abc import Sequence
@@ -468,26 +469,37 @@ class Dm4Source(FrameSource):
         if self._axes is not None:
             scan = [self._axes[i] for i in self._scan_axes]  # (row, col)
             det = [self._axes[i] for i in self._det_axes]
+            for kind, axes in (("scan", scan), ("detector", det)):
+                scales = [a.scale for a in axes]
+                if any(a.units for a in axes) and not all(
+                    math.isfinite(v) and v > 0 for v in scales
+                ):
+                    notes.append(
+                        f"the DM4 {kind} calibration scales {scales} (Calibrations/Dimension/"
+                        f"Scale) are not finite and positive; the {kind} was left uncalibrated"
+                    )
+            usable = [all(math.isfinite(a.scale) and a.scale > 0 for a in g) for g in (scan, det)]
             s_units = {_SCAN_UNITS.get(a.units.lower()) for a in scan}
-            if len(s_units) == 1 and (su := s_units.pop()) is not None:
+            if usable[0] and len(s_units) == 1 and (su := s_units.pop()) is not None:
                 kwargs["scan_sampling"] = (scan[0].scale * su[1], scan[1].scale * su[1])
                 kwargs["scan_units"] = su[0]
                 used.append(f"scan step {scan[0].scale:g} x {scan[1].scale:g} {scan[0].units}")
-            elif any(a.units for a in scan):
+            elif usable[0] and any(a.units for a in scan):
                 notes.append(
                     f"the DM4 scan calibration units {[a.units for a in scan]} are not a length "
                     "this project knows (nm, µm, Å, pm) or differ between rows and columns; the "
                     "scan was left uncalibrated"
                 )
             d_units = {_DETECTOR_UNITS.get(a.units.lower()) for a in det}
-            if len(d_units) == 1 and (du := d_units.pop()) is not None:
+            if usable[1] and len(d_units) == 1 and (du := d_units.pop()) is not None:
                 kwargs["detector_sampling"] = (det[0].scale * du[1], det[1].scale * du[1])
                 kwargs["detector_units"] = du[0]
                 used.append(f"detector pixel {det[0].scale:g} x {det[1].scale:g} {det[0].units}")
-                if (det[0].origin, det[1].origin) != (0.0, 0.0):
+                origin_ok = all(math.isfinite(a.origin) for a in det)
+                if origin_ok and (det[0].origin, det[1].origin) != (0.0, 0.0):
                     kwargs["detector_origin"] = (det[0].origin, det[1].origin)
                     used.append(f"optical axis at pixel ({det[0].origin:g}, {det[1].origin:g})")
-            elif any(a.units for a in det):
+            elif usable[1] and any(a.units for a in det):
                 notes.append(
                     f"the DM4 detector calibration units {[a.units for a in det]} are not 1/nm, "
                     "1/Å or mrad, or differ between rows and columns; the detector was left "

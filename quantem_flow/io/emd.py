@@ -240,7 +240,8 @@ class EmdSource(Hdf5Source):
             kwargs[f"{kind}_units"] = canonical
             used.append(f"{kind} step {steps[0]:g} x {steps[1]:g} {unit}")
             firsts = [d["first"] for d in axes]
-            if kind == "detector" and any(v for v in firsts):
+            finite = all(v is not None and np.isfinite(v) for v in firsts)
+            if kind == "detector" and finite and any(v != 0 for v in firsts):
                 origin = (-firsts[0] / steps[0], -firsts[1] / steps[1])
                 kwargs["detector_origin"] = origin
                 used.append(f"optical axis at pixel ({origin[0]:g}, {origin[1]:g})")

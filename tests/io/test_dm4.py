@@ -179,3 +179,44 @@ def test_hybrid_read_in_several_scratch_groups(
     src = Dm4Source(write_dm4_4d(tmp_path / "g.dm4", a, swapped=None))
     np.testing.assert_array_equal(src.read((0, 4), (0, 3)), a)
     np.testing.assert_array_equal(src.read((1, 3), (1, 3)), a[1:3, 1:3])
+
+
+@pytest.mark.parametrize("swapped", [True, None])
+def test_big_endian_file(swapped: bool | None, tmp_path: Path) -> None:
+    a = _data("float32")
+    p = write_dm4_4d(tmp_path / "b.dm4", a, swapped=swapped, big_endian=True)
+    assert p.read_bytes()[12:16] == b"\x00\x00\x00\x00"  # byte-order flag 0
+    src = Dm4Source(p)
+    assert src.dtype == np.dtype("float32") and src.dtype.isnative
+    assert src.metadata["stored_dtype"] == ">f4"
+    np.testing.assert_array_equal(src.read((0, 4), (0, 3)), a)
+    cal = src.calibration
+    assert cal is not None and cal.accelerating_voltage_kV == 300.0
+
+
+def test_several_4d_images_need_an_image_index(tmp_path: Path) -> None:
+    a = _data()
+    p = write_dm4_4d(tmp_path / "m.dm4", a, extra_4d=True)
+    with pytest.raises(FormatError) as info:
+        Dm4Source(p)
+    assert "2 4-D images" in str(info.value) and "image_index=" in str(info.value)
+    np.testing.assert_array_equal(Dm4Source(p, image_index=1).read((0, 4), (0, 3)), a)
+    assert not Dm4Source(p, image_index=2).read((0, 4), (0, 3)).any()
+    with pytest.raises(ShapeError):
+        Dm4Source(p, image_index=0)  # the 2-D thumbnail
+
+
+@pytest.mark.parametrize("scale", [-0.5, 0.0, float("nan")])
+def test_implausible_scales_leave_axes_uncalibrated_with_a_note(scale: float, tmp_path: Path) -> None:
+    p = write_dm4_4d(
+        tmp_path / "z.dm4",
+        _data(),
+        scan_calibration=(scale, 0.25, "nm"),
+        detector_calibration=(0.02, scale, "1/nm"),
+    )
+    src = Dm4Source(p)
+    cal = src.calibration
+    assert cal is not None and cal.accelerating_voltage_kV == 300.0
+    assert cal.scan_units == "px" and cal.detector_units == "px"
+    assert sum("positive" in n for n in src.notes) == 2
+    json.dumps(src.metadata)

@@ -131,3 +131,15 @@ def test_detection_tells_emd_from_plain_hdf5(tmp_path: Path) -> None:
     plain = writers.write_hdf5(tmp_path / "plain.emd", _data())
     assert not sniff(plain, plain.read_bytes()[:4096])
     assert detect_format(plain) == "hdf5"
+
+
+def test_non_finite_first_value_gives_no_optical_axis(tmp_path: Path) -> None:
+    p = write_emd(tmp_path / "f.emd", _data())
+    with h5py.File(p, "a") as f:
+        f["experiment/datacube/dim2"][0] = np.nan  # a damaged vector: its step is NaN too
+        f["experiment/datacube/dim3"][0] = np.inf
+    src = EmdSource(p)
+    cal = src.calibration
+    assert cal is not None and cal.scan_units == "Å" and cal.detector_units == "px"
+    assert cal.detector_origin is None
+    assert any("positive steps" in n for n in src.notes)

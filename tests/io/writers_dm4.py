@@ -59,20 +59,26 @@ def text(s: str) -> Array:
     return Array(np.array([ord(c) for c in s], dtype="<u2"))
 
 
+_ORDER = ["<"]  # byte order of tag values while a file is built
+
+
 def _info_and_bytes(value: Any) -> tuple[list[int], bytes]:
+    o = _ORDER[0]
     if isinstance(value, Array):
         a = value.values
-        dt = a.dtype.newbyteorder("<") if a.dtype.itemsize > 1 else a.dtype
-        return [20, DM_TYPE[dt], a.size], a.astype(dt).tobytes()
+        key = a.dtype.newbyteorder("<") if a.dtype.itemsize > 1 else a.dtype
+        dt = a.dtype.newbyteorder(o) if a.dtype.itemsize > 1 else a.dtype
+        return [20, DM_TYPE[key], a.size], a.astype(dt).tobytes()
     if isinstance(value, bool):
-        return [8], struct.pack("<?", value)
+        return [8], struct.pack(o + "?", value)
     if isinstance(value, int):
-        return [5], struct.pack("<I", value)
+        return [5], struct.pack(o + "I", value)
     if isinstance(value, float):
-        return [7], struct.pack("<d", value)
+        return [7], struct.pack(o + "d", value)
     if isinstance(value, np.generic):
-        dt = value.dtype.newbyteorder("<") if value.dtype.itemsize > 1 else value.dtype
-        return [DM_TYPE[dt]], value.astype(dt).tobytes()
+        key = value.dtype.newbyteorder("<") if value.dtype.itemsize > 1 else value.dtype
+        dt = value.dtype.newbyteorder(o) if value.dtype.itemsize > 1 else value.dtype
+        return [DM_TYPE[key]], np.asarray(value).astype(dt).tobytes()  # scalars: native
     raise TypeError(type(value))
 
 
@@ -97,10 +103,17 @@ def _group(tags: dict[str, Any] | list[Any]) -> bytes:
     return out
 
 
-def dm4_bytes(root: dict[str, Any]) -> bytes:
-    """The bytes of a DM4 file holding ``root`` (dicts are named groups, lists unnamed)."""
-    body = _group(root)
-    return struct.pack(">IQI", 4, len(body) + 8, 1) + body + bytes(8)
+def dm4_bytes(root: dict[str, Any], *, big_endian: bool = False) -> bytes:
+    """The bytes of a DM4 file holding ``root`` (dicts are named groups, lists unnamed).
+
+    ``big_endian`` writes the tag values big-endian (byte-order flag 0).
+    """
+    _ORDER[0] = ">" if big_endian else "<"
+    try:
+        body = _group(root)
+    finally:
+        _ORDER[0] = "<"
+    return struct.pack(">IQI", 4, len(body) + 8, 0 if big_endian else 1) + body + bytes(8)
 
 
 def write_dm4_4d(
@@ -114,6 +127,8 @@ def write_dm4_4d(
     voltage_V: float | None = 300000.0,
     dimensions: list[int] | None = None,
     data_type: int | None = None,
+    big_endian: bool = False,
+    extra_4d: bool = False,
 ) -> Path:
     """Write a 4-D ``(R_r, R_c, k_r, k_c)`` array as a GMS-style DM4 file.
 
@@ -122,6 +137,8 @@ def write_dm4_4d(
     tag) in the hybrid order: ``Dimensions = (R_c, R_r, k_c, k_r)``, one scan
     image per detector pixel.  Calibrations are ``(row, col, units)``.
     ``dimensions`` and ``data_type`` override what is written (lying headers).
+    ``big_endian`` writes byte-order flag 0 and big-endian values;
+    ``extra_4d`` appends a second (all-zero) 4-D image to the ImageList.
     """
     data = np.asarray(data)
     R, C, kr, kc = data.shape
@@ -179,10 +196,15 @@ def write_dm4_4d(
         "Name": text("4D STEM"),
         "UniqueID": {"[0]": 1, "[1]": 2},
     }
+    images = [thumb, image]
+    if extra_4d:
+        other = dict(image)
+        other["ImageData"] = dict(image["ImageData"], Data=Array(np.zeros_like(stored).reshape(-1)))
+        images.append(other)
     root = {
         "ApplicationBounds": Array(np.array([0, 0, 100, 100], dtype="<i4")),
-        "ImageList": [thumb, image],
+        "ImageList": images,
         "InImageMode": True,
     }
-    path.write_bytes(dm4_bytes(root))
+    path.write_bytes(dm4_bytes(root, big_endian=big_endian))
     return path
