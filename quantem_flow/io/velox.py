@@ -320,8 +320,10 @@ class VeloxSource(FrameSource):
             h = _number(_field(b, "PixelSize", "height"))
             if to_m is None or not w or not h or w <= 0 or h <= 0:
                 continue
-            steps.add((round(h * to_m * 1e10, 9), round(w * to_m * 1e10, 9)))
-            sources.append(where)
+            step = (round(h * to_m * 1e10, 9), round(w * to_m * 1e10, 9))
+            if min(step) > 0 and math.isfinite(max(step)):
+                steps.add(step)
+                sources.append(where)
         if len(steps) == 1:
             step = steps.pop()
             kwargs["scan_sampling"] = step
@@ -334,8 +336,8 @@ class VeloxSource(FrameSource):
             )
         else:
             notes.append(
-                "no 2-D STEM image of the scan's size with a pixel size in m was found in the "
-                "file, so the scan was left uncalibrated"
+                "no 2-D STEM image of the scan's size with a finite, positive pixel size in m "
+                "was found in the file, so the scan was left uncalibrated"
             )
         if not kwargs:
             return None, used, notes

@@ -151,3 +151,12 @@ def test_frames_read_in_several_scratch_groups(
     src = VeloxSource(write_velox(tmp_path / "g.emd", a))
     np.testing.assert_array_equal(src.read((0, 4), (0, 3)), a)
     np.testing.assert_array_equal(src.read((1, 4), (0, 2)), a[1:4, :2])
+
+
+@pytest.mark.parametrize("pixel_m", [1e-25, 1e300])
+def test_implausible_scan_pixel_leaves_scan_uncalibrated(pixel_m: float, tmp_path: Path) -> None:
+    p = write_velox(tmp_path / "z.emd", _data(), scan_pixel_m=(pixel_m, pixel_m))
+    src = VeloxSource(p)
+    cal = src.calibration
+    assert cal is not None and cal.scan_units == "px" and cal.detector_units == "1/Å"
+    assert any("finite, positive pixel size" in n for n in src.notes)
