@@ -24,8 +24,9 @@ float64; nothing is ever lowered to float32):
     at a pixel a frame does not hit gives NaN there, as ``0 * inf`` does in
     the dense kernel (the CPU paired kernel's rule).
 ``packed`` (bit unpacking with MLX integer ops, a group of frames at a time)
-    Every value's block width and word offset are gathered, its two words
-    read as one 64-bit window, shifted and masked
+    Every block's width and word offset are gathered and broadcast over its
+    values; each value's two words are read as one 64-bit window, shifted and
+    masked
     (``packed-blockwidth-v1``), into a dense group of frames of about
     :data:`GROUP_BYTES` in the value dtype; the dense MLX pass
     (:func:`~quantem_flow.runtimes.mps.kernels.frame_pass_mlx`) runs on the
@@ -448,7 +449,12 @@ def _unpack_metal(
 
 
 class _Unpacker:
-    """Unpacks groups of frames of a resident packed payload with plain MLX integer ops."""
+    """Unpacks groups of frames of a resident packed payload with plain MLX integer ops.
+
+    One width and one word offset are gathered per *block*, and broadcast
+    over its ``block_values`` positions (the last block of a frame padded to
+    a full block; the padding is cut off, never read as values).
+    """
 
     def __init__(self, payload: MlxPayload, path: Literal["mlx", "metal"]) -> None:
         kr, kc = payload.frame_shape
@@ -458,21 +464,20 @@ class _Unpacker:
         self.nb = -(-self.k // self.bv)
         self.dt = mlx_dtype(np.dtype(payload.value_dtype).newbyteorder("="))
         self.metal = path == "metal"
-        p = np.arange(self.k, dtype=np.int64)
-        self.block_in_frame = mx.array(p // self.bv)
-        self.t = mx.array((p % self.bv).astype(np.uint64))
+        self.blocks = mx.arange(self.nb, dtype=mx.int64)
+        self.t = mx.arange(self.bv, dtype=mx.uint64)
         self.last_word = int(payload.arrays["data"].shape[0]) - 1
 
     def __call__(self, f0: int, f1: int) -> Any:
         if self.metal:  # pragma: no cover - needs an Apple GPU
             return _unpack_metal(self.payload, f0, f1, self.dt)
         a = self.payload.arrays
-        frames = mx.arange(f0, f1, dtype=mx.int64)
-        blk = frames[:, None] * self.nb + self.block_in_frame[None, :]  # (g, K)
-        w = mx.take(a["widths"], blk).astype(mx.uint64)
-        q = self.t[None, :] * w
-        word = mx.take(a["offsets"], blk) + mx.right_shift(q, 5).astype(mx.int64)
-        word = mx.minimum(word, self.last_word)  # a width-0 block may start at the pad word
+        g = f1 - f0
+        blk = mx.arange(f0, f1, dtype=mx.int64)[:, None] * self.nb + self.blocks[None, :]
+        w = mx.take(a["widths"], blk).astype(mx.uint64)[:, :, None]  # (g, nb, 1)
+        q = self.t[None, None, :] * w  # bit position of each value in its block
+        word = mx.take(a["offsets"], blk)[:, :, None] + mx.right_shift(q, 5).astype(mx.int64)
+        word = mx.minimum(word, self.last_word)  # width-0 and padded positions stay in range
         nxt = mx.minimum(word + 1, self.last_word)
         lo = mx.take(a["data"], word).astype(mx.uint64)
         hi = mx.take(a["data"], nxt).astype(mx.uint64)
@@ -480,7 +485,7 @@ class _Unpacker:
         one = mx.array(1, dtype=mx.uint64)
         mask = mx.left_shift(one, w) - one
         v = mx.bitwise_and(mx.right_shift(x, mx.bitwise_and(q, 31)), mask)
-        return v.astype(self.dt)
+        return v.reshape(g, self.nb * self.bv)[:, : self.k].astype(self.dt)
 
 
 def _packed_groups(payload: MlxPayload, path: Literal["mlx", "metal"]) -> tuple[Any, int, int]:
