@@ -207,7 +207,9 @@ def test_several_4d_images_need_an_image_index(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("scale", [-0.5, 0.0, float("nan")])
-def test_implausible_scales_leave_axes_uncalibrated_with_a_note(scale: float, tmp_path: Path) -> None:
+def test_implausible_scales_leave_axes_uncalibrated_with_a_note(
+    scale: float, tmp_path: Path
+) -> None:
     p = write_dm4_4d(
         tmp_path / "z.dm4",
         _data(),

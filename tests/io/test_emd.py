@@ -143,3 +143,11 @@ def test_non_finite_first_value_gives_no_optical_axis(tmp_path: Path) -> None:
     assert cal is not None and cal.scan_units == "Å" and cal.detector_units == "px"
     assert cal.detector_origin is None
     assert any("positive steps" in n for n in src.notes)
+
+
+def test_sampling_that_underflows_on_conversion_is_dropped_with_a_note(tmp_path: Path) -> None:
+    p = write_emd(tmp_path / "s.emd", _data(), q_units="1/nm", q_step=5e-324)  # 0 after x 0.1
+    src = EmdSource(p)
+    cal = src.calibration
+    assert cal is not None and cal.scan_units == "Å" and cal.detector_units == "px"
+    assert any("not finite and positive" in n for n in src.notes)

@@ -160,3 +160,11 @@ def test_implausible_scan_pixel_leaves_scan_uncalibrated(pixel_m: float, tmp_pat
     cal = src.calibration
     assert cal is not None and cal.scan_units == "px" and cal.detector_units == "1/Å"
     assert any("finite, positive pixel size" in n for n in src.notes)
+
+
+def test_detector_pixel_that_underflows_is_dropped_with_a_note(tmp_path: Path) -> None:
+    p = write_velox(tmp_path / "u.emd", _data(), pixel_size=(1e-320, 1e-320))  # x 1e-10 -> 0
+    src = VeloxSource(p)
+    cal = src.calibration
+    assert cal is not None and cal.detector_units == "px" and cal.scan_units == "Å"
+    assert any("not finite and positive" in n for n in src.notes)
