@@ -21,13 +21,13 @@ from .test_reader_conformance import DETECTOR, SCAN, Case
 def _events(
     rng: np.random.Generator, scan: tuple[int, int], frame: tuple[int, int], dtype: str
 ) -> tuple[list[np.ndarray], np.ndarray]:
-    """Random events per scan position (repeats = counts > 1) and the dense counts."""
+    """Random events per scan position (4-11 of them, so frames differ; repeats = counts > 1)."""
     R, C = scan
     kr, kc = frame
     expected = np.zeros((R, C, kr, kc), dtype=dtype)
     events: list[np.ndarray] = []
     for flat in range(R * C):
-        ev = rng.integers(0, kr * kc, size=int(rng.integers(0, 12)), dtype=np.uint32)
+        ev = rng.integers(0, kr * kc, size=int(rng.integers(4, 12)), dtype=np.uint32)
         events.append(ev)
         expected.reshape(R * C, kr * kc)[flat] = np.bincount(ev, minlength=kr * kc)
     return events, expected
