@@ -139,6 +139,7 @@ def _kernels(
         "content_digest": digest,
         "digest_units": units,
         "representation": spec.dataset.representation,
+        **({"frame_pass_variant": out.variant} if out.variant is not None else {}),
         **(made or {}),
     }
     return ChunkPartial(

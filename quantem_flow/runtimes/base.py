@@ -118,11 +118,16 @@ class FramePassResult:
     pattern_max
         ``(k_r * k_c,)`` maximum over the frames in the data's dtype, or
         ``None``.
+    variant
+        Optional JSON-ready record of the kernel variant that ran and why
+        (the CPU runtime's structured or fused pass); it goes into the
+        chunk's provenance record as ``frame_pass_variant``.
     """
 
     per_frame: np.ndarray
     pattern_sum: np.ndarray | None
     pattern_max: np.ndarray | None
+    variant: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass

@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..base import FramePassKernel, FramePassResult, Runtime
-from .kernels import frame_pass_numba
+from ..base import FramePassKernel, FramePassResult, Runtime, _frames_of
+from .kernels import frame_pass_variant
 
 __all__ = ["CpuRuntime"]
 
@@ -24,11 +24,38 @@ class CpuRuntime(Runtime):
         return True, "always available"
 
     def frame_pass(
-        self, frames: np.ndarray, weights: np.ndarray, *, want_sum: bool, want_max: bool
+        self,
+        frames: np.ndarray,
+        weights: np.ndarray,
+        *,
+        want_sum: bool,
+        want_max: bool,
+        frame_shape: tuple[int, int] | None = None,
     ) -> FramePassResult:
-        """Run the fused Numba pass on host frames."""
-        per_frame, s, m = frame_pass_numba(frames, weights, want_sum=want_sum, want_max=want_max)
-        return FramePassResult(per_frame=per_frame, pattern_sum=s, pattern_max=m)
+        """Run the Numba pass on host frames ``(n, k_r * k_c)``.
+
+        Mask and moment rows take the structured kernel when it is cheaper
+        (moment rows need ``frame_shape``, the detector's ``(k_r, k_c)``),
+        the other rows the fused kernel; ``variant`` of the result says which
+        ran and why (:mod:`~quantem_flow.runtimes.cpu.structure`).
+        """
+        per_frame, s, m, variant = frame_pass_variant(
+            frames, weights, want_sum=want_sum, want_max=want_max, frame_shape=frame_shape
+        )
+        return FramePassResult(per_frame=per_frame, pattern_sum=s, pattern_max=m, variant=variant)
+
+    def _dense_frame_pass(
+        self, payload: Any, weights: np.ndarray, *, want_sum: bool, want_max: bool
+    ) -> FramePassResult:
+        n, k = _frames_of(payload)
+        shape = (int(payload.shape[2]), int(payload.shape[3]))
+        return self.frame_pass(
+            payload.reshape(n, k),
+            weights,
+            want_sum=want_sum,
+            want_max=want_max,
+            frame_shape=shape,
+        )
 
     def frame_pass_kernels(self) -> Mapping[str, FramePassKernel]:
         """Dense (the fused kernel), paired (O(events)), packed and encoded (decoded in groups)."""
@@ -50,8 +77,14 @@ class CpuRuntime(Runtime):
         return {
             "runtime": self.name,
             "device": "host CPU",
-            "kernel": "Numba fused frame pass (4 frames x 2 weight rows)",
-            "per_frame_accumulation": "float64",
+            "kernel": (
+                "Numba frame pass: mask and moment rows by detector cells (structured), "
+                "other rows fused (4 frames x 2 weight rows); the variant per chunk is in "
+                "frame_pass_variant"
+            ),
+            "per_frame_accumulation": (
+                "float64; structured cells of integer data in int64 (exact, bound checked)"
+            ),
             "sum_accumulation": "int64 for integer data, float64 otherwise",
             "fastmath": "reassociation and contraction only (IEEE NaN/inf kept)",
             "numba": numba.__version__,

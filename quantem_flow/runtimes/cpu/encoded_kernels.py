@@ -5,7 +5,9 @@ decodes one stored piece at a time (keeping a few recently decoded pieces,
 at most 32 MiB, for chunks stored as scan tiles that the scan order
 revisits).  It copies the frames it needs into a small reusable batch
 buffer, applies the detector post-ops to the batch and runs the dense fused
-Numba kernel (:mod:`quantem_flow.runtimes.cpu.kernels`) on it, writing
+Numba kernel (:mod:`quantem_flow.runtimes.cpu.kernels`) on it, or the
+structured kernel for mask and moment rows
+(:mod:`quantem_flow.runtimes.cpu.structure`, chosen once per pass), writing
 straight into the pass's outputs.  The chunk is never decoded whole.
 
 Results are bit-identical to the dense kernel on the decoded chunk:
@@ -25,6 +27,7 @@ from ...errors import ShapeError
 from ...representations.encoded import EncodedPayload, PieceCache
 from ..base import FramePassResult
 from .kernels import _fused, skip_zero_weights, sum_dtype
+from .structure import analyse_weights, structured_pass
 
 __all__ = ["BATCH_BYTES", "frame_pass_encoded"]
 
@@ -86,6 +89,11 @@ def frame_pass_encoded(
     else:
         acc_max = np.zeros(1, dtype=work)
 
+    plan = analyse_weights(weights[:m], frame_shape=(okr, okc)) if m else None
+    variant: dict[str, Any] = (
+        plan.describe(work) if plan else {"variant": "fused", "why": "no weight rows"}
+    )
+    structured = plan is not None and variant["variant"] == "structured"
     kr, kc = payload.frame_shape
     raw_dtype = payload.value_dtype.newbyteorder("=")
     batch_n = _batch_frames(n, kr * kc * raw_dtype.itemsize)
@@ -99,8 +107,12 @@ def frame_pass_encoded(
         for op in ops:
             frames = op.apply(frames)
         flat = np.ascontiguousarray(frames, dtype=work).reshape(fill, k)
-        _fused(flat, weights, out[done : done + fill], acc_sum, acc_max, want_sum, want_max)
-        skip_zero_weights(flat, weights, out[done : done + fill], m)
+        part = out[done : done + fill]
+        if structured:
+            structured_pass(flat, plan, part, acc_sum, acc_max, do_sum=want_sum, do_max=want_max)
+        else:
+            _fused(flat, weights, part, acc_sum, acc_max, want_sum, want_max)
+        skip_zero_weights(flat, weights, part, m)
         done += fill
 
     fill = 0
@@ -133,4 +145,5 @@ def frame_pass_encoded(
         per_frame=out[:, :m],
         pattern_sum=acc_sum if want_sum else None,
         pattern_max=peak,
+        variant=variant,
     )

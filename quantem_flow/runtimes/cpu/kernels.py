@@ -45,7 +45,7 @@ import numpy as np
 
 from ... import config
 
-__all__ = ["frame_pass_numba", "skip_zero_weights"]
+__all__ = ["frame_pass_numba", "frame_pass_variant", "skip_zero_weights"]
 
 _FASTMATH = {"reassoc", "contract"}
 
@@ -217,9 +217,45 @@ def sum_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
 
 
 def frame_pass_numba(
-    frames: np.ndarray, weights: np.ndarray, *, want_sum: bool, want_max: bool
+    frames: np.ndarray,
+    weights: np.ndarray,
+    *,
+    want_sum: bool,
+    want_max: bool,
+    frame_shape: tuple[int, int] | None = None,
+    structured: bool | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """Run the fused frame pass; see :class:`~quantem_flow.runtimes.base.Runtime`."""
+    """Run the fused frame pass; see :class:`~quantem_flow.runtimes.base.Runtime`.
+
+    ``frame_shape`` (``(k_r, k_c)``) lets moment rows be recognised;
+    ``structured`` is ``None`` (the structured part when its cost estimate
+    wins, :mod:`~quantem_flow.runtimes.cpu.structure`), ``True`` (whenever
+    rows have structure) or ``False`` (the fused kernel on every row).
+    :func:`frame_pass_variant` also says which variant ran.
+    """
+    out, acc_sum, peak, _ = frame_pass_variant(
+        frames,
+        weights,
+        want_sum=want_sum,
+        want_max=want_max,
+        frame_shape=frame_shape,
+        structured=structured,
+    )
+    return out, acc_sum, peak
+
+
+def frame_pass_variant(
+    frames: np.ndarray,
+    weights: np.ndarray,
+    *,
+    want_sum: bool,
+    want_max: bool,
+    frame_shape: tuple[int, int] | None = None,
+    structured: bool | None = None,
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, dict[str, Any]]:
+    """:func:`frame_pass_numba` that also returns the variant record (which kernel, and why)."""
+    from .structure import analyse_weights, structured_pass
+
     frames = np.ascontiguousarray(frames)
     max_dtype = frames.dtype
     if frames.dtype == np.float16:  # Numba has no float16 arithmetic; widening is exact
@@ -238,7 +274,17 @@ def frame_pass_numba(
             acc_max = np.full(k, np.iinfo(frames.dtype).min, dtype=frames.dtype)
     else:
         acc_max = np.zeros(1, dtype=frames.dtype)
-    _fused(frames, weights, out, acc_sum, acc_max, want_sum, want_max)
+    variant: dict[str, Any] = {"variant": "fused", "summary": f"fused: {m} general rows"}
+    if structured is False or m == 0:
+        variant["why"] = "asked for" if m else "no weight rows"
+        _fused(frames, weights, out, acc_sum, acc_max, want_sum, want_max)
+    else:
+        plan = analyse_weights(weights[:m], frame_shape=frame_shape, force=bool(structured))
+        variant = plan.describe(frames.dtype)
+        if variant["variant"] == "structured":
+            structured_pass(frames, plan, out, acc_sum, acc_max, do_sum=want_sum, do_max=want_max)
+        else:
+            _fused(frames, weights, out, acc_sum, acc_max, want_sum, want_max)
     skip_zero_weights(frames, weights, out, m)
     peak = acc_max.astype(max_dtype) if want_max else None  # exact: maxima of max_dtype values
-    return out[:, :m], (acc_sum if want_sum else None), peak
+    return out[:, :m], (acc_sum if want_sum else None), peak, variant

@@ -5,7 +5,9 @@ frames (4 to 64, about 256 KiB of decoded values, so the group stays in
 the L2 cache) into a small reusable buffer of the payload's dtype, then runs
 the dense fused kernel (:func:`~quantem_flow.runtimes.cpu.kernels._fused`)
 on that buffer while it is in cache.  The results are therefore those of
-the dense kernel on the dense equivalent: per-frame dot products in
+the dense kernel on the dense equivalent (the structured kernel of
+:mod:`~quantem_flow.runtimes.cpu.structure` for mask and moment rows when
+the dense pass would take it): per-frame dot products in
 float64, integer pattern sums in int64 (uint64 for uint64 data), the
 pattern maximum in the payload's dtype.
 
@@ -19,6 +21,8 @@ the dot products are the dense kernel's.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba
 import numpy as np
 
@@ -27,6 +31,7 @@ from ...errors import ParameterError, ShapeError
 from ...representations.packed import PackedPayload, unpack_frames
 from ..base import FramePassResult
 from .kernels import _fused, sum_dtype
+from .structure import _structured, analyse_weights, plan_arrays
 
 __all__ = ["GROUP_BYTES", "frame_pass_packed", "group_frames"]
 
@@ -43,6 +48,41 @@ def _packed_pass(  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
         f1 = min(f0 + g, n)
         unpack_frames(data, widths, offsets, bv, f0, f1, buf)
         _fused(buf[: f1 - f0], weights, out[f0:f1], acc_sum, acc_max, do_sum, do_max)
+
+
+@numba.njit(cache=bool(config.get("numba_cache")), nogil=True)
+def _packed_structured(  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
+    data, widths, offsets, bv, n, buf, p, gweights, out, acc, gout, acc_sum, acc_max, do_sum, do_max
+):
+    # p: the plan's kernel arrays (structure.plan_arrays); same groups as _packed_pass
+    g = buf.shape[0]
+    for f0 in range(0, n, g):
+        f1 = min(f0 + g, n)
+        unpack_frames(data, widths, offsets, bv, f0, f1, buf)
+        _structured(
+            buf[: f1 - f0],
+            True,
+            p[0],
+            p[1],
+            p[2],
+            p[3],
+            p[4],
+            p[5],
+            p[6],
+            p[7],
+            p[8],
+            p[9],
+            p[10],
+            p[11],
+            gweights,
+            out[f0:f1],
+            acc,
+            gout,
+            acc_sum,
+            acc_max,
+            do_sum,
+            do_max,
+        )
 
 
 def group_frames(frame_size: int, itemsize: int) -> int:
@@ -96,7 +136,31 @@ def frame_pass_packed(
     out = np.empty((n, weights.shape[0]), dtype=np.float64)
     acc_sum = np.zeros(k if want_sum else 1, dtype=sum_dtype(vdt))
     acc_max = np.full(k, np.iinfo(vdt).min, dtype=vdt) if want_max else np.zeros(1, dtype=vdt)
-    if n:
+    plan = analyse_weights(weights[:m], frame_shape=payload.frame_shape) if m else None
+    variant: dict[str, Any] = (
+        plan.describe(vdt) if plan else {"variant": "fused", "why": "no weight rows"}
+    )
+    if n and plan is not None and variant["variant"] == "structured":
+        buf = np.empty((min(group_frames(k, vdt.itemsize), n), k), dtype=vdt)
+        g = buf.shape[0]
+        _packed_structured(
+            payload.data,
+            payload.widths,
+            payload.offsets,
+            payload.block_values,
+            n,
+            buf,
+            plan_arrays(plan),
+            plan.general_weights,
+            out,
+            np.empty((g, 3, max(plan.n_cells, 1)), dtype=np.int64),
+            np.empty((g, max(plan.general_weights.shape[0], 1)), dtype=np.float64),
+            acc_sum,
+            acc_max,
+            want_sum,
+            want_max,
+        )
+    elif n:
         buf = np.empty((min(group_frames(k, vdt.itemsize), n), k), dtype=vdt)
         _packed_pass(
             payload.data,
@@ -116,4 +180,5 @@ def frame_pass_packed(
         per_frame=out[:, :m],
         pattern_sum=acc_sum if want_sum else None,
         pattern_max=acc_max if want_max else None,
+        variant=variant,
     )

@@ -1,0 +1,605 @@
+"""Structured weight rows: a frame pass whose cost barely grows with the rows.
+
+The pass planner stacks every operator's weight map into rows (BF, ADF, the
+three maps of a centre of mass...).  The fused kernel
+(:func:`~quantem_flow.runtimes.cpu.kernels._fused`) multiplies every frame by
+every row, so its cost is linear in the rows.  Most rows have structure:
+
+- **mask rows**: 0/1 valued (BF, ABF, ADF, annular, boolean masks); the
+  value is the sum of the frame over the row's *support* (its nonzero
+  pixels);
+- **moment rows**: ``M * (g - c)`` for a support ``M``, ``g`` the pixel's row
+  (or column) index and a constant ``c`` (the maps centre of mass builds:
+  ``mask * (row - centre_row)``, ``mask * (col - centre_col)``); the value
+  is the first moment of the frame over ``M`` minus ``c`` times its sum.
+
+:func:`analyse_weights` finds them once per distinct stack of rows (cached
+by content).  The distinct supports partition the detector into *cells*
+(pixels grouped by which supports hold them; a pixel in no support is in no
+cell and is never read).  The cells are stored as runs of consecutive
+pixels along detector rows.  Per frame, one pass over the runs accumulates,
+for every cell, the sum of the frame and (when a moment row needs it) its
+row and column moments; every structured row is then a short sum over its
+cells.  The remaining ("general") rows go through the fused kernel on
+those rows only, in the same groups of frames, while they are in cache.
+
+Exactness
+---------
+Cell accumulators are float64 sums of integer-valued terms for integer
+data: ``value``, ``value * (row - r0)`` and ``value * (col - c0)`` with
+``(r0, c0)`` the detector's middle pixel.  They are exact in any order
+while every partial sum stays below ``2**53``;
+:meth:`WeightPlan.applicable` admits integer data only when
+``max |value| * touched pixels * max(1, max |coordinate|) < 2**53``, which
+bounds every partial sum (u16 frames of 4096 x 4096 pixels: ``2**16 *
+2**24 * 2**11 = 2**51``).  64-bit integers never pass and keep the fused
+kernel.  So, on integer data, mask rows equal the fused kernel's values bit
+for bit (both are the exact integer sums), and so do moment rows whose
+centre ``c`` makes ``value * (g - c)`` exact in float64 (an integer or
+half-integer centre, the usual detector centres); for any other centre both
+are roundings of the same real number, the fused kernel's after ``K``
+roundings and this one's after two (``fl(M - fl(c - r0) * S)``).  On real
+data the sums are regrouped (the fused kernel already sums in any order,
+``fastmath`` reassociation) and stay within the runtime's declared float64
+tolerance.  No float32 path is used.
+
+Non-finite pixels
+-----------------
+A NaN or infinity in a cell makes that cell's accumulators non-finite and
+only the rows whose support holds the cell; the caller then recomputes
+every non-finite output over the row's nonzero weights exactly as the fused
+kernel's repair does (:func:`~quantem_flow.runtimes.cpu.kernels.skip_zero_weights`),
+so the contract of docs/runtimes.md holds unchanged.
+
+When it is used
+---------------
+The structured part is taken when its estimated cost (pixels touched plus a
+per-run overhead) is below the fused kernel's on the same rows (the detector
+times the row pairs); random speckle masks cut into one- or two-pixel runs
+stay on the fused kernel.  The choice and its reason are recorded
+(:meth:`WeightPlan.describe`) and reach the pass's per-chunk provenance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from .kernels import _fused, _jit
+
+__all__ = [
+    "MAX_CELLS",
+    "RUN_OVERHEAD_PIXELS",
+    "WeightPlan",
+    "analyse_weights",
+    "plan_arrays",
+    "structured_pass",
+]
+
+#: Most cells a structured plan may have (more: the rows go to the fused kernel).
+MAX_CELLS = 64
+#: Cost of starting one run, in pixel-equivalents (measured: loop set-up and the
+#: cell accumulators' updates for a group of 4 frames).
+RUN_OVERHEAD_PIXELS = 12
+#: Frames per group: the structured pass, the fused kernel on the general rows
+#: and the pattern sums read a group while it is in cache (multiple of 4).
+GROUP_BYTES = 512 * 1024
+#: Exactness bound of float64 sums of integers.
+EXACT_INTEGER = 2**53
+
+_KIND_SUM, _KIND_ROW, _KIND_COL = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightPlan:
+    """How one stack of weight rows is computed (see the module docstring).
+
+    Attributes
+    ----------
+    n_rows
+        Rows in the stack.
+    frame_shape
+        ``(k_r, k_c)`` the coordinates were taken from (``(1, K)`` when the
+        caller did not give a detector shape: then no moment row is found).
+    kinds
+        Per row: ``"mask"``, ``"row moment"``, ``"column moment"`` or
+        ``"general"``.
+    n_supports, n_cells, n_runs, touched
+        Distinct supports of the structured rows, cells, runs and pixels in
+        some cell.
+    structured
+        Whether the structured part runs (``False``: every row is general).
+    reason
+        Why (cost estimate or what is missing).
+    """
+
+    n_rows: int
+    frame_shape: tuple[int, int]
+    kinds: tuple[str, ...]
+    n_supports: int
+    n_cells: int
+    n_runs: int
+    touched: int
+    structured: bool
+    reason: str
+    max_coordinate: float
+    # kernel arrays
+    run_start: np.ndarray
+    run_length: np.ndarray
+    run_cell: np.ndarray
+    run_row: np.ndarray
+    run_col: np.ndarray
+    need_moments: bool
+    srow_out: np.ndarray  # output column of each structured row
+    srow_kind: np.ndarray
+    srow_offset: np.ndarray  # fl(c - origin) of moment rows
+    srow_ptr: np.ndarray  # CSR over srow_cells
+    srow_cells: np.ndarray
+    general: np.ndarray  # output columns of the general rows
+    general_weights: np.ndarray  # their weights, an even number of rows
+
+    @property
+    def n_general(self) -> int:
+        """Rows computed by the fused kernel."""
+        return int(self.general.size)
+
+    def applicable(self, dtype: np.dtype[Any]) -> tuple[bool, str]:
+        """Whether the structured part runs on frames of ``dtype``, and why.
+
+        Integer data need the exactness bound of the module docstring; real
+        data always qualify (the sums are regrouped within the declared
+        float64 tolerance).
+        """
+        if not self.structured:
+            return False, self.reason
+        dt = np.dtype(dtype)
+        if dt.kind in "ui":
+            info = np.iinfo(dt)
+            vmax = max(abs(int(info.min)), int(info.max))
+            coord = max(1, int(np.ceil(self.max_coordinate))) if self.need_moments else 1
+            bound = vmax * max(self.touched, 1) * coord
+            if bound >= EXACT_INTEGER:
+                return False, (
+                    f"{dt.name} data: max|value| {vmax} x {self.touched} pixels x coordinate "
+                    f"{coord} = {bound} >= 2**53, integer sums would not be exact in float64"
+                )
+            return True, (
+                f"{self.reason}; {dt.name} sums exact (max|value| x pixels x coordinate "
+                f"= {bound} < 2**53)"
+            )
+        if dt.kind == "f":
+            return True, f"{self.reason}; real data: sums regrouped (float64)"
+        return False, f"{dt.name} data are not integer or real"
+
+    def describe(self, dtype: np.dtype[Any]) -> dict[str, Any]:
+        """JSON-ready record of the variant that runs on ``dtype`` frames, and why."""
+        use, why = self.applicable(dtype)
+        kinds = list(self.kinds)
+        if not use:
+            return {
+                "variant": "fused",
+                "summary": f"fused: {self.n_rows} general rows",
+                "why": why,
+            }
+        n_mask = kinds.count("mask")
+        n_mom = kinds.count("row moment") + kinds.count("column moment")
+        summary = (
+            f"structured: {n_mask} mask rows, {n_mom} moment rows over {self.n_supports} "
+            f"supports, {self.n_cells} cells, {self.touched} of "
+            f"{self.frame_shape[0] * self.frame_shape[1]} pixels in {self.n_runs} runs; "
+            f"general rows: {self.n_general}"
+        )
+        return {"variant": "structured", "summary": summary, "rows": kinds, "why": why}
+
+
+def _coordinates(frame_shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, int, int]:
+    kr, kc = frame_shape
+    r0, c0 = kr // 2, kc // 2
+    rows = np.repeat(np.arange(kr, dtype=np.float64), kc)
+    cols = np.tile(np.arange(kc, dtype=np.float64), kr)
+    return rows, cols, r0, c0
+
+
+def _moment_of(w: np.ndarray, nz: np.ndarray, coords: np.ndarray) -> float | None:
+    """``c`` with ``w == fl(coords - c)`` on the support ``nz``, or ``None``."""
+    g = coords[nz]
+    v = w[nz]
+    values, counts = np.unique(g - v, return_counts=True)
+    for c in values[np.argsort(-counts, kind="stable")[:3]]:  # fl(g - c) may round
+        if np.array_equal(g - c, v):
+            return float(c)
+    return None
+
+
+def _runs(label: np.ndarray, frame_shape: tuple[int, int]) -> tuple[np.ndarray, ...]:
+    """Runs of equal nonzero labels along detector rows: start, length, cell, row, col."""
+    kr, kc = frame_shape
+    lab = label.reshape(kr, kc)
+    edge = np.ones((kr, kc), dtype=bool)
+    edge[:, 1:] = lab[:, 1:] != lab[:, :-1]
+    rr, cc = np.nonzero(edge)
+    starts = rr * kc + cc
+    ends = np.append(starts[1:], kr * kc)
+    ends = np.minimum(ends, (rr + 1) * kc)  # a run never crosses a detector row
+    cell = label[starts]
+    keep = cell > 0
+    return (
+        starts[keep].astype(np.int64),
+        (ends - starts)[keep].astype(np.int64),
+        (cell[keep] - 1).astype(np.int64),
+        rr[keep].astype(np.int64),
+        cc[keep].astype(np.int64),
+    )
+
+
+def _build(weights: np.ndarray, frame_shape: tuple[int, int] | None, force: bool) -> WeightPlan:
+    m, k = weights.shape
+    shape = frame_shape if frame_shape and frame_shape[0] * frame_shape[1] == k else (1, k)
+    rows, cols, r0, c0 = _coordinates(shape)
+    supports: list[np.ndarray] = []
+    keys: dict[bytes, int] = {}
+
+    def support_id(mask: np.ndarray) -> int:
+        key = np.packbits(mask).tobytes()
+        if key not in keys:
+            keys[key] = len(supports)
+            supports.append(mask)
+        return keys[key]
+
+    kinds = ["general"] * m
+    row_support = [-1] * m
+    row_offset = [0.0] * m
+    nonzero = [weights[j] != 0.0 for j in range(m)]
+    for j in range(m):  # mask rows first: their supports are the moment rows' candidates
+        w = weights[j]
+        if bool(np.all((w == 0.0) | (w == 1.0))):
+            kinds[j] = "mask"
+            row_support[j] = support_id(nonzero[j])
+    mask_supports = list(supports)
+    if shape[0] > 1:
+        for j in range(m):
+            if kinds[j] != "general" or not np.isfinite(weights[j]).all():
+                continue
+            nz = nonzero[j]
+            if not nz.any():
+                continue
+            for kind, coords, origin in (("row moment", rows, r0), ("column moment", cols, c0)):
+                c = _moment_of(weights[j], nz, coords)
+                if c is None:
+                    continue
+                on_line = coords == c
+                chosen = nz
+                for s in mask_supports:  # a mask row's support, if it differs only on g == c
+                    if not (nz & ~s).any() and not (s & ~nz & ~on_line).any():
+                        chosen = s
+                        break
+                kinds[j] = kind
+                row_support[j] = support_id(chosen)
+                row_offset[j] = float(np.float64(c) - np.float64(origin))
+                break
+    structured_rows = [j for j in range(m) if kinds[j] != "general"]
+    general = np.array([j for j in range(m) if kinds[j] == "general"], dtype=np.int64)
+    empty = np.zeros(0, dtype=np.int64)
+    n_cells = 0
+    runs: tuple[np.ndarray, ...] = (empty,) * 5
+    cells_of: list[np.ndarray] = []
+    reason = "no mask or moment rows"
+    ok = bool(structured_rows)
+    if ok:
+        table = np.stack(supports)  # (supports, K)
+        packed = np.packbits(table, axis=0).T.copy()  # (K, bytes): the pixel's signature
+        sig = packed.view(np.dtype((np.void, packed.shape[1]))).ravel()
+        uniq, inverse = np.unique(sig, return_inverse=True)
+        inverse = inverse.ravel()
+        zero = np.zeros(1, dtype=sig.dtype)
+        has_zero = bool(uniq.size) and uniq[0] == zero[0]
+        label = inverse + (0 if has_zero else 1)  # 0: in no support
+        n_cells = int(uniq.size) - int(has_zero)
+        if n_cells > MAX_CELLS:
+            ok = False
+            reason = f"{n_cells} cells > {MAX_CELLS}"
+        else:
+            runs = _runs(label, shape)
+            cell_pixel = np.zeros(n_cells, dtype=np.int64)  # one pixel of each cell
+            cell_pixel[label[label > 0] - 1] = np.flatnonzero(label > 0)
+            cells_of = [np.flatnonzero(s[cell_pixel]) for s in supports]
+            touched = int(runs[1].sum())
+            cost = touched * (2 if any(k_ != "mask" for k_ in kinds) else 1)
+            cost += RUN_OVERHEAD_PIXELS * int(runs[0].size)
+            fused = k * ((len(structured_rows) + 1) // 2) * 2
+            reason = (
+                f"estimated cost {cost} pixel-steps (pixels touched, runs x "
+                f"{RUN_OVERHEAD_PIXELS}) vs {fused} for the fused kernel on those rows"
+            )
+            if cost >= fused and not force:
+                ok = False
+                reason = "fragmented supports: " + reason
+    if not ok:
+        kinds = ["general"] * m
+        structured_rows = []
+        general = np.arange(m, dtype=np.int64)
+        runs = (empty,) * 5
+    gw = weights[general]
+    if gw.shape[0] % 2:
+        gw = np.concatenate([gw, np.zeros((1, k))])
+    ptr = [0]
+    cells: list[int] = []
+    for j in structured_rows:
+        cells.extend(cells_of[row_support[j]].tolist())
+        ptr.append(len(cells))
+    kind_code = {"mask": _KIND_SUM, "row moment": _KIND_ROW, "column moment": _KIND_COL}
+    # |p| < k_c inside a run and |g - origin| <= max(k_r, k_c): every moment term and
+    # partial sum is below max|value| * touched * 2 * max(k_r, k_c)
+    max_coord = float(2 * max(shape[0], shape[1]))
+    return WeightPlan(
+        n_rows=m,
+        frame_shape=(int(shape[0]), int(shape[1])),
+        kinds=tuple(kinds),
+        n_supports=len(supports) if ok else 0,
+        n_cells=n_cells if ok else 0,
+        n_runs=int(runs[0].size),
+        touched=int(runs[1].sum()),
+        structured=ok,
+        reason=reason,
+        max_coordinate=max_coord,
+        run_start=runs[0],
+        run_length=runs[1],
+        run_cell=runs[2],
+        run_row=runs[3] - r0,
+        run_col=runs[4] - c0,
+        need_moments=any(kd in ("row moment", "column moment") for kd in kinds),
+        srow_out=np.array(structured_rows, dtype=np.int64),
+        srow_kind=np.array([kind_code[kinds[j]] for j in structured_rows], dtype=np.int64),
+        srow_offset=np.array([row_offset[j] for j in structured_rows], dtype=np.float64),
+        srow_ptr=np.array(ptr, dtype=np.int64),
+        srow_cells=np.array(cells, dtype=np.int64),
+        general=general,
+        general_weights=np.ascontiguousarray(gw, dtype=np.float64),
+    )
+
+
+_CACHE: OrderedDict[tuple[Any, ...], WeightPlan] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_CACHE_SIZE = 16
+
+
+def analyse_weights(
+    weights: np.ndarray,
+    *,
+    frame_shape: tuple[int, int] | None = None,
+    force: bool = False,
+) -> WeightPlan:
+    """Analyse a stack of weight rows into a :class:`WeightPlan` (cached by content).
+
+    Parameters
+    ----------
+    weights
+        ``(n_rows, K)`` float64 weight rows.
+    frame_shape
+        ``(k_r, k_c)`` with ``k_r * k_c == K``; moment rows need it (without
+        it the frames are one detector row of ``K`` pixels).
+    force
+        Take the structured part whenever rows have structure, whatever the
+        cost estimate (tests of fragmented supports).
+
+    Returns
+    -------
+    WeightPlan
+        Shared between calls with equal rows: do not modify its arrays.
+    """
+    w = np.ascontiguousarray(weights, dtype=np.float64)
+    digest = hashlib.blake2b(w.tobytes(), digest_size=16).digest()
+    key = (w.shape, digest, tuple(frame_shape) if frame_shape else None, force)
+    with _CACHE_LOCK:
+        plan = _CACHE.get(key)
+        if plan is not None:
+            _CACHE.move_to_end(key)
+            return plan
+    plan = _build(w, frame_shape, force)
+    with _CACHE_LOCK:
+        _CACHE[key] = plan
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return plan
+
+
+@_jit
+def _cells_int(frames, start, length, cell, rrow, rcol, acc, moments):  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
+    # acc[i, q, c] (int64, exact): q = 0 sum, 1 row moment, 2 column moment of frame i
+    # over cell c.  One frame at a time: measured faster than four at a time (the
+    # widening of four frames spills registers on short runs).
+    n = frames.shape[0]
+    nruns = start.shape[0]
+    acc[:] = 0
+    for i in range(n):
+        row = frames[i]
+        for t in range(nruns):
+            s0 = start[t]
+            ln = length[t]
+            ce = cell[t]
+            x = row[s0 : s0 + ln]
+            s = 0
+            if moments:
+                mom = 0
+                for p in range(ln):
+                    v = np.int64(x[p])
+                    s += v
+                    mom += v * p
+                acc[i, 1, ce] += s * rrow[t]
+                acc[i, 2, ce] += mom + s * rcol[t]
+            else:
+                for p in range(ln):
+                    s += np.int64(x[p])
+            acc[i, 0, ce] += s
+
+
+@_jit
+def _cells_real(frames, start, length, cell, rrow, rcol, acc, moments):  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
+    # As _cells_int in float64 (real frames).
+    n = frames.shape[0]
+    nruns = start.shape[0]
+    acc[:] = 0.0
+    for i in range(n):
+        row = frames[i]
+        for t in range(nruns):
+            s0 = start[t]
+            ln = length[t]
+            ce = cell[t]
+            x = row[s0 : s0 + ln]
+            s = 0.0
+            if moments:
+                mom = 0.0
+                for p in range(ln):
+                    v = np.float64(x[p])
+                    s += v
+                    mom += v * np.float64(p)
+                acc[i, 1, ce] += s * np.float64(rrow[t])
+                acc[i, 2, ce] += mom + s * np.float64(rcol[t])
+            else:
+                for p in range(ln):
+                    s += np.float64(x[p])
+            acc[i, 0, ce] += s
+
+
+@_jit
+def _combine(acc, kind, offset, ptr, cells, outcol, out):  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
+    # Each structured row: the sum over its cells (mask), or moment - offset * sum.
+    n = acc.shape[0]
+    for i in range(n):
+        for q in range(kind.shape[0]):
+            s = acc[i, 0, 0] * 0  # the accumulators' type: int64 sums stay exact
+            mom = acc[i, 0, 0] * 0
+            kd = kind[q]
+            for t in range(ptr[q], ptr[q + 1]):
+                s += acc[i, 0, cells[t]]
+                if kd != 0:
+                    mom += acc[i, kd, cells[t]]
+            if kd == 0:
+                out[i, outcol[q]] = np.float64(s)
+            else:
+                out[i, outcol[q]] = np.float64(mom) - offset[q] * np.float64(s)
+
+
+@_jit
+def _structured(  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
+    frames,
+    integer,
+    start,
+    length,
+    cell,
+    rrow,
+    rcol,
+    moments,
+    kind,
+    offset,
+    ptr,
+    cells,
+    outcol,
+    general,
+    gweights,
+    out,
+    acc,
+    gout,
+    acc_sum,
+    acc_max,
+    do_sum,
+    do_max,
+):
+    n = frames.shape[0]
+    g = acc.shape[0]
+    ng = general.shape[0]
+    for f0 in range(0, n, g):
+        f1 = min(f0 + g, n)
+        block = frames[f0:f1]
+        a = acc[: f1 - f0]
+        if kind.shape[0]:
+            if integer:
+                _cells_int(block, start, length, cell, rrow, rcol, a, moments)
+            else:
+                _cells_real(block, start, length, cell, rrow, rcol, a, moments)
+            _combine(a, kind, offset, ptr, cells, outcol, out[f0:f1])
+        if ng or do_sum or do_max:
+            go = gout[: f1 - f0]
+            _fused(block, gweights, go, acc_sum, acc_max, do_sum, do_max)
+            for i in range(f1 - f0):
+                for j in range(ng):
+                    out[f0 + i, general[j]] = go[i, j]
+
+
+def plan_arrays(plan: WeightPlan) -> tuple[Any, ...]:
+    """The kernel arguments of ``plan`` after ``integer``, in :func:`_structured`'s order."""
+    return (
+        plan.run_start,
+        plan.run_length,
+        plan.run_cell,
+        plan.run_row,
+        plan.run_col,
+        plan.need_moments,
+        plan.srow_kind,
+        plan.srow_offset,
+        plan.srow_ptr,
+        plan.srow_cells,
+        plan.srow_out,
+        plan.general,
+    )
+
+
+def group_frames(frame_nbytes: int) -> int:
+    """Frames per group: about :data:`GROUP_BYTES`, a multiple of 4 (at least 4)."""
+    g = GROUP_BYTES // max(frame_nbytes, 1)
+    return int(max(4, g - g % 4))
+
+
+def structured_pass(
+    frames: np.ndarray,
+    plan: WeightPlan,
+    out: np.ndarray,
+    acc_sum: np.ndarray,
+    acc_max: np.ndarray,
+    *,
+    do_sum: bool,
+    do_max: bool,
+) -> None:
+    """Run the structured part and the fused kernel on the general rows, group by group.
+
+    Parameters
+    ----------
+    frames
+        ``(n, K)`` C-contiguous frames (no float16).
+    plan
+        From :func:`analyse_weights`, with :meth:`WeightPlan.applicable` true.
+    out
+        ``(n, >= plan.n_rows)`` float64, every ``out[:, :n_rows]`` written.
+    acc_sum, acc_max
+        The pattern accumulators of the fused kernel, updated in place.
+    do_sum, do_max
+        Accumulate the patterns.
+
+    Groups start at multiples of 4 frames from the first frame, so the
+    general rows are grouped exactly as by the fused kernel alone.
+    Non-finite outputs are not repaired here (the caller runs
+    :func:`~quantem_flow.runtimes.cpu.kernels.skip_zero_weights`).
+    """
+    n = frames.shape[0]
+    g = min(group_frames(frames.shape[1] * frames.itemsize), max(4, -(-n // 4) * 4))
+    integer = frames.dtype.kind in "ui"
+    acc = np.empty((g, 3, max(plan.n_cells, 1)), dtype=np.int64 if integer else np.float64)
+    gout = np.empty((g, max(plan.general_weights.shape[0], 1)), dtype=np.float64)
+    _structured(
+        frames,
+        integer,
+        *plan_arrays(plan),
+        plan.general_weights,
+        out,
+        acc,
+        gout,
+        acc_sum,
+        acc_max,
+        do_sum,
+        do_max,
+    )
