@@ -33,6 +33,8 @@ from quantem_flow.errors import (
     UnsupportedOperationError,
 )
 from quantem_flow.operators.ssb import ssb
+from quantem_flow.runtimes.base import gather_columns
+from quantem_flow.runtimes.ssb_kernels import Aberrations, NumpyOps, QGrid, accumulate, spectra
 
 KV = 300.0
 ALPHA_MRAD = 20.0
@@ -465,3 +467,69 @@ def test_auto_backend_is_recorded(sim: Any) -> None:
     assert rec["requested"] == "auto"
     assert rec["chosen"] in ("cpu", "cuda")  # auto never picks complex64 MLX silently
     assert rec["precision"].startswith("float64")
+
+
+# -- the CPU fast paths (issue 14) --------------------------------------------------------
+class _GenericNumpy(NumpyOps):
+    """The NumPy adapter without its fast paths: the generic array code of the stage."""
+
+    def band_spectra(self, block: np.ndarray, inv_mean: np.ndarray, grid: QGrid) -> Any:
+        return None
+
+    def trotter_sums(self, *args: Any) -> Any:
+        return None
+
+
+@pytest.mark.parametrize("pad_to", [None, (37, 45)])
+@pytest.mark.parametrize(
+    "terms",
+    [
+        {},
+        {(1, 0): (40.0, 0.0), (1, 2): (15.0, math.radians(-20.0))},
+        {(1, 0): (40.0, 0.0), (3, 0): (2.0e4, 0.0)},
+    ],
+)
+def test_cpu_fast_paths_equal_the_generic_stage(
+    rng: np.random.Generator, pad_to: tuple[int, int] | None, terms: dict[Any, Any]
+) -> None:
+    lam = electron_wavelength_angstrom(KV)
+    alpha = ALPHA_MRAD * 1e-3
+    fft_shape = pad_to or SCAN
+    grid = QGrid.build(fft_shape, (0.9, 1.1), lam, alpha)
+    block = rng.integers(100, 5000, size=(21, *SCAN)).astype(np.uint16)
+    inv = 1.0 / block.reshape(block.shape[0], -1).mean(axis=1)
+    fast, generic = NumpyOps(2), _GenericNumpy(2)
+    f_fast = spectra(fast, block, inv, grid)
+    f_gen = spectra(generic, block, inv, grid)
+    assert f_fast.shape == f_gen.shape == (21, *grid.band_shape)
+    # the zero frequency is never in a trotter; every other value is the same transform
+    f_fast[:, 0, 0] = f_gen[:, 0, 0]
+    np.testing.assert_allclose(f_fast, f_gen, rtol=0, atol=1e-14 * np.abs(f_gen).max())
+    r = rng.uniform(0, 0.95 * alpha, 21)
+    a = rng.uniform(0, 2 * math.pi, 21)
+    v_r, v_c = r * np.sin(a), r * np.cos(a)
+    ab = Aberrations(terms)
+    s_fast = accumulate(fast, f_gen, v_r, v_c, grid, ab, lam)
+    s_gen = accumulate(generic, f_gen, v_r, v_c, grid, ab, lam)
+    np.testing.assert_array_equal(s_fast.n1, s_gen.n1)  # the same trotter masks
+    np.testing.assert_array_equal(s_fast.n2, s_gen.n2)
+    assert s_fast.n1.sum() > 0 and s_fast.n2.sum() > 0
+    for name in ("s1", "s2", "e1", "e2"):
+        x, y = getattr(s_fast, name), getattr(s_gen, name)
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-13 * max(np.abs(y).max(), 1e-300))
+
+
+def test_gather_columns_equals_fancy_indexing(rng: np.random.Generator) -> None:
+    frames = rng.integers(0, 2**16, size=(37, 400), dtype=np.uint16)
+    yy, xx = np.mgrid[:20, :20]
+    disk = np.flatnonzero(np.hypot(yy - 9.5, xx - 10.2) < 6.3)  # runs of consecutive pixels
+    for idx in (
+        disk,
+        np.arange(0, 400, 3),  # no runs
+        np.array([5, 3, 9]),  # not sorted
+        np.array([], dtype=np.int64),
+        np.arange(400),
+    ):
+        got = gather_columns(frames, idx)
+        np.testing.assert_array_equal(got, frames[:, idx])
+        assert got.flags.c_contiguous

@@ -19,6 +19,7 @@ import numpy as np
 from ..dataset import Dataset4D
 from ..representations import Chunk
 from ..runtimes import get_runtime
+from ..runtimes.base import FramePassResult
 from ..runtimes.staging import staged
 from .digest import Units, chunk_digest, payload_digests
 
@@ -115,9 +116,15 @@ def _kernels(
                     np.ascontiguousarray(values.T).reshape(len(spec.gather), shape[0], shape[1]),
                 )
             )
-        out = runtime.run_frame_pass(
-            chunk, spec.weights, want_sum=spec.want_sum, want_max=spec.want_max
-        )
+        if spec.gather is not None and not (
+            spec.weights.shape[0] or spec.want_sum or spec.want_max
+        ):
+            # a gather-only pass (SSB alone): no frame pass over the chunk a second time
+            out = FramePassResult(np.zeros((shape[0] * shape[1], 0)), None, None)
+        else:
+            out = runtime.run_frame_pass(
+                chunk, spec.weights, want_sum=spec.want_sum, want_max=spec.want_max
+            )
     t2 = time.perf_counter()
     digest = None if units is None else chunk_digest(units, spec.dataset)
     record = {
