@@ -15,6 +15,8 @@ name                      meaning                                    default
 ``numba_cache``           cache compiled CPU kernels on disk         True
 ``gather_memory_mib``     gathered pixels kept in memory, beyond     1024
                           that a temporary file (SSB pass 1)
+``decode_threads``        threads decoding the bitshuffle chunks     min(cores, 8)
+                          of one dense HDF5 read
 ========================  =========================================  =========
 """
 
@@ -37,6 +39,7 @@ _DEFAULTS: dict[str, Any] = {
     "progress": True,
     "numba_cache": True,
     "gather_memory_mib": 1024.0,
+    "decode_threads": max(1, min(os.cpu_count() or 1, 8)),
 }
 
 

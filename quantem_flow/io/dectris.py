@@ -59,6 +59,8 @@ from .base import (
     path_size,
     sidecar_calibration,
 )
+from .bslz4_read import read_bitshuffle
+from .bslz4_read import supports as bslz4_supports
 from .encoded_chunks import check_bitshuffle_chunks, needs_bitshuffle_guard
 from .hdf5 import dataset_filters, open_h5
 
@@ -467,6 +469,17 @@ class DectrisSource(FrameSource):
             # bisect_right skips empty data files: they share their start with the next
             end = min(stop, first + self._counts[i])
             file_path, dset_path = self._parts[i]
+            if direct and bslz4_supports(self._layouts[i]):
+                # read once, checked, decoded in parallel (io/bslz4_read.py)
+                read_bitshuffle(
+                    self._dset(i),
+                    [(pos - first, end - first), (0, kr), (0, kc)],
+                    out[pos - start : end - start],
+                    where=f"dataset {dset_path!r} of data file {str(file_path)!r} (master "
+                    f"{str(self._path)!r}), read for acquisition frames [{pos}, {end})",
+                )
+                pos = end
+                continue
             if needs_bitshuffle_guard(self._layouts[i]):
                 check_bitshuffle_chunks(
                     self._dset(i),

@@ -48,6 +48,15 @@ def open_h5(path: Path) -> Any:
         raise FormatError(f"{str(path)!r} is not a readable HDF5 file: {exc}") from exc
 
 
+def link_name(name: str | bytes) -> str:
+    """An HDF5 path as text: h5py gives a name that is not UTF-8 as bytes (escaped here).
+
+    A name so escaped does not open the object (``h5py`` encodes text as
+    UTF-8); it only names it in messages.
+    """
+    return name.decode("utf-8", errors="backslashreplace") if isinstance(name, bytes) else name
+
+
 def candidate_datasets(
     h5file: Any, *, ndims: tuple[int, ...] = (3, 4)
 ) -> list[tuple[str, tuple[int, ...], str]]:
@@ -59,9 +68,9 @@ def candidate_datasets(
 
     found: list[tuple[str, tuple[int, ...], str]] = []
 
-    def visit(name: str, obj: Any) -> None:
+    def visit(name: str | bytes, obj: Any) -> None:
         if isinstance(obj, h5py.Dataset) and obj.ndim in ndims:
-            found.append(("/" + name, tuple(int(v) for v in obj.shape), str(obj.dtype)))
+            found.append(("/" + link_name(name), tuple(int(v) for v in obj.shape), str(obj.dtype)))
 
     h5file.visititems(visit)
     return found
@@ -132,6 +141,47 @@ def layout_integrity(layout: dict[str, Any], where: str) -> tuple[bool, str]:
     )
 
 
+def open_dataset(h5file: Any, dataset_path: str, path: Path) -> Any:
+    """Open a dataset found when the file was opened, again at read time (or raise).
+
+    Parameters
+    ----------
+    h5file
+        The open ``h5py.File``; it is closed when the dataset cannot be opened.
+    dataset_path
+        The dataset's path in the file.
+    path
+        The file (for messages).
+
+    Returns
+    -------
+    h5py.Dataset
+        The dataset.
+
+    Raises
+    ------
+    FormatError
+        The path no longer leads to a dataset (h5py raises a bare ``KeyError``
+        for a missing link or a damaged object header): the file was changed
+        or damaged after it was opened.
+    """
+    import h5py
+
+    try:
+        obj = h5file[dataset_path]
+        problem = None if isinstance(obj, h5py.Dataset) else f"is a {type(obj).__name__}"
+    except (KeyError, OSError, RuntimeError, ValueError, TypeError) as exc:
+        problem = f"could not be opened ({type(exc).__name__}: {exc})"
+    if problem is None:
+        return obj
+    h5file.close()
+    raise FormatError(
+        f"dataset {dataset_path!r} of {str(path)!r} was a dataset when the file was opened but "
+        f"now {problem}: the file was changed or damaged since. Check or restore the file, then "
+        "open it again"
+    )
+
+
 class Hdf5Source(FrameSource):
     """One 3-D or 4-D dataset of an HDF5 file.
 
@@ -186,6 +236,12 @@ class Hdf5Source(FrameSource):
             obj = f.get(dataset_path)
             if not isinstance(obj, h5py.Dataset):
                 what = "does not exist" if obj is None else f"is a {type(obj).__name__}"
+                if obj is None and self._dataset_from != "given (dataset_path=)":
+                    what = (
+                        "cannot be opened by its name (a name that is not UTF-8, shown with \\x "
+                        "escapes: the file is damaged, or was written with such a name; rename "
+                        "the dataset with h5py)"
+                    )
                 raise DatasetPathError(
                     f"dataset_path {dataset_path!r} {what} in {str(self._path)!r}; "
                     f"3-D/4-D datasets in the file: {describe_datasets(candidate_datasets(f))}"
@@ -326,8 +382,9 @@ class Hdf5Source(FrameSource):
 
     def _dset(self) -> Any:
         if self._handle_dset is None:
-            self._handle_file = open_h5(self._path)
-            self._handle_dset = self._handle_file[self._dataset_path]
+            h5file = open_h5(self._path)
+            self._handle_dset = open_dataset(h5file, self._dataset_path, self._path)
+            self._handle_file = h5file
         return self._handle_dset
 
     @property
@@ -385,6 +442,14 @@ class Hdf5Source(FrameSource):
         check_bitshuffle_chunks(self._dset(), bounds, where)
 
     def _read(self, selection: tuple[slice, ...], what: str) -> np.ndarray:
+        from .bslz4_read import (
+            read_selection,
+        )  # bitshuffle: read once, checked, decoded in parallel
+
+        where = f"dataset {self._dataset_path!r} of {str(self._path)!r}"
+        values = read_selection(self._dset(), self._layout, selection, where=where)
+        if values is not None:
+            return values if values.dtype == self._dtype else values.astype(self._dtype)
         self._guard(selection)
         try:
             return np.asarray(self._dset()[selection], dtype=self._dtype)
@@ -414,6 +479,11 @@ class Hdf5Source(FrameSource):
     def _read_into(self, out: np.ndarray, selection: Any, what: str) -> np.ndarray:
         if out.dtype != self._dtype or not out.flags.c_contiguous:
             out[...] = self._read(selection, what)
+            return out
+        from .bslz4_read import read_selection
+
+        where = f"dataset {self._dataset_path!r} of {str(self._path)!r}"
+        if read_selection(self._dset(), self._layout, selection, where=where, out=out) is not None:
             return out
         self._guard(selection)
         try:

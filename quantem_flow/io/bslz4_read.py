@@ -1,0 +1,507 @@
+"""Dense bitshuffle (HDF5 filter 32008) reads: chunks read once, checked, decoded in threads.
+
+The HDF5 bitshuffle filter trusts each chunk's header and crashes the
+process on a corrupt one (docs/upstream-bitshuffle-crash.md), so a dense
+read used to check every chunk (``read_direct_chunk``) and then let HDF5
+read and decode it again through the filter, one chunk at a time.  This
+module reads every stored chunk of a selection once and decodes it itself:
+
+1. the dataset's chunk index (chunk coordinates, byte offset, size, filter
+   mask of every stored chunk) is taken once per file version with
+   ``H5Dchunk_iter`` and kept per process (:func:`chunk_index`);
+2. the selection's chunks are split into as many contiguous groups as
+   decode threads (config ``decode_threads``); each thread reads runs of
+   chunks that lie back to back in the file with one ``os.preadv`` (no
+   HDF5 call, no h5py lock), checks each chunk
+   (:func:`~quantem_flow.representations.encoded.bitshuffle_chunk_problem`:
+   header sizes and block lengths, everything the decoder trusts) and
+   decodes it with the ``bitshuffle`` library (which runs without the GIL)
+   straight into its place in the destination while the compressed bytes
+   are in cache.
+
+The result is bit-identical to ``h5py``'s read (tests/test_bslz4_read.py).
+A corrupt chunk raises :class:`~quantem_flow.errors.CorruptChunkError`
+naming the file, dataset, chunk (grid coordinates and element offset) and
+its byte offset in the file; a chunk stored without the filter (filter
+mask bit 0) is copied as it is, and a chunk never written reads as the
+dataset's fill value, as HDF5 defines.
+
+Byte offsets are used directly only when the file is opened with the
+default ``sec2`` driver and the first stored chunk read through HDF5 is
+byte-identical to the bytes at its offset; otherwise every chunk is read
+with ``read_direct_chunk`` (under h5py's lock) and decoded the same way.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import itertools
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import config
+from ..errors import CorruptChunkError
+
+__all__ = ["ChunkIndex", "chunk_index", "read_bitshuffle", "read_selection", "supports"]
+
+#: Compressed bytes one ``preadv`` reads at most (runs of adjacent chunks).
+SPAN_BYTES = 4 << 20
+#: Chunk indexes kept per process (one per file version and dataset).
+INDEX_CACHE = 16
+_BSHUF_COMPRESSION = {2: "lz4", 3: "zstd"}
+
+
+def supports(layout: dict[str, Any]) -> bool:
+    """Whether :func:`read_bitshuffle` reads a dataset of this layout.
+
+    Parameters
+    ----------
+    layout
+        :func:`~quantem_flow.io.hdf5.dataset_filters` of the dataset.
+
+    Returns
+    -------
+    bool
+        True when the dataset is chunked and its only filter is bitshuffle
+        (32008) with LZ4 or Zstandard compression.
+    """
+    filters = list(layout.get("filters", []))
+    if not layout.get("chunks") or len(filters) != 1 or int(filters[0]["id"]) != 32008:
+        return False
+    values = [int(v) for v in filters[0].get("values", [])]
+    return len(values) > 4 and values[4] in _BSHUF_COMPRESSION
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkIndex:
+    """Where every stored chunk of one dataset lies in its file.
+
+    Attributes
+    ----------
+    path
+        The file the byte offsets refer to.
+    chunks
+        Chunk shape (elements per axis).
+    grid
+        Chunks per axis.
+    byte_offset, size, mask
+        Per chunk, in C order of the chunk grid: byte offset in the file
+        (-1 when the chunk was never written), stored bytes and filter mask.
+    direct
+        Whether the byte offsets may be read with ``os.preadv`` (checked
+        against ``read_direct_chunk`` on the first stored chunk).
+    """
+
+    path: str
+    chunks: tuple[int, ...]
+    grid: tuple[int, ...]
+    byte_offset: np.ndarray
+    size: np.ndarray
+    mask: np.ndarray
+    direct: bool
+
+
+_cache: OrderedDict[tuple[Any, ...], ChunkIndex] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def chunk_index(dset: Any) -> ChunkIndex:
+    """Return the chunk index of an open chunked ``h5py.Dataset`` (cached per file version).
+
+    Parameters
+    ----------
+    dset
+        An open, chunked ``h5py.Dataset``.
+
+    Returns
+    -------
+    ChunkIndex
+        Byte offsets, sizes and filter masks of its stored chunks.
+
+    Raises
+    ------
+    CorruptChunkError
+        If HDF5 cannot walk the chunk index (a damaged file).
+    """
+    path = os.path.realpath(dset.file.filename)
+    try:
+        st = os.stat(path)
+        stamp: tuple[Any, ...] = (st.st_mtime_ns, st.st_size, st.st_ino)
+    except OSError:
+        stamp = ()
+    key = (path, dset.name, *stamp)
+    with _cache_lock:
+        found = _cache.get(key)
+        if found is not None:
+            _cache.move_to_end(key)
+            return found
+    chunks = tuple(int(c) for c in dset.chunks)
+    grid = tuple(-(-int(n) // c) for n, c in zip(dset.shape, chunks, strict=True))
+    total = int(np.prod(grid, dtype=np.int64))
+    byte_offset = np.full(total, -1, dtype=np.int64)
+    size = np.zeros(total, dtype=np.int64)
+    mask = np.zeros(total, dtype=np.uint32)
+    strides = np.cumprod((1, *grid[::-1]))[:-1][::-1]
+
+    def visit(info: Any) -> None:
+        i = sum((o // c) * s for o, c, s in zip(info.chunk_offset, chunks, strides, strict=True))
+        byte_offset[i] = info.byte_offset
+        size[i] = info.size
+        mask[i] = info.filter_mask
+
+    try:
+        if hasattr(dset.id, "chunk_iter"):
+            dset.id.chunk_iter(visit)
+        else:  # pragma: no cover - older HDF5
+            for n in range(dset.id.get_num_chunks()):
+                visit(dset.id.get_chunk_info(n))
+    except (RuntimeError, OSError, ValueError) as exc:
+        raise CorruptChunkError(
+            f"could not walk the chunk index of dataset {dset.name!r} in {path!r}: {exc}. The "
+            "file may be truncated or its chunk index damaged; restore the file"
+        ) from exc
+    direct = _offsets_usable(dset, path, byte_offset, size, chunks, strides)
+    index = ChunkIndex(path, chunks, grid, byte_offset, size, mask, direct)
+    with _cache_lock:
+        _cache[key] = index
+        while len(_cache) > INDEX_CACHE:
+            _cache.popitem(last=False)
+    return index
+
+
+def _offsets_usable(
+    dset: Any,
+    path: str,
+    byte_offset: np.ndarray,
+    size: np.ndarray,
+    chunks: tuple[int, ...],
+    strides: np.ndarray,
+) -> bool:
+    """Whether the first stored chunk's bytes at its offset equal what HDF5 returns for it."""
+    if dset.file.driver != "sec2":
+        return False
+    stored = np.flatnonzero(byte_offset >= 0)
+    if stored.size == 0:
+        return True
+    i = int(stored[0])
+    coord = []
+    rest = i
+    for s, c in zip(strides, chunks, strict=True):
+        coord.append((rest // int(s)) * c)
+        rest %= int(s)
+    try:
+        _, expected = dset.id.read_direct_chunk(tuple(coord))
+        with open(path, "rb", buffering=0) as fh:
+            fh.seek(int(byte_offset[i]))
+            got = fh.read(int(size[i]))
+    except (RuntimeError, OSError, ValueError):
+        return False
+    return bytes(expected) == got
+
+
+_pool_lock = threading.Lock()
+_pool: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+
+
+def _executor(threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    with _pool_lock:
+        pool = _pool.get(threads)
+        if pool is None:
+            pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="qf-bslz4")
+            _pool[threads] = pool
+        return pool
+
+
+def read_bitshuffle(
+    dset: Any,
+    bounds: Sequence[tuple[int, int]],
+    out: np.ndarray,
+    *,
+    where: str,
+    threads: int | None = None,
+) -> np.ndarray:
+    """Read the selection ``bounds`` of a bitshuffle dataset into ``out``, decoding in parallel.
+
+    Parameters
+    ----------
+    dset
+        An open ``h5py.Dataset`` for which :func:`supports` holds.
+    bounds
+        Half-open ``(start, stop)`` per dataset axis.
+    out
+        C-contiguous destination of shape ``stop - start`` per axis; its
+        dtype must hold the dataset's values exactly (the dataset's dtype
+        in native byte order, or a wider one).
+    where
+        The dataset and file, for messages.
+    threads
+        Decode threads (default config ``decode_threads``).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``out``.
+
+    Raises
+    ------
+    CorruptChunkError
+        Naming the file and dataset, the chunk (grid coordinates and element
+        offset), its byte offset in the file and what is wrong with it.
+    ShapeError
+        If ``out`` does not have the selection's shape.
+    """
+    from ..errors import ShapeError
+
+    shape = tuple(int(b) - int(a) for a, b in bounds)
+    if out.shape != shape or not out.flags.c_contiguous:
+        raise ShapeError(
+            f"read_bitshuffle needs a C-contiguous destination of shape {shape}, got "
+            f"{out.shape} (C-contiguous: {out.flags.c_contiguous}); pass a matching array"
+        )
+    if out.size == 0:
+        return out
+    index = chunk_index(dset)
+    chunks = index.chunks
+    ranges = [range(int(a) // c, -(-int(b) // c)) for (a, b), c in zip(bounds, chunks, strict=True)]
+    grids = list(itertools.product(*ranges))
+    strides = np.cumprod((1, *index.grid[::-1]))[:-1][::-1]
+    linear = [sum(g * int(s) for g, s in zip(grid, strides, strict=True)) for grid in grids]
+    stored = np.dtype(dset.dtype)
+    comp = _BSHUF_COMPRESSION[int(dict(enumerate(_filter_values(dset))).get(4, 2))]
+    fill = dset.fillvalue
+    n = max(1, min(int(threads or config.get("decode_threads")), len(grids)))
+    # contiguous groups of about equal compressed bytes, one per thread
+    weights = np.maximum(index.size[linear], 1)
+    edges = np.searchsorted(np.cumsum(weights), np.linspace(0, weights.sum(), n + 1)[1:-1])
+    cuts = [0, *(int(e) + 1 for e in edges), len(grids)]
+    groups = [(cuts[i], cuts[i + 1]) for i in range(n) if cuts[i] < cuts[i + 1]]
+    job = _Job(dset, index, bounds, out, grids, linear, stored, comp, fill, where)
+    if len(groups) == 1:
+        job.run(*groups[0])
+        return out
+    futures = [_executor(n).submit(job.run, a, b) for a, b in groups]
+    errors = []
+    for fut in futures:  # wait for all: none writes into ``out`` after we return
+        try:
+            fut.result()
+        except CorruptChunkError as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+    return out
+
+
+def _filter_values(dset: Any) -> list[int]:
+    plist = dset.id.get_create_plist()
+    for i in range(plist.get_nfilters()):
+        fid, _flags, values, _name = plist.get_filter(i)
+        if int(fid) == 32008:
+            return [int(v) for v in values]
+    return []
+
+
+class _Job:
+    """One selection's decode, run by several threads over disjoint chunk groups."""
+
+    def __init__(
+        self,
+        dset: Any,
+        index: ChunkIndex,
+        bounds: Sequence[tuple[int, int]],
+        out: np.ndarray,
+        grids: list[tuple[int, ...]],
+        linear: list[int],
+        stored: np.dtype[Any],
+        comp: str,
+        fill: Any,
+        where: str,
+    ) -> None:
+        self.dset = dset
+        self.index = index
+        self.bounds = [(int(a), int(b)) for a, b in bounds]
+        self.out = out
+        self.grids = grids
+        self.linear = linear
+        self.stored = stored
+        self.comp = comp
+        self.fill = fill
+        self.where = where
+        self.n_elem = int(np.prod(index.chunks))
+        c0 = index.chunks[0]
+        # chunks split only along axis 0, all other axes whole: copy by flat frame ranges
+        self.rows_only = all(
+            (a, b) == (0, c) and c == n
+            for (a, b), c, n in zip(self.bounds[1:], index.chunks[1:], dset.shape[1:], strict=True)
+        )
+        self.c0 = c0
+
+    def run(self, start: int, stop: int) -> None:
+        """Read, check and decode chunks ``start:stop`` of the selection into ``out``."""
+        from ..representations.encoded import _bitshuffle
+
+        bitshuffle = _bitshuffle()  # its OpenMP set to one thread in this thread
+        decode = bitshuffle.decompress_lz4 if self.comp == "lz4" else bitshuffle.decompress_zstd
+        idx = self.index
+        fd = os.open(idx.path, os.O_RDONLY) if idx.direct else -1
+        buf = bytearray(0)
+        try:
+            i = start
+            while i < stop:
+                # a run of chunks stored back to back, read with one call
+                j = i + 1
+                lin = self.linear
+                first = int(idx.byte_offset[lin[i]])
+                end = first + int(idx.size[lin[i]])
+                if fd >= 0 and first >= 0:
+                    while (
+                        j < stop
+                        and int(idx.byte_offset[lin[j]]) == end
+                        and end - first + int(idx.size[lin[j]]) <= SPAN_BYTES
+                    ):
+                        end += int(idx.size[lin[j]])
+                        j += 1
+                    if len(buf) < end - first:
+                        buf = bytearray(max(end - first, SPAN_BYTES // 4))
+                    view = memoryview(buf)[: end - first]
+                    got = os.preadv(fd, [view], first)
+                    if got != end - first:
+                        raise self._corrupt(
+                            i, f"the file ends before the chunk (read {got} of {end - first} bytes)"
+                        )
+                    span = np.frombuffer(buf, dtype=np.uint8, count=end - first)
+                for k in range(i, j):
+                    if fd >= 0 and first >= 0:
+                        a = int(idx.byte_offset[lin[k]]) - first
+                        data = span[a : a + int(idx.size[lin[k]])]
+                    else:
+                        data = self._direct(k)
+                    self._place(k, self._decode(k, data, decode))
+                i = j
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def _direct(self, k: int) -> np.ndarray | None:
+        """The stored bytes of chunk ``k`` through HDF5 (``None``: never written)."""
+        if int(self.index.byte_offset[self.linear[k]]) < 0:
+            return None
+        grid = self.grids[k]
+        offset = tuple(g * c for g, c in zip(grid, self.index.chunks, strict=True))
+        try:
+            _mask, data = self.dset.id.read_direct_chunk(offset)
+        except (RuntimeError, OSError, ValueError) as exc:
+            if "not allocated" in str(exc):
+                return None
+            raise self._corrupt(k, f"it could not be read ({exc})") from exc
+        return np.frombuffer(data, dtype=np.uint8)
+
+    def _decode(self, k: int, data: np.ndarray | None, decode: Any) -> np.ndarray:
+        from ..representations.encoded import bitshuffle_chunk_problem
+
+        n_elem, stored = self.n_elem, self.stored
+        if data is None or int(self.index.byte_offset[self.linear[k]]) < 0:
+            return np.full(n_elem, self.fill, dtype=stored)
+        if int(self.index.mask[self.linear[k]]) & 1:  # the filter was skipped: stored raw
+            if data.shape[0] != n_elem * stored.itemsize:
+                raise self._corrupt(
+                    k,
+                    f"it was stored unfiltered with {data.shape[0]} bytes, expected "
+                    f"{n_elem * stored.itemsize}",
+                )
+            return data.view(stored)
+        problem = bitshuffle_chunk_problem(data, n_elem, stored.itemsize)
+        if problem is not None:
+            raise self._corrupt(k, problem)
+        block = (int(data[8]) << 24 | int(data[9]) << 16 | int(data[10]) << 8 | int(data[11])) // (
+            stored.itemsize
+        )
+        try:
+            return np.asarray(decode(data[12:], (n_elem,), stored, block))
+        except Exception as exc:  # the codec's own errors (RuntimeError, ValueError)
+            raise self._corrupt(k, f"{type(exc).__name__}: {exc}") from exc
+
+    def _place(self, k: int, values: np.ndarray) -> None:
+        grid, chunks = self.grids[k], self.index.chunks
+        if self.rows_only:
+            a0 = grid[0] * self.c0
+            lo = max(a0, self.bounds[0][0])
+            hi = min(a0 + self.c0, self.bounds[0][1])
+            per = self.n_elem // self.c0
+            flat = self.out.reshape(self.out.shape[0], -1)
+            flat[lo - self.bounds[0][0] : hi - self.bounds[0][0]] = values.reshape(self.c0, per)[
+                lo - a0 : hi - a0
+            ]
+            return
+        src = []
+        dst = []
+        for g, c, (a, b) in zip(grid, chunks, self.bounds, strict=True):
+            lo, hi = max(g * c, a), min(g * c + c, b)
+            src.append(slice(lo - g * c, hi - g * c))
+            dst.append(slice(lo - a, hi - a))
+        self.out[tuple(dst)] = values.reshape(chunks)[tuple(src)]
+
+    def _corrupt(self, k: int, problem: str) -> CorruptChunkError:
+        grid = self.grids[k]
+        offset = tuple(g * c for g, c in zip(grid, self.index.chunks, strict=True))
+        byte = int(self.index.byte_offset[self.linear[k]])
+        at = f" at byte offset {byte} of the file" if byte >= 0 else ""
+        return CorruptChunkError(
+            f"stored chunk {grid} (element offset {offset}) of {self.where}{at} is corrupt: "
+            f"{problem}. It was not decoded; restore or re-acquire the file, or crop the scan "
+            "to leave this chunk out"
+        )
+
+
+def read_selection(
+    dset: Any,
+    layout: dict[str, Any],
+    selection: Any,
+    *,
+    where: str,
+    out: np.ndarray | None = None,
+) -> np.ndarray | None:
+    """Read a basic selection of a bitshuffle dataset with :func:`read_bitshuffle`, if it applies.
+
+    Parameters
+    ----------
+    dset
+        An open ``h5py.Dataset``.
+    layout
+        :func:`~quantem_flow.io.hdf5.dataset_filters` of the dataset.
+    selection
+        A slice or tuple of slices (step 1) over the leading axes.
+    where
+        The dataset and file, for messages.
+    out
+        Optional C-contiguous destination of the selection's shape.
+
+    Returns
+    -------
+    numpy.ndarray or None
+        The values (``out`` when given, else a new array of the dataset's
+        dtype in native byte order), or ``None`` when the dataset or the
+        selection is not one this module reads (the caller reads through
+        HDF5, checking the chunks first).
+    """
+    if not supports(layout):
+        return None
+    sel = selection if isinstance(selection, tuple) else (selection,)
+    bounds = []
+    for axis, n in enumerate(dset.shape):
+        s = sel[axis] if axis < len(sel) else slice(None)
+        if not isinstance(s, slice):
+            return None
+        start, stop, step = s.indices(int(n))
+        if step != 1:
+            return None
+        bounds.append((start, max(start, stop)))
+    if out is None:
+        shape = tuple(b - a for a, b in bounds)
+        out = np.empty(shape, dtype=np.dtype(dset.dtype).newbyteorder("="))
+    return read_bitshuffle(dset, bounds, out, where=where)

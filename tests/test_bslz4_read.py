@@ -1,0 +1,185 @@
+"""Dense bitshuffle reads decode the stored chunks themselves, in threads (issue 14).
+
+Every read is compared with h5py's own read through the HDF5 filter, bit for
+bit; corrupt chunks are CorruptChunkErrors naming file, dataset, chunk and
+byte offset; the dense readers no longer read every chunk twice (check, then
+HDF5 filter).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from quantem_flow.errors import CorruptChunkError
+from quantem_flow.io import bslz4_read
+from quantem_flow.io.hdf5 import dataset_filters
+from tests.io.writers import write_dectris, write_hdf5
+
+
+def _write(path: Path, data: np.ndarray, chunks: tuple[int, ...], cname: str = "lz4") -> Path:
+    import h5py
+    import hdf5plugin
+
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=data, chunks=chunks, **hdf5plugin.Bitshuffle(cname=cname))
+    return path
+
+
+def _read(path: Path, bounds: list[tuple[int, int]], threads: int) -> tuple[Any, Any]:
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        d = f["data"]
+        expected = d[tuple(slice(a, b) for a, b in bounds)]
+        out = np.empty(expected.shape, dtype=expected.dtype.newbyteorder("="))
+        bslz4_read.read_bitshuffle(d, bounds, out, where="test", threads=threads)
+    return out, expected
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize(
+    ("shape", "chunks", "dtype", "cname", "bounds"),
+    [
+        ((30, 24, 20), (1, 24, 20), "<u2", "lz4", [(0, 30), (0, 24), (0, 20)]),
+        ((30, 24, 20), (4, 24, 20), "<u2", "lz4", [(3, 29), (0, 24), (0, 20)]),
+        ((30, 24, 20), (4, 8, 20), ">u4", "lz4", [(5, 17), (3, 22), (2, 19)]),
+        ((5, 6, 16, 16), (1, 1, 16, 16), "<u2", "lz4", [(1, 4), (2, 5), (0, 16), (0, 16)]),
+        ((5, 6, 16, 16), (1, 6, 16, 16), "<f4", "zstd", [(0, 5), (0, 6), (0, 16), (0, 16)]),
+    ],
+)
+def test_parallel_decode_equals_h5py(
+    tmp_path: Path,
+    shape: tuple[int, ...],
+    chunks: tuple[int, ...],
+    dtype: str,
+    cname: str,
+    bounds: list[tuple[int, int]],
+    threads: int,
+) -> None:
+    rng = np.random.default_rng(1)
+    data = rng.poisson(3, size=shape).astype(dtype)
+    path = _write(tmp_path / "d.h5", data, chunks, cname)
+    out, expected = _read(path, bounds, threads)
+    assert out.dtype == expected.dtype.newbyteorder("=")
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_unwritten_and_unfiltered_chunks_read_as_hdf5_defines(tmp_path: Path) -> None:
+    import h5py
+    import hdf5plugin
+
+    path = tmp_path / "sparse.h5"
+    raw = np.arange(8 * 8, dtype=np.uint16).reshape(1, 8, 8)
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset(
+            "data",
+            shape=(6, 8, 8),
+            dtype=np.uint16,
+            chunks=(1, 8, 8),
+            fillvalue=7,
+            **hdf5plugin.Bitshuffle(cname="lz4"),
+        )
+        d[0] = np.full((8, 8), 3, np.uint16)
+        d.id.write_direct_chunk((2, 0, 0), raw.tobytes(), filter_mask=1)  # filter skipped
+        d[4] = np.full((8, 8), 5, np.uint16)
+    out, expected = _read(path, [(0, 6), (0, 8), (0, 8)], 2)
+    np.testing.assert_array_equal(out, expected)
+    assert out[1, 0, 0] == 7 and out[2].tolist() == raw[0].tolist()
+
+
+def test_offsets_checked_and_hdf5_fallback_gives_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = np.random.default_rng(2).poisson(2, size=(12, 16, 16)).astype(np.uint16)
+    path = _write(tmp_path / "d.h5", data, (1, 16, 16))
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        assert bslz4_read.chunk_index(f["data"]).direct
+    monkeypatch.setattr(bslz4_read, "_offsets_usable", lambda *a: False)
+    bslz4_read._cache.clear()
+    try:
+        out, expected = _read(path, [(2, 11), (0, 16), (0, 16)], 2)
+        with h5py.File(path, "r") as f:
+            assert not bslz4_read.chunk_index(f["data"]).direct
+    finally:
+        bslz4_read._cache.clear()
+    np.testing.assert_array_equal(out, expected)
+
+
+def _flip(path: Path, chunk: tuple[int, ...], byte: int, bit: int = 6) -> int:
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        where = int(f["data"].id.get_chunk_info_by_coord(chunk).byte_offset)
+    with open(path, "r+b") as fh:
+        fh.seek(where + byte)
+        value = fh.read(1)[0]
+        fh.seek(where + byte)
+        fh.write(bytes([value ^ (1 << bit)]))
+    return where
+
+
+@pytest.mark.parametrize(("byte", "bit"), [(4, 6), (10, 5), (12, 6)])
+def test_corrupt_chunk_is_named(tmp_path: Path, byte: int, bit: int) -> None:
+    import quantem_flow as qf
+
+    data = np.random.default_rng(3).poisson(3, size=(24, 32, 32)).astype(np.uint16)
+    path = _write(tmp_path / "d.h5", data, (1, 32, 32))
+    where = _flip(path, (9, 0, 0), byte, bit)
+    ds = qf.open(path, dataset_path="/data", scan_shape=(4, 6))
+    with pytest.raises(CorruptChunkError) as info:
+        ds.load_block((0, 4))
+    msg = str(info.value)
+    assert str(path) in msg and "'/data'" in msg, msg
+    assert "stored chunk (9, 0, 0)" in msg and f"byte offset {where}" in msg, msg
+
+
+def test_dense_readers_read_each_chunk_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check-then-HDF5-filter path (every chunk read twice) is not taken any more."""
+    import quantem_flow as qf
+    from quantem_flow.io import dectris, encoded_chunks, hdf5
+
+    def twice(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("chunks were checked, then read again through the HDF5 filter")
+
+    monkeypatch.setattr(encoded_chunks, "check_bitshuffle_chunks", twice)
+    monkeypatch.setattr(dectris, "check_bitshuffle_chunks", twice)
+    frames = np.random.default_rng(5).poisson(3, size=(24, 32, 32)).astype(np.uint16)
+    path = write_hdf5(tmp_path / "d.h5", frames)
+    layout = hdf5.Hdf5Source(path, dataset_path="/data", scan_shape=(4, 6))._layout
+    assert bslz4_read.supports(layout)
+    ds = qf.open(path, dataset_path="/data", scan_shape=(4, 6))
+    np.testing.assert_array_equal(ds.load_block((0, 4)), frames.reshape(4, 6, 32, 32))
+    np.testing.assert_array_equal(
+        ds.load_block((1, 3), (2, 5)), frames.reshape(4, 6, 32, 32)[1:3, 2:5]
+    )
+    path4 = write_hdf5(tmp_path / "d4.h5", frames.reshape(4, 6, 32, 32))
+    ds4 = qf.open(path4, dataset_path="/data")
+    np.testing.assert_array_equal(ds4.load_block((1, 4)), frames.reshape(4, 6, 32, 32)[1:4])
+    master = write_dectris(tmp_path, "acq", frames, frames_per_file=10)
+    dsd = qf.open(master, scan_shape=(4, 6))
+    np.testing.assert_array_equal(dsd.load_block((0, 4)), frames.reshape(4, 6, 32, 32))
+
+
+def test_supports_only_bitshuffle_lz4_or_zstd(tmp_path: Path) -> None:
+    import h5py
+
+    data = np.zeros((4, 8, 8), np.uint16)
+    path = _write(tmp_path / "b.h5", data, (1, 8, 8))
+    with h5py.File(path, "a") as f:
+        f.create_dataset("plain", data=data)
+        f.create_dataset("gzip", data=data, chunks=(1, 8, 8), compression="gzip")
+        assert bslz4_read.supports(dataset_filters(f["data"]))
+        assert not bslz4_read.supports(dataset_filters(f["plain"]))
+        assert not bslz4_read.supports(dataset_filters(f["gzip"]))
+        sel = bslz4_read.read_selection(
+            f["plain"], dataset_filters(f["plain"]), np.s_[0:2], where="x"
+        )
+        assert sel is None
