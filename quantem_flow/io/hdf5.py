@@ -442,9 +442,8 @@ class Hdf5Source(FrameSource):
         check_bitshuffle_chunks(self._dset(), bounds, where)
 
     def _read(self, selection: tuple[slice, ...], what: str) -> np.ndarray:
-        from .bslz4_read import (
-            read_selection,
-        )  # bitshuffle: read once, checked, decoded in parallel
+        # bitshuffle: each chunk read once, checked, decoded in threads (io/bslz4_read.py)
+        from .bslz4_read import read_selection
 
         where = f"dataset {self._dataset_path!r} of {str(self._path)!r}"
         values = read_selection(self._dset(), self._layout, selection, where=where)
