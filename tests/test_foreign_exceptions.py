@@ -113,3 +113,46 @@ def test_a_huge_ssb_pad_to_is_refused_before_allocating() -> None:
     ds = qf.open(np.ones((4, 5, 16, 16), dtype=np.uint16), calibration=cal)
     with pytest.raises(ParameterError, match=r"pad_to=\[1000000, 1000000\] needs about"):
         ssb(ds, voltage_kV=300, semiangle_mrad=20, pad_to=(1_000_000, 1_000_000))
+
+
+def test_a_dataset_name_that_is_not_utf8_is_a_dataset_path_error(tmp_path: Path) -> None:
+    # h5py hands such a name to visititems as bytes (a flipped byte in a link name)
+    import h5py
+
+    from quantem_flow.errors import DatasetPathError
+
+    path = tmp_path / "n.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset(b"d\xff", data=np.zeros((6, 8, 8), dtype=np.uint16))
+    with pytest.raises(DatasetPathError, match=r"not UTF-8") as info:
+        qf.open(path, scan_shape=(2, 3))
+    assert str(path) in str(info.value) and repr(r"/d\xff") in str(info.value)
+
+
+def _replace_dataset(path: Path, old: str, new: str) -> None:
+    import h5py
+
+    with h5py.File(path, "a") as f:
+        f.move(old, new)
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "emd"])
+def test_a_dataset_gone_at_read_time_is_a_format_error(fmt: str, tmp_path: Path) -> None:
+    # Hdf5Source._dset reopens the dataset at read time; h5py raised a bare KeyError
+    from tests.io.writers import write_hdf5
+    from tests.io.writers_emd import write_emd
+
+    cube = np.arange(2 * 3 * 4 * 4, dtype=np.uint16).reshape(2, 3, 4, 4)
+    if fmt == "hdf5":
+        path = write_hdf5(tmp_path / "d.h5", cube, bitshuffle=False)
+        inner = "/data"
+    else:
+        path = write_emd(tmp_path / "d.emd", cube)
+        inner = "/experiment/datacube/data"
+    ds = qf.open(path, format=fmt)
+    _replace_dataset(path, inner, inner + "_moved")
+    with pytest.raises(FormatError) as info:
+        ds.load_block((0, 1))
+    message = str(info.value)
+    assert str(path) in message and repr(inner) in message and "changed or damaged" in message
+    ds.source.close()  # nothing left open: closing again is harmless

@@ -36,7 +36,7 @@ import numpy as np
 from ..calibration import Calibration, normalize_units
 from ..errors import DatasetPathError, FormatError, UnitsError
 from .base import check_exists, sidecar_calibration
-from .hdf5 import Hdf5Source, attribute_value, open_h5
+from .hdf5 import Hdf5Source, attribute_value, link_name, open_h5
 
 __all__ = ["EmdSource", "find_emd_arrays", "sniff"]
 
@@ -75,14 +75,14 @@ def find_emd_arrays(h5file: Any, *, limit: int | None = None) -> list[tuple[str,
     found: list[tuple[str, tuple[int, ...]]] = []
     seen = [0]
 
-    def visit(name: str, obj: Any) -> bool | None:
+    def visit(name: str | bytes, obj: Any) -> bool | None:
         if isinstance(obj, h5py.Group):
             seen[0] += 1
             if limit is not None and seen[0] > limit:
                 return True  # stop visiting
             data = obj.get("data", getclass=True) if _is_array_group(obj) else None
             if data is h5py.Dataset:
-                found.append(("/" + name, tuple(int(s) for s in obj["data"].shape)))
+                found.append(("/" + link_name(name), tuple(int(s) for s in obj["data"].shape)))
         return None
 
     h5file.visititems(visit)

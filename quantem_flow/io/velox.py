@@ -60,7 +60,13 @@ from .base import (
     path_size,
     sidecar_calibration,
 )
-from .hdf5 import attribute_value, dataset_filters, layout_integrity, open_h5
+from .hdf5 import (
+    attribute_value,
+    dataset_filters,
+    layout_integrity,
+    open_dataset,
+    open_h5,
+)
 
 __all__ = ["VeloxSource", "read_velox_metadata", "sniff"]
 
@@ -426,8 +432,9 @@ class VeloxSource(FrameSource):
     # -- reading ---------------------------------------------------------------------------
     def _dset(self) -> Any:
         if self._handle_dset is None:
-            self._handle_file = open_h5(self._path)
-            self._handle_dset = self._handle_file[self._dataset_path]
+            h5file = open_h5(self._path)
+            self._handle_dset = open_dataset(h5file, self._dataset_path, self._path)
+            self._handle_file = h5file
         return self._handle_dset
 
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
