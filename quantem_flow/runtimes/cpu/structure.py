@@ -209,10 +209,12 @@ def _moment_of(w: np.ndarray, nz: np.ndarray, coords: np.ndarray) -> float | Non
     """``c`` with ``w == fl(coords - c)`` on the support ``nz``, or ``None``."""
     g = coords[nz]
     v = w[nz]
-    values, counts = np.unique(g - v, return_counts=True)
-    for c in values[np.argsort(-counts, kind="stable")[:3]]:  # fl(g - c) may round
+    d = g - v
+    # fl(g - c) may round: try c from a few pixels (the first, the smallest |w|, the largest)
+    for q in (0, int(np.argmin(np.abs(v))), int(np.argmax(np.abs(v)))):
+        c = float(d[q])
         if np.array_equal(g - c, v):
-            return float(c)
+            return c
     return None
 
 
@@ -292,12 +294,16 @@ def _build(weights: np.ndarray, frame_shape: tuple[int, int] | None, force: bool
     ok = bool(structured_rows)
     if ok:
         table = np.stack(supports)  # (supports, K)
-        packed = np.packbits(table, axis=0).T.copy()  # (K, bytes): the pixel's signature
-        sig = packed.view(np.dtype((np.void, packed.shape[1]))).ravel()
-        uniq, inverse = np.unique(sig, return_inverse=True)
+        if len(supports) < 63:  # the pixel's signature: which supports hold it, as bits
+            sig = (table.astype(np.int64) << np.arange(len(supports))[:, None]).sum(axis=0)
+            uniq, inverse = np.unique(sig, return_inverse=True)
+            has_zero = bool(uniq.size) and uniq[0] == 0
+        else:
+            packed = np.packbits(table, axis=0).T.copy()  # (K, bytes)
+            vsig = packed.view(np.dtype((np.void, packed.shape[1]))).ravel()
+            uniq, inverse = np.unique(vsig, return_inverse=True)
+            has_zero = bool(uniq.size) and not np.frombuffer(uniq[0].tobytes(), np.uint8).any()
         inverse = inverse.ravel()
-        zero = np.zeros(1, dtype=sig.dtype)
-        has_zero = bool(uniq.size) and uniq[0] == zero[0]
         label = inverse + (0 if has_zero else 1)  # 0: in no support
         n_cells = int(uniq.size) - int(has_zero)
         if n_cells > MAX_CELLS:
@@ -411,12 +417,64 @@ def analyse_weights(
 @_jit
 def _cells_int(frames, start, length, cell, rrow, rcol, acc, moments):  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
     # acc[i, q, c] (int64, exact): q = 0 sum, 1 row moment, 2 column moment of frame i
-    # over cell c.  One frame at a time: measured faster than four at a time (the
-    # widening of four frames spills registers on short runs).
+    # over cell c.  Four frames per run: each run's set-up and its scalar remainder
+    # loop are shared by four frames (measured 1.2-1.3x one frame at a time).
     n = frames.shape[0]
     nruns = start.shape[0]
     acc[:] = 0
-    for i in range(n):
+    n4 = n - n % 4
+    for i in range(0, n4, 4):
+        for t in range(nruns):
+            s0 = start[t]
+            ln = length[t]
+            ce = cell[t]
+            xa = frames[i, s0 : s0 + ln]
+            xb = frames[i + 1, s0 : s0 + ln]
+            xc = frames[i + 2, s0 : s0 + ln]
+            xd = frames[i + 3, s0 : s0 + ln]
+            sa = 0
+            sb = 0
+            sc = 0
+            sd = 0
+            if moments:
+                ma = 0
+                mb = 0
+                mc = 0
+                md = 0
+                for p in range(ln):
+                    va = np.int64(xa[p])
+                    vb = np.int64(xb[p])
+                    vc = np.int64(xc[p])
+                    vd = np.int64(xd[p])
+                    sa += va
+                    sb += vb
+                    sc += vc
+                    sd += vd
+                    ma += va * p
+                    mb += vb * p
+                    mc += vc * p
+                    md += vd * p
+                r = rrow[t]
+                c0 = rcol[t]
+                acc[i, 1, ce] += sa * r
+                acc[i + 1, 1, ce] += sb * r
+                acc[i + 2, 1, ce] += sc * r
+                acc[i + 3, 1, ce] += sd * r
+                acc[i, 2, ce] += ma + sa * c0
+                acc[i + 1, 2, ce] += mb + sb * c0
+                acc[i + 2, 2, ce] += mc + sc * c0
+                acc[i + 3, 2, ce] += md + sd * c0
+            else:
+                for p in range(ln):
+                    sa += np.int64(xa[p])
+                    sb += np.int64(xb[p])
+                    sc += np.int64(xc[p])
+                    sd += np.int64(xd[p])
+            acc[i, 0, ce] += sa
+            acc[i + 1, 0, ce] += sb
+            acc[i + 2, 0, ce] += sc
+            acc[i + 3, 0, ce] += sd
+    for i in range(n4, n):
         row = frames[i]
         for t in range(nruns):
             s0 = start[t]
@@ -424,23 +482,21 @@ def _cells_int(frames, start, length, cell, rrow, rcol, acc, moments):  # type: 
             ce = cell[t]
             x = row[s0 : s0 + ln]
             s = 0
+            mom = 0
+            for p in range(ln):
+                v = np.int64(x[p])
+                s += v
+                mom += v * p
+            acc[i, 0, ce] += s
             if moments:
-                mom = 0
-                for p in range(ln):
-                    v = np.int64(x[p])
-                    s += v
-                    mom += v * p
                 acc[i, 1, ce] += s * rrow[t]
                 acc[i, 2, ce] += mom + s * rcol[t]
-            else:
-                for p in range(ln):
-                    s += np.int64(x[p])
-            acc[i, 0, ce] += s
 
 
 @_jit
 def _cells_real(frames, start, length, cell, rrow, rcol, acc, moments):  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
-    # As _cells_int in float64 (real frames).
+    # As _cells_int in float64 (real frames), one frame at a time (measured faster
+    # than four for float conversions).
     n = frames.shape[0]
     nruns = start.shape[0]
     acc[:] = 0.0
