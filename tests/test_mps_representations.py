@@ -28,6 +28,7 @@ mx = pytest.importorskip("mlx.core", reason="MLX is not installed")
 pytestmark = pytest.mark.mps
 CENTER = (8.6, 14.2)
 REPS = ("paired", "packed", "encoded")
+VARIANT = {"paired": "scatter", "packed": "unpack", "encoded": "host decode"}
 
 
 def _mps() -> Any:
@@ -164,12 +165,35 @@ def test_paths_are_recorded_and_encoded_is_decoded_on_the_host(rng: np.random.Ge
         assert detail["runtime"] == "mps"
         path = detail["payload_paths"][rep]
         assert "resident" in path
+        variants = [r["frame_pass_variant"] for r in ex["chunks"]]
+        assert all(v["variant"] == f"mps {rep} {VARIANT[rep]}" for v in variants), variants
         if rep == "encoded":
             assert "decoded on the HOST" in path and "MLX has no" in path
             assert "host" in detail["host_decode"]["encoded"]
+            # each chunk's record says its pieces were decoded on the host, and by which codec
+            assert all(v["decode"] == "host" and v["codec"] == "bitshuffle-lz4" for v in variants)
         if rep == "packed":
             assert "plain MLX integer ops" in path  # no Metal here: recorded as such
             assert "metal_kernel" not in detail
+            assert all(v["unpack"].startswith("plain MLX") for v in variants)
+
+
+def test_detector_views_run_on_resident_payloads(rng: np.random.Generator) -> None:
+    """Binned and cropped views (encoded: post-decode ops) give the CPU's results on mps."""
+    _mps()
+    data = probe_data(rng, scan=(5, 4))
+    for rep in REPS:
+        ds = qf.open(data, chunk_rows=2).to_representation(rep)
+        view = ds.crop_detector((1, 19, 2, 25)).bin_detector(2)
+        lazy = [qf.sum_diffraction(view), qf.max_diffraction(view), qf.virtual_mask(view, MASK)]
+        on_mps = qf.compute(*lazy, backend="mps", client="synchronous")
+        on_cpu = qf.compute(*lazy, backend="cpu", client="synchronous")
+        for a, b in zip(on_mps, on_cpu, strict=True):
+            assert a.data.dtype == b.data.dtype, (rep, a.name)
+            np.testing.assert_array_equal(a.data, b.data, err_msg=f"{rep} {a.name}")
+
+
+MASK = np.indices((9, 12)).sum(axis=0) % 3 == 0
 
 
 def _chunk_bytes_moved(client: Any, keys: set[str]) -> int:
@@ -187,9 +211,10 @@ def _chunk_bytes_moved(client: Any, keys: set[str]) -> int:
 
 
 @pytest.mark.cluster
-def test_persisted_paired_stays_on_the_mlx_worker_of_a_mixed_cluster(
+def test_persisted_payloads_stay_on_the_mlx_worker_of_a_mixed_cluster(
     rng: np.random.Generator,
 ) -> None:
+    """Paired, packed and encoded chunks persisted for mps: resident in MLX, 0 chunk bytes moved."""
     from distributed import Client
 
     from quantem_flow.graphs.cluster import start_local_cluster
@@ -200,45 +225,46 @@ def test_persisted_paired_stays_on_the_mlx_worker_of_a_mixed_cluster(
         workers = client.scheduler_info()["workers"]
         (mlx_worker,) = [a for a, w in workers.items() if "qf-runtime-mps" in w["resources"]]
         data = probe_data(rng, scan=(12, 5))
-        ds = qf.open(data, chunk_rows=2).to_representation("paired")
-        p = ds.persist(client=client, backend="mps")
-        try:
-            holders = p.resident.holders()
-            assert {w for ws in holders.values() for w in ws} == {mlx_worker}
-            keys = {str(k) for k in p.resident.keys}
-            assert len(keys) == 6
+        ref = qf.compute(
+            qf.virtual_bf(qf.open(data), radius=4.5, center=CENTER),
+            qf.virtual_adf(qf.open(data), inner=7.0, center=CENTER),
+            qf.center_of_mass(qf.open(data), center=CENTER),
+            client="synchronous",
+            backend="cpu",
+        )
 
-            def held(dask_worker: Any) -> dict[str, int]:
-                return dict(dask_worker.data.resident_bytes())
+        def held(dask_worker: Any) -> dict[str, int]:
+            return dict(dask_worker.data.resident_bytes())
 
-            on_mlx = client.run(held)[mlx_worker]
-            assert on_mlx.get("mps/paired", 0) > 0, on_mlx  # MLX payloads, not host data
-            assert not any(k.startswith("host/paired") for k in on_mlx), on_mlx
-            chunk_bytes_before = _chunk_bytes_moved(client, keys)
-            for _ in range(3):
-                bf, adf, com = qf.compute(
-                    qf.virtual_bf(p, radius=4.5, center=CENTER),
-                    qf.virtual_adf(p, inner=7.0, center=CENTER),
-                    qf.center_of_mass(p, center=CENTER),
-                    client=client,
-                )
-                recs = bf.provenance.execution["chunks"]
-                assert {r["worker"] for r in recs} == {mlx_worker}
-                assert {(r["runtime"], r["residency"]) for r in recs} == {("mps", "mps")}
-                assert all(r["resident"] and r["bytes_read"] == 0 for r in recs)
-            assert _chunk_bytes_moved(client, keys) - chunk_bytes_before == 0
-            ref = qf.compute(
-                qf.virtual_bf(qf.open(data), radius=4.5, center=CENTER),
-                qf.virtual_adf(qf.open(data), inner=7.0, center=CENTER),
-                qf.center_of_mass(qf.open(data), center=CENTER),
-                client="synchronous",
-                backend="cpu",
-            )
-            np.testing.assert_array_equal(bf.data, ref[0].data)
-            np.testing.assert_array_equal(adf.data, ref[1].data)
-            np.testing.assert_allclose(com.data, ref[2].data, rtol=1e-12)
-        finally:
-            p.release()
+        for rep in REPS:
+            ds = qf.open(data, chunk_rows=2).to_representation(rep)
+            p = ds.persist(client=client, backend="mps")
+            try:
+                holders = p.resident.holders()
+                assert {w for ws in holders.values() for w in ws} == {mlx_worker}, rep
+                keys = {str(k) for k in p.resident.keys}
+                assert len(keys) == 6
+                on_mlx = client.run(held)[mlx_worker]
+                assert on_mlx.get(f"mps/{rep}", 0) > 0, on_mlx  # MLX payloads, not host data
+                assert not any(k.endswith(f"/{rep}") and k != f"mps/{rep}" for k in on_mlx)
+                chunk_bytes_before = _chunk_bytes_moved(client, keys)
+                for _ in range(2):
+                    bf, adf, com = qf.compute(
+                        qf.virtual_bf(p, radius=4.5, center=CENTER),
+                        qf.virtual_adf(p, inner=7.0, center=CENTER),
+                        qf.center_of_mass(p, center=CENTER),
+                        client=client,
+                    )
+                    recs = bf.provenance.execution["chunks"]
+                    assert {r["worker"] for r in recs} == {mlx_worker}
+                    assert {(r["runtime"], r["residency"]) for r in recs} == {("mps", "mps")}
+                    assert all(r["resident"] and r["bytes_read"] == 0 for r in recs)
+                assert _chunk_bytes_moved(client, keys) - chunk_bytes_before == 0, rep
+                np.testing.assert_array_equal(bf.data, ref[0].data)
+                np.testing.assert_array_equal(adf.data, ref[1].data)
+                np.testing.assert_allclose(com.data, ref[2].data, rtol=1e-12)
+            finally:
+                p.release()
     finally:
         client.close()
         cluster.close()

@@ -25,8 +25,8 @@ float64; nothing is ever lowered to float32):
     the dense kernel (the CPU paired kernel's rule).
 ``packed`` (bit unpacking with MLX integer ops, a group of frames at a time)
     Every block's width and word offset are gathered and broadcast over its
-    values; each value's two words are read as one 64-bit window, shifted and
-    masked
+    values; each value is cut from its two 32-bit words (``lo >> s | hi <<
+    (32 - s)``) and masked
     (``packed-blockwidth-v1``), into a dense group of frames of about
     :data:`GROUP_BYTES` in the value dtype; the dense MLX pass
     (:func:`~quantem_flow.runtimes.mps.kernels.frame_pass_mlx`) runs on the
@@ -269,8 +269,8 @@ class _Joiner:
         if m is not None:
             self.peak = m.copy() if self.peak is None else np.maximum(self.peak, m)
 
-    def result(self) -> FramePassResult:
-        return FramePassResult(np.concatenate(self.per_frame), self.total, self.peak)
+    def result(self, variant: dict[str, Any]) -> FramePassResult:
+        return FramePassResult(np.concatenate(self.per_frame), self.total, self.peak, variant)
 
 
 def _group_frames(k: int, itemsize: int, n: int) -> int:
@@ -347,7 +347,13 @@ def frame_pass_paired_mlx(
             if n_events:
                 peak = peak.at[indices].maximum(counts.astype(mlx_dtype(vdt), stream=_CPU))
             pattern_max = to_host(peak)
-    return FramePassResult(per_frame, pattern_sum, pattern_max)
+    variant = {
+        "variant": "mps paired scatter",
+        "why": "O(events): weights gathered at the events, float64 scatter-add per frame",
+        "events": n_events,
+        "device": "MLX CPU stream",
+    }
+    return FramePassResult(per_frame, pattern_sum, pattern_max, variant)
 
 
 def gather_paired_mlx(payload: MlxPayload, indices: np.ndarray) -> np.ndarray:
@@ -465,7 +471,7 @@ class _Unpacker:
         self.dt = mlx_dtype(np.dtype(payload.value_dtype).newbyteorder("="))
         self.metal = path == "metal"
         self.blocks = mx.arange(self.nb, dtype=mx.int64)
-        self.t = mx.arange(self.bv, dtype=mx.uint64)
+        self.t = mx.arange(self.bv, dtype=mx.uint32)
         self.last_word = int(payload.arrays["data"].shape[0]) - 1
 
     def __call__(self, f0: int, f1: int) -> Any:
@@ -474,17 +480,19 @@ class _Unpacker:
         a = self.payload.arrays
         g = f1 - f0
         blk = mx.arange(f0, f1, dtype=mx.int64)[:, None] * self.nb + self.blocks[None, :]
-        w = mx.take(a["widths"], blk).astype(mx.uint64)[:, :, None]  # (g, nb, 1)
-        q = self.t[None, None, :] * w  # bit position of each value in its block
+        w = mx.take(a["widths"], blk).astype(mx.uint32)[:, :, None]  # (g, nb, 1)
+        q = self.t[None, None, :] * w  # bit position of each value in its block (< 2**11)
         word = mx.take(a["offsets"], blk)[:, :, None] + mx.right_shift(q, 5).astype(mx.int64)
         word = mx.minimum(word, self.last_word)  # width-0 and padded positions stay in range
         nxt = mx.minimum(word + 1, self.last_word)
-        lo = mx.take(a["data"], word).astype(mx.uint64)
-        hi = mx.take(a["data"], nxt).astype(mx.uint64)
-        x = mx.bitwise_or(lo, mx.left_shift(hi, 32))
-        one = mx.array(1, dtype=mx.uint64)
-        mask = mx.left_shift(one, w) - one
-        v = mx.bitwise_and(mx.right_shift(x, mx.bitwise_and(q, 31)), mask)
+        lo = mx.take(a["data"], word)
+        hi = mx.take(a["data"], nxt)
+        s = mx.bitwise_and(q, 31)
+        # the value's bits: (lo >> s) | (hi << (32 - s)), the second part only when s > 0
+        upper = mx.where(s > 0, mx.left_shift(hi, mx.subtract(32, s)), 0).astype(mx.uint32)
+        x = mx.bitwise_or(mx.right_shift(lo, s), upper)
+        one = mx.array(1, dtype=mx.uint32)
+        v = mx.bitwise_and(x, mx.left_shift(one, w) - one)  # w <= 16: the mask fits
         return v.reshape(g, self.nb * self.bv)[:, : self.k].astype(self.dt)
 
 
@@ -507,15 +515,22 @@ def frame_pass_packed_mlx(
     unpack, k, group = _packed_groups(payload, path)
     _check_weights(weights, k, payload.frame_shape)
     n = payload.n_frames
+    variant = {
+        "variant": "mps packed unpack",
+        "unpack": "mx.fast.metal_kernel on the Metal GPU"
+        if unpack.metal
+        else "plain MLX integer ops (no Metal kernel)",
+        "group_frames": group,
+    }
     if n == 0:
         empty = mx.zeros((0, k), dtype=unpack.dt)
         per_frame, s, m = frame_pass_mlx(empty, weights, want_sum=want_sum, want_max=want_max)
-        return FramePassResult(per_frame, s, m)
+        return FramePassResult(per_frame, s, m, variant)
     join = _Joiner()
     for f0 in range(0, n, group):
         frames = unpack(f0, min(n, f0 + group))
         join.add(frame_pass_mlx(frames, weights, want_sum=want_sum, want_max=want_max))
-    return join.result()
+    return join.result(variant)
 
 
 def gather_packed_mlx(
@@ -538,12 +553,14 @@ def gather_packed_mlx(
 # ----------------------------------------------------------------------------- encoded
 
 
-def _encoded_groups(host: Any, consume: Callable[[Any, int], None]) -> tuple[int, np.dtype[Any]]:
+def _encoded_groups(
+    host: Any, consume: Callable[[Any, int], None]
+) -> tuple[int, np.dtype[Any], int]:
     """Decode the compressed pieces of ``host`` on the host into a reusable MLX buffer.
 
     ``host`` is :meth:`MlxPayload.host_view` (the resident bytes, not a
     copy).  ``consume(buffer[:fill], fill)`` runs on each filled buffer;
-    returns ``(pixels per frame, logical dtype)``.
+    returns ``(pixels per frame, logical dtype, frames of the buffer)``.
     """
     from ...representations.encoded import PieceCache
 
@@ -586,7 +603,7 @@ def _encoded_groups(host: Any, consume: Callable[[Any, int], None]) -> tuple[int
         flush()
     if done != n:  # pragma: no cover - the payload's runs cover its frames (checked at build)
         raise ShapeError(f"internal error: {done} of {n} encoded frames decoded")
-    return k, logical
+    return k, logical, batch_n
 
 
 def frame_pass_encoded_mlx(
@@ -601,12 +618,20 @@ def frame_pass_encoded_mlx(
     def consume(frames: Any, fill: int) -> None:
         join.add(frame_pass_mlx(frames, w, want_sum=want_sum, want_max=want_max))
 
-    k, logical = _encoded_groups(host, consume)
+    k, logical, buffer_frames = _encoded_groups(host, consume)
+    variant = {
+        "variant": "mps encoded host decode",
+        "decode": "host",
+        "why": f"MLX has no {host.codec} decoder: pieces are decoded by the codec library on "
+        "the host into a reusable MLX buffer; the compressed bytes stay resident in MLX",
+        "codec": host.codec,
+        "buffer_frames": buffer_frames,
+    }
     if not join.per_frame:
         empty = mx.zeros((0, k), dtype=mlx_dtype(logical))
         per_frame, s, m = frame_pass_mlx(empty, w, want_sum=want_sum, want_max=want_max)
-        return FramePassResult(per_frame, s, m)
-    return join.result()
+        return FramePassResult(per_frame, s, m, variant)
+    return join.result(variant)
 
 
 def gather_encoded_mlx(payload: MlxPayload, indices: np.ndarray) -> np.ndarray:
@@ -620,7 +645,7 @@ def gather_encoded_mlx(payload: MlxPayload, indices: np.ndarray) -> np.ndarray:
     def consume(frames: Any, fill: int) -> None:
         parts.append(to_host(mx.take(frames, sel, axis=1)))
 
-    _, logical = _encoded_groups(host, consume)
+    _, logical, _ = _encoded_groups(host, consume)
     if not parts:
         return np.zeros((0, idx.size), dtype=logical)
     return np.ascontiguousarray(np.concatenate(parts))
