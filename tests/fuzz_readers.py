@@ -107,9 +107,10 @@ def _inputs(root: Path) -> dict[str, tuple[Path, Path, dict[str, Any]]]:
     # two files of 4 frames: the second file's header is mutated as often as the first's
     p = write_tvips(d("tvips"), "t", frames, frames_per_file=4)
     out["tvips"] = (p, p, {"scan_shape": (2, 3)})
-    p = write_mrc(d("mrc") / "m_movie.mrc", frames, extended=bytes(256))
-    write_de_info(p.parent / "m_info.txt", (2, 3))
-    out["mrc"] = (p, p, {})
+    for name in ("mrc", "mrc-info"):
+        p = write_mrc(d(name) / "m_movie.mrc", frames, extended=bytes(256))
+        info = write_de_info(p.parent / "m_info.txt", (2, 3))
+        out[name] = (p, info if name == "mrc-info" else p, {})
     p = write_dm4_4d(d("dm4") / "d.dm4", cube)
     out["dm4"] = (p, p, {})
     p = write_emd(d("emd") / "d.emd", cube)

@@ -36,7 +36,13 @@ import numpy as np
 from ..calibration import Calibration, normalize_units
 from ..errors import DatasetPathError, FormatError, UnitsError
 from .base import check_exists, sidecar_calibration
-from .hdf5 import Hdf5Source, attribute_value, link_name, open_h5
+from .hdf5 import (
+    Hdf5Source,
+    link_name,
+    open_h5,
+    read_attribute,
+    read_attributes,
+)
 
 __all__ = ["EmdSource", "find_emd_arrays", "sniff"]
 
@@ -47,7 +53,7 @@ _RECIPROCAL_NM = {"1/nm", "nm^-1", "nm-1"}
 
 
 def _is_array_group(obj: Any) -> bool:
-    value = obj.attrs.get("emd_group_type")
+    value = read_attribute(obj, "emd_group_type")
     if isinstance(value, bytes):
         value = value.decode(errors="replace")
     if isinstance(value, np.generic):
@@ -186,8 +192,8 @@ class EmdSource(Hdf5Source):
                     "expected a 4-D (R_r, R_c, k_r, k_c) datacube"
                 )
             self._dims = self._read_dims(group, group_path, p, tuple(group["data"].shape))
-            self._group_attrs = {k: attribute_value(v) for k, v in group.attrs.items()}
-            self._file_attrs = {k: attribute_value(v) for k, v in f.attrs.items()}
+            self._group_attrs = read_attributes(group)
+            self._file_attrs = read_attributes(f)
         self._group_path = group_path
         super().__init__(p, dataset_path=f"{group_path.rstrip('/')}/data", scan_shape=scan_shape)
 
@@ -196,6 +202,8 @@ class EmdSource(Hdf5Source):
         group: Any, where: str, path: Path, shape: tuple[int, ...]
     ) -> list[dict[str, Any]] | None:
         """The dimension vectors (first two values, name, units), or ``None`` when absent."""
+        import h5py
+
         base = 0 if "dim0" in group else 1
         dims: list[dict[str, Any]] = []
         for axis in range(4):
@@ -203,6 +211,12 @@ class EmdSource(Hdf5Source):
             vec = group.get(name)
             if vec is None:
                 return None
+            if not isinstance(vec, h5py.Dataset) or vec.dtype.kind not in "uif":
+                what = getattr(vec, "dtype", type(vec).__name__)
+                raise FormatError(
+                    f"the EMD array {where!r} of {str(path)!r}: dimension vector {name!r} is "
+                    f"{what}; expected a numeric dataset (the file is damaged, or not EMD 1.0)"
+                )
             values = np.asarray(vec[: min(2, len(vec))] if vec.ndim else vec[()], dtype=float)
             values = values.reshape(-1)
             if vec.ndim and len(vec) not in (1, 2, shape[axis]):
@@ -214,8 +228,8 @@ class EmdSource(Hdf5Source):
             dims.append(
                 {
                     "dataset": name,
-                    "name": _text(vec.attrs.get("name")),
-                    "units": _text(vec.attrs.get("units")).strip(),
+                    "name": _text(read_attribute(vec, "name")),
+                    "units": _text(read_attribute(vec, "units")).strip(),
                     "first": float(values[0]) if values.size else None,
                     "step": float(values[1] - values[0]) if values.size >= 2 else None,
                 }

@@ -25,8 +25,13 @@ __all__ = [
     "attribute_value",
     "candidate_datasets",
     "describe_datasets",
+    "hdf5_type_problem",
+    "link_name",
     "list_candidate_datasets",
+    "open_dataset",
     "open_h5",
+    "read_attribute",
+    "read_attributes",
 ]
 
 
@@ -249,7 +254,7 @@ class Hdf5Source(FrameSource):
             shape = tuple(int(s) for s in obj.shape)
             dtype = obj.dtype
             self._layout = dataset_filters(obj)
-            attrs = {k: attribute_value(v) for k, v in obj.attrs.items()}
+            attrs = read_attributes(obj)
         if dtype.kind not in "uif":
             raise DtypeError(
                 f"{dataset_path!r} in {str(self._path)!r} has dtype {dtype}; expected integer or "
@@ -515,6 +520,90 @@ class Hdf5Source(FrameSource):
             self._handle_file.close()
         self._handle_file = None
         self._handle_dset = None
+
+
+def hdf5_type_problem(type_id: Any) -> str | None:
+    """Why values of an HDF5 datatype are not read (``None``: they may be).
+
+    A variable-length sequence (not a string) is refused, also inside an
+    array or compound type: HDF5 trusts the sequence kind stored in the
+    file, and a damaged one makes the conversion call a null function (the
+    process crashes; found by tests/fuzz_readers.py).  Variable-length
+    strings are converted by another path and are read.  References are not
+    metadata values and are refused too.
+
+    Parameters
+    ----------
+    type_id
+        An ``h5py.h5t.TypeID`` (``attr_id.get_type()``, ``dset.id.get_type()``).
+
+    Returns
+    -------
+    str or None
+        What the type is when it is refused.
+    """
+    import h5py
+
+    cls = type_id.get_class()
+    if cls == h5py.h5t.VLEN:
+        return "a variable-length sequence"
+    if cls == h5py.h5t.REFERENCE:
+        return "a reference"
+    if cls == h5py.h5t.ARRAY:
+        return hdf5_type_problem(type_id.get_super())
+    if cls == h5py.h5t.COMPOUND:
+        for i in range(type_id.get_nmembers()):
+            problem = hdf5_type_problem(type_id.get_member_type(i))
+            if problem is not None:
+                return problem
+    return None
+
+
+def read_attribute(obj: Any, name: str, default: Any = None) -> Any:
+    """Return one attribute of an HDF5 object as h5py reads it, never reading an unsafe type.
+
+    Parameters
+    ----------
+    obj
+        An open ``h5py`` group, dataset or file.
+    name
+        The attribute.
+    default
+        Returned when the attribute is absent or its type is refused by
+        :func:`hdf5_type_problem`.
+
+    Returns
+    -------
+    Any
+        The value (as ``obj.attrs[name]``) or ``default``.
+    """
+    import h5py
+
+    if name not in obj.attrs:
+        return default
+    if hdf5_type_problem(h5py.h5a.open(obj.id, name.encode()).get_type()) is not None:
+        return default
+    return obj.attrs[name]
+
+
+def read_attributes(obj: Any) -> dict[str, Any]:
+    """Every attribute of an HDF5 object as a small JSON-ready value (:func:`attribute_value`).
+
+    An attribute of a type :func:`hdf5_type_problem` refuses is not read;
+    its value is ``"<not read: ...>"`` saying why.
+    """
+    import h5py
+
+    out: dict[str, Any] = {}
+    for name in list(obj.attrs):
+        key = link_name(name)
+        raw = name if isinstance(name, bytes) else name.encode()
+        problem = hdf5_type_problem(h5py.h5a.open(obj.id, raw).get_type())
+        if problem is not None:
+            out[key] = f"<not read: {problem}>"
+        else:
+            out[key] = attribute_value(obj.attrs[name])
+    return out
 
 
 def attribute_value(value: Any) -> Any:

@@ -63,6 +63,7 @@ from .base import (
 from .hdf5 import (
     attribute_value,
     dataset_filters,
+    hdf5_type_problem,
     layout_integrity,
     open_dataset,
     open_h5,
@@ -104,11 +105,19 @@ def read_velox_metadata(group: Any, path: Path, where: str) -> dict[str, Any]:
     FormatError
         No ``Metadata`` dataset, or one that is not zero-padded UTF-8 JSON.
     """
+    import h5py
+
     meta = group.get("Metadata")
-    if meta is None or getattr(meta, "ndim", 0) not in (1, 2):
+    if (
+        not isinstance(meta, h5py.Dataset)
+        or meta.ndim not in (1, 2)
+        or meta.dtype.kind not in "ui"
+        or meta.dtype.itemsize != 1
+    ):
+        what = "none" if meta is None else f"{getattr(meta, 'dtype', type(meta).__name__)}"
         raise FormatError(
             f"{str(path)!r}: Velox acquisition {where!r} has no Metadata dataset (uint8, one "
-            "JSON text per frame); the file is damaged or not written by Velox"
+            f"JSON text per frame; found: {what}); the file is damaged or not written by Velox"
         )
     column = meta[:, 0] if meta.ndim == 2 else meta[:]
     raw = np.asarray(column, dtype=np.uint8).tobytes().rstrip(b"\x00")
@@ -198,6 +207,9 @@ class VeloxSource(FrameSource):
         with open_h5(self._path) as f:
             version = f.get("Version")
             try:
+                problem = hdf5_type_problem(version.id.get_type())
+                if problem is not None:  # never read: HDF5 may crash on a damaged one
+                    raise TypeError(f"it is {problem}")
                 first = np.asarray(version[()]).reshape(-1)[0]
                 text = first.decode() if isinstance(first, bytes) else str(first)
                 self._version = json.loads(text)

@@ -151,3 +151,54 @@ def test_sampling_that_underflows_on_conversion_is_dropped_with_a_note(tmp_path:
     cal = src.calibration
     assert cal is not None and cal.scan_units == "Å" and cal.detector_units == "px"
     assert any("not finite and positive" in n for n in src.notes)
+
+
+_READ_IN_A_CHILD = """
+import sys
+import quantem_flow as qf
+ds = qf.open(sys.argv[1], format=sys.argv[2])
+for rows in ds.chunks:
+    ds.load_block(rows)
+print(ds.source.metadata[sys.argv[3]])
+"""
+
+
+def _corrupt_vlen_kind(path: Path, name: bytes) -> None:
+    """Make the first attribute ``name`` (a variable-length string) a sequence of kind 5.
+
+    The datatype message follows the attribute's name (padded to 8 bytes):
+    class 9 (variable length), version 1, then the kind in the low nibble of
+    the first class bit field (0: sequence, 1: string; 5 is undefined).
+    """
+    raw = bytearray(path.read_bytes())
+    pad = -len(name) % 8 or 8
+    at = raw.index(name + b"\x00" * pad + b"\x19\x01") + len(name) + pad + 1
+    raw[at] = 0x05
+    path.write_bytes(bytes(raw))
+
+
+def test_an_attribute_of_a_damaged_variable_length_kind_is_not_read(tmp_path: Path) -> None:
+    # found by tests/fuzz_readers.py: HDF5 crashed the process (SIGSEGV) reading it
+    import subprocess
+    import sys
+
+    p = write_emd(tmp_path / "v.emd", _data())
+    _corrupt_vlen_kind(p, b"emd_group_type")  # the file's: written first
+    child = subprocess.run(
+        [sys.executable, "-c", _READ_IN_A_CHILD, str(p), "emd", "emd_file_attributes"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert "'emd_group_type': '<not read: a variable-length sequence>'" in child.stdout
+    assert "'version_major': 1" in child.stdout
+
+
+def test_a_dimension_vector_that_is_not_numeric_is_a_format_error(tmp_path: Path) -> None:
+    p = write_emd(tmp_path / "s.emd", _data())
+    with h5py.File(p, "a") as f:
+        del f["experiment/datacube/dim1"]
+        f["experiment/datacube/dim1"] = np.array([b"a", b"b"])
+    with pytest.raises(FormatError, match=r"'dim1' is \|S1; expected a numeric dataset"):
+        EmdSource(p)
