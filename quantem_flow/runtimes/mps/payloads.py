@@ -13,7 +13,7 @@ ops) stay on the host.  What moves (:data:`MLX_FIELDS`):
 Kernels (every float64 quantity on the MLX CPU stream: the Metal GPU has no
 float64; nothing is ever lowered to float32):
 
-``paired`` (O(events), plain MLX)
+``paired`` (O(events), plain MLX, every operation on the MLX CPU stream)
     The frame of every event comes from ``indptr`` by a scatter and a
     cumulative sum; each weight row is gathered at the events' pixels,
     multiplied by the counts in float64 and scatter-added into
@@ -48,6 +48,7 @@ float64; nothing is ever lowered to float32):
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -280,6 +281,17 @@ def _group_frames(k: int, itemsize: int, n: int) -> int:
 # ----------------------------------------------------------------------------- paired
 
 
+def _on_cpu_stream(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``kernel`` with MLX's CPU stream as the default (float64, 64-bit scatters)."""
+
+    @functools.wraps(kernel)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with mx.stream(_CPU):
+            return kernel(*args, **kwargs)
+
+    return run
+
+
 def _frame_of_events(indptr: Any, n: int, n_events: int) -> Any:
     """Frame index (int32) of every event: a scatter of frame starts, then a cumulative sum."""
     marks = mx.zeros((n_events + 1,), dtype=mx.int32, stream=_CPU)
@@ -289,6 +301,7 @@ def _frame_of_events(indptr: Any, n: int, n_events: int) -> Any:
     return mx.cumsum(marks[:n_events], stream=_CPU)
 
 
+@_on_cpu_stream
 def frame_pass_paired_mlx(
     payload: MlxPayload, weights: np.ndarray, *, want_sum: bool, want_max: bool
 ) -> FramePassResult:
@@ -356,6 +369,7 @@ def frame_pass_paired_mlx(
     return FramePassResult(per_frame, pattern_sum, pattern_max, variant)
 
 
+@_on_cpu_stream
 def gather_paired_mlx(payload: MlxPayload, indices: np.ndarray) -> np.ndarray:
     """Pixels ``indices`` of every frame of a resident paired payload (a scatter of events)."""
     payload._check()
