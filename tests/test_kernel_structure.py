@@ -59,7 +59,7 @@ def _assert_same(new: Any, old: Any) -> None:
     assert new[1].dtype == old[1].dtype and new[2].dtype == old[2].dtype
 
 
-SHAPES = [(37, 45), (64, 64), (1, 33), (33, 1)]
+SHAPES = [(37, 45), (64, 64), (1, 33), (33, 1), (3, 700)]  # (3, 700): runs split at 256
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32", "int16", "int32"])
@@ -86,12 +86,34 @@ def test_masks_and_moments_equal_the_fused_kernel_bit_for_bit(
     )
     frames = _frames(dtype, 23, k)  # not a multiple of 4: the tail frames too
     new, old = _both(frames, weights, shape, structured=True)
-    assert new[3]["variant"] == "structured", new[3]
     assert old[3]["variant"] == "fused"
     _assert_same(new, old)
+    plan = structure.analyse_weights(weights, frame_shape=shape, force=True)
+    if not plan.applicable(np.dtype(dtype))[0]:  # (3, 700) uint32: 2**32 * 2100 * 1400 >= 2**53
+        assert np.dtype(dtype).itemsize == 4 and shape == (3, 700)
+        assert new[3]["variant"] == "fused" and "2**53" in new[3]["why"], new[3]
+        return
+    assert new[3]["variant"] == "structured", new[3]
     if shape[0] > 1 and shape[1] > 1:
         assert new[3]["rows"].count("row moment") == 2, new[3]
         assert new[3]["rows"].count("column moment") == 2, new[3]
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "int16", "uint8"])
+def test_extreme_values_on_long_runs_stay_exact(dtype: str) -> None:
+    """Every pixel at the dtype's extreme on 256-pixel runs: the int32 run sums do not wrap."""
+    shape = (2, 1024)
+    k = shape[0] * shape[1]
+    ones = np.ones(k)
+    weights = np.concatenate([ones[None], _moments(ones, shape, (0.5, 511.5))])
+    info = np.iinfo(dtype)
+    for value in (info.max, info.min):
+        frames = np.full((9, k), value, dtype=dtype)
+        new, old = _both(frames, weights, shape)
+        assert new[3]["variant"] == "structured", new[3]
+        _assert_same(new, old)
+        expected_col = float(value) * (np.arange(1024) - 511.5).sum() * 2
+        np.testing.assert_array_equal(new[0][:, 2], expected_col)
 
 
 def test_moment_rows_with_any_centre_are_within_a_few_ulps() -> None:

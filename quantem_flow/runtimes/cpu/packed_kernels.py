@@ -31,7 +31,7 @@ from ...errors import ParameterError, ShapeError
 from ...representations.packed import PackedPayload, unpack_frames
 from ..base import FramePassResult
 from .kernels import _fused, sum_dtype
-from .structure import _structured, analyse_weights, plan_arrays
+from .structure import _structured, analyse_weights, integer_mode, plan_arrays
 
 __all__ = ["GROUP_BYTES", "frame_pass_packed", "group_frames"]
 
@@ -52,7 +52,22 @@ def _packed_pass(  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
 
 @numba.njit(cache=bool(config.get("numba_cache")), nogil=True)
 def _packed_structured(  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
-    data, widths, offsets, bv, n, buf, p, gweights, out, acc, gout, acc_sum, acc_max, do_sum, do_max
+    data,
+    widths,
+    offsets,
+    bv,
+    n,
+    buf,
+    mode,
+    p,
+    gweights,
+    out,
+    acc,
+    gout,
+    acc_sum,
+    acc_max,
+    do_sum,
+    do_max,
 ):
     # p: the plan's kernel arrays (structure.plan_arrays); same groups as _packed_pass
     g = buf.shape[0]
@@ -61,7 +76,7 @@ def _packed_structured(  # type: ignore[no-untyped-def]  # pragma: no cover - ji
         unpack_frames(data, widths, offsets, bv, f0, f1, buf)
         _structured(
             buf[: f1 - f0],
-            True,
+            mode,
             p[0],
             p[1],
             p[2],
@@ -150,6 +165,7 @@ def frame_pass_packed(
             payload.block_values,
             n,
             buf,
+            integer_mode(vdt),
             plan_arrays(plan),
             plan.general_weights,
             out,
