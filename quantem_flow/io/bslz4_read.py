@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import itertools
 import os
 import threading
 from collections import OrderedDict
@@ -269,9 +268,15 @@ def read_bitshuffle(
     index = chunk_index(dset)
     chunks = index.chunks
     ranges = [range(int(a) // c, -(-int(b) // c)) for (a, b), c in zip(bounds, chunks, strict=True)]
-    grids = list(itertools.product(*ranges))
-    strides = np.cumprod((1, *index.grid[::-1]))[:-1][::-1]
-    linear = [sum(g * int(s) for g, s in zip(grid, strides, strict=True)) for grid in grids]
+    # chunk-grid coordinates of the selection's chunks, C order, and their index numbers
+    grids = np.stack(
+        [
+            g.ravel()
+            for g in np.meshgrid(*[np.arange(r.start, r.stop) for r in ranges], indexing="ij")
+        ],
+        axis=1,
+    )
+    linear = np.ravel_multi_index(tuple(grids.T), index.grid).astype(np.int64)
     stored = np.dtype(dset.dtype)
     comp = _BSHUF_COMPRESSION[int(dict(enumerate(_filter_values(dset))).get(4, 2))]
     fill = dset.fillvalue
@@ -315,8 +320,8 @@ class _Job:
         index: ChunkIndex,
         bounds: Sequence[tuple[int, int]],
         out: np.ndarray,
-        grids: list[tuple[int, ...]],
-        linear: list[int],
+        grids: np.ndarray,
+        linear: np.ndarray,
         stored: np.dtype[Any],
         comp: str,
         fill: Any,
@@ -340,6 +345,12 @@ class _Job:
             for (a, b), c, n in zip(self.bounds[1:], index.chunks[1:], dset.shape[1:], strict=True)
         )
         self.c0 = c0
+        self.flat = out.reshape(out.shape[0], -1) if self.rows_only else out
+        # per selected chunk, as Python ints (cheaper to index than NumPy scalars)
+        self.offsets: list[int] = index.byte_offset[linear].tolist()
+        self.sizes: list[int] = index.size[linear].tolist()
+        self.masks: list[int] = index.mask[linear].tolist()
+        self.first_rows: list[int] = (grids[:, 0] * c0).tolist()
 
     def run(self, start: int, stop: int) -> None:
         """Read, check and decode chunks ``start:stop`` of the selection into ``out``."""
@@ -355,16 +366,12 @@ class _Job:
             while i < stop:
                 # a run of chunks stored back to back, read with one call
                 j = i + 1
-                lin = self.linear
-                first = int(idx.byte_offset[lin[i]])
-                end = first + int(idx.size[lin[i]])
+                offsets, sizes = self.offsets, self.sizes
+                first = offsets[i]
+                end = first + sizes[i]
                 if fd >= 0 and first >= 0:
-                    while (
-                        j < stop
-                        and int(idx.byte_offset[lin[j]]) == end
-                        and end - first + int(idx.size[lin[j]]) <= SPAN_BYTES
-                    ):
-                        end += int(idx.size[lin[j]])
+                    while j < stop and offsets[j] == end and end - first + sizes[j] <= SPAN_BYTES:
+                        end += sizes[j]
                         j += 1
                     if len(buf) < end - first:
                         buf = bytearray(max(end - first, SPAN_BYTES // 4))
@@ -377,8 +384,8 @@ class _Job:
                     span = np.frombuffer(buf, dtype=np.uint8, count=end - first)
                 for k in range(i, j):
                     if fd >= 0 and first >= 0:
-                        a = int(idx.byte_offset[lin[k]]) - first
-                        data = span[a : a + int(idx.size[lin[k]])]
+                        a = offsets[k] - first
+                        data = span[a : a + sizes[k]]
                     else:
                         data = self._direct(k)
                     self._place(k, self._decode(k, data, decode))
@@ -389,9 +396,9 @@ class _Job:
 
     def _direct(self, k: int) -> np.ndarray | None:
         """The stored bytes of chunk ``k`` through HDF5 (``None``: never written)."""
-        if int(self.index.byte_offset[self.linear[k]]) < 0:
+        if self.offsets[k] < 0:
             return None
-        grid = self.grids[k]
+        grid = tuple(int(g) for g in self.grids[k])
         offset = tuple(g * c for g, c in zip(grid, self.index.chunks, strict=True))
         try:
             _mask, data = self.dset.id.read_direct_chunk(offset)
@@ -405,9 +412,9 @@ class _Job:
         from ..representations.encoded import bitshuffle_chunk_problem
 
         n_elem, stored = self.n_elem, self.stored
-        if data is None or int(self.index.byte_offset[self.linear[k]]) < 0:
+        if data is None or self.offsets[k] < 0:
             return np.full(n_elem, self.fill, dtype=stored)
-        if int(self.index.mask[self.linear[k]]) & 1:  # the filter was skipped: stored raw
+        if self.masks[k] & 1:  # the filter was skipped: stored raw
             if data.shape[0] != n_elem * stored.itemsize:
                 raise self._corrupt(
                     k,
@@ -427,17 +434,18 @@ class _Job:
             raise self._corrupt(k, f"{type(exc).__name__}: {exc}") from exc
 
     def _place(self, k: int, values: np.ndarray) -> None:
-        grid, chunks = self.grids[k], self.index.chunks
+        chunks = self.index.chunks
         if self.rows_only:
-            a0 = grid[0] * self.c0
+            a0 = self.first_rows[k]
             lo = max(a0, self.bounds[0][0])
             hi = min(a0 + self.c0, self.bounds[0][1])
             per = self.n_elem // self.c0
-            flat = self.out.reshape(self.out.shape[0], -1)
+            flat = self.flat
             flat[lo - self.bounds[0][0] : hi - self.bounds[0][0]] = values.reshape(self.c0, per)[
                 lo - a0 : hi - a0
             ]
             return
+        grid = [int(g) for g in self.grids[k]]
         src = []
         dst = []
         for g, c, (a, b) in zip(grid, chunks, self.bounds, strict=True):
@@ -447,9 +455,9 @@ class _Job:
         self.out[tuple(dst)] = values.reshape(chunks)[tuple(src)]
 
     def _corrupt(self, k: int, problem: str) -> CorruptChunkError:
-        grid = self.grids[k]
+        grid = tuple(int(g) for g in self.grids[k])
         offset = tuple(g * c for g, c in zip(grid, self.index.chunks, strict=True))
-        byte = int(self.index.byte_offset[self.linear[k]])
+        byte = self.offsets[k]
         at = f" at byte offset {byte} of the file" if byte >= 0 else ""
         return CorruptChunkError(
             f"stored chunk {grid} (element offset {offset}) of {self.where}{at} is corrupt: "
