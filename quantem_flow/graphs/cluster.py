@@ -53,6 +53,19 @@ WORKER_ENTRY_KEYS = (
 STARTUP_TIMEOUT_S = 60.0
 
 
+#: Variables of Dask's ``distributed.nanny.pre-spawn-environ`` not given to worker programs.
+#:
+#: ``MALLOC_TRIM_THRESHOLD_=65536``: setting any glibc malloc threshold turns
+#: off glibc's dynamic mmap threshold, so every buffer above 128 KiB that HDF5
+#: and the codecs allocate per chunk is a fresh ``mmap`` (zeroed pages,
+#: faulted in) and is returned with ``munmap`` when freed.  Issue 14's profile
+#: measured HDF5 chunk reads 1.8-4x slower with it, and on this project's VM a
+#: bitshuffle pass read 1.2-1.6x slower (docs/architecture-notes.md "Embedded
+#: cluster defaults"); the engine reuses its large buffers (staging), so the
+#: memory the setting would give back is small.  A value the user set in this
+#: process's environment is passed on unchanged.
+WORKER_ENV_DROPPED = ("MALLOC_TRIM_THRESHOLD_",)
+
 #: Restarts of one worker program allowed within :data:`RESTART_WINDOW_S` seconds.
 MAX_RESTARTS = 3
 RESTART_WINDOW_S = 300.0
@@ -146,9 +159,15 @@ class WorkerProgram(ProcessInterface):  # type: ignore[misc]
         import dask.config
 
         env = dict(os.environ)
-        # what a Nanny sets before it spawns a worker (OMP_NUM_THREADS=1, MALLOC_TRIM...)
+        # what a Nanny sets before it spawns a worker (OMP_NUM_THREADS=1...), except
+        # the malloc trim threshold: see WORKER_ENV_DROPPED
         for key in ("distributed.nanny.pre-spawn-environ", "distributed.nanny.environ"):
             env.update({str(k): str(v) for k, v in (dask.config.get(key, {}) or {}).items()})
+        for name in WORKER_ENV_DROPPED:
+            if name in os.environ:
+                env[name] = os.environ[name]  # set by the user: kept as they set it
+            else:
+                env.pop(name, None)
         env.update(self.env)
         paths = [p or os.getcwd() for p in sys.path]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
