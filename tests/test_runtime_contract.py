@@ -111,8 +111,9 @@ def test_mps_put_moves_dense_payloads_to_mlx_and_release_frees_them(
     with pytest.raises(ParameterError, match="released"):
         rt.run_frame_pass(handle, w, want_sum=False, want_max=False)
     paired = chunk_of("paired", get_representation("paired").from_dense(block.astype(np.uint16)))
-    with pytest.raises(UnsupportedOperationError, match=r"runtimes that do: \['cpu', 'cuda'"):
-        rt.put(paired)
+    held = rt.put(paired)  # issue 16: paired payloads stay resident in MLX too
+    assert (held.residency, held.nbytes) == ("mps", paired.nbytes)
+    rt.release(held)
 
 
 # ----------------------------------------------------------------------------- counting runtime
