@@ -156,3 +156,23 @@ def test_a_dataset_gone_at_read_time_is_a_format_error(fmt: str, tmp_path: Path)
     message = str(info.value)
     assert str(path) in message and repr(inner) in message and "changed or damaged" in message
     ds.source.close()  # nothing left open: closing again is harmless
+
+
+def test_a_chunk_index_entry_outside_the_chunk_grid_is_a_corrupt_chunk_error(
+    tmp_path: Path,
+) -> None:
+    # found by tests/fuzz_readers.py: the chunk index walk (io/bslz4_read.py) raised IndexError
+    from quantem_flow.errors import CorruptChunkError
+    from tests.io.writers import write_hdf5
+
+    path = write_hdf5(tmp_path / "d.h5", np.ones((2, 3, 16, 16), dtype=np.uint16))
+    raw = bytearray(path.read_bytes())
+    node = raw.index(b"TREE\x01\x00")  # the v1 B-tree of raw data chunks, a leaf
+    # 24 header bytes; then per entry a key (size 4, filter mask 4, 5 offsets of 8) and a child
+    key = node + 24 + 2 * (48 + 8)
+    raw[key + 8 + 4] ^= 0x04  # the third chunk's row offset + 2**34: outside the grid
+    path.write_bytes(bytes(raw))
+    ds = qf.open(path, dataset_path="/data")
+    with pytest.raises(CorruptChunkError, match=r"chunk index") as info:
+        ds.load_block((0, 2))
+    assert str(path) in str(info.value)

@@ -160,7 +160,7 @@ def chunk_index(dset: Any) -> ChunkIndex:
         else:  # pragma: no cover - older HDF5
             for n in range(dset.id.get_num_chunks()):
                 visit(dset.id.get_chunk_info(n))
-    except (RuntimeError, OSError, ValueError) as exc:
+    except (RuntimeError, OSError, ValueError, IndexError) as exc:  # IndexError: off the grid
         raise CorruptChunkError(
             f"could not walk the chunk index of dataset {dset.name!r} in {path!r}: {exc}. The "
             "file may be truncated or its chunk index damaged; restore the file"

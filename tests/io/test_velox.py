@@ -168,3 +168,80 @@ def test_detector_pixel_that_underflows_is_dropped_with_a_note(tmp_path: Path) -
     cal = src.calibration
     assert cal is not None and cal.detector_units == "px" and cal.scan_units == "Å"
     assert any("not finite and positive" in n for n in src.notes)
+
+
+def _relayout(path: Path, stack: np.ndarray, **create: object) -> None:
+    """Replace the camera stack's Data by ``stack`` (k_r, k_c, frames) stored as ``create`` says."""
+    with h5py.File(path, "a") as f:
+        group = f[f"Data/Image/{CAMERA_UUID}"]
+        del group["Data"]
+        group.create_dataset("Data", data=stack, **create)
+
+
+_LAYOUTS = {
+    "frame-chunks": {"chunks": (5, 8, 1)},
+    "three-frame-chunks": {"chunks": (5, 8, 3)},  # 12 frames: edges inside chunks
+    "big-endian-frame-chunks": {"chunks": (5, 8, 1), "dtype": ">u2"},
+    "big-endian-contiguous": {"dtype": ">u2"},
+    "gzip-frame-chunks": {"chunks": (5, 8, 1), "compression": "gzip"},
+    "half-frame-chunks": {"chunks": (5, 4, 2)},
+    "contiguous": {},
+}
+
+
+@pytest.mark.parametrize("scratch_frames", [1, 2, 1000])
+@pytest.mark.parametrize("layout", sorted(_LAYOUTS))
+def test_every_stored_layout_reads_exactly(
+    layout: str, scratch_frames: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import quantem_flow.io.velox as velox
+
+    monkeypatch.setattr(velox, "_SCRATCH_BYTES", scratch_frames * 5 * 8 * 2)
+    a = _data()
+    p = write_velox(tmp_path / "l.emd", a)
+    _relayout(p, np.ascontiguousarray(a.reshape(12, 5, 8).transpose(1, 2, 0)), **_LAYOUTS[layout])
+    src = VeloxSource(p)
+    np.testing.assert_array_equal(src.read((0, 4), (0, 3)), a)
+    np.testing.assert_array_equal(src.read((1, 3), (1, 3)), a[1:3, 1:3])
+    np.testing.assert_array_equal(src.read_frames(4, 11), a.reshape(12, 5, 8)[4:11])
+    out = np.full((3, 5, 8), 7, dtype=src.dtype)
+    assert src.read_frames(5, 8, out=out) is out
+    np.testing.assert_array_equal(out, a.reshape(12, 5, 8)[5:8])
+
+
+def test_a_chunk_never_written_reads_as_the_fill_value(tmp_path: Path) -> None:
+    a = _data()
+    p = write_velox(tmp_path / "f.emd", a)
+    stack = a.reshape(12, 5, 8).transpose(1, 2, 0)
+    with h5py.File(p, "a") as f:
+        group = f[f"Data/Image/{CAMERA_UUID}"]
+        del group["Data"]
+        d = group.create_dataset("Data", shape=stack.shape, dtype="u2", chunks=(5, 8, 1))
+        d.fillvalue  # noqa: B018 - 0 by default
+        for i in (0, 1, 2, 5, 6, 7, 8, 9, 10, 11):  # frames 3 and 4 never written
+            d[:, :, i] = stack[:, :, i]
+    expected = a.reshape(12, 5, 8).copy()
+    expected[3:5] = 0
+    np.testing.assert_array_equal(VeloxSource(p).read_frames(0, 12), expected)
+
+
+@pytest.mark.parametrize("contiguous", [False, True])
+def test_a_file_truncated_after_open_is_a_corrupt_chunk_error(
+    contiguous: bool, tmp_path: Path
+) -> None:
+    from quantem_flow.errors import CorruptChunkError
+
+    p = write_velox(tmp_path / "t.emd", _data((4, 3, 32, 32)), chunks=not contiguous)
+    src = VeloxSource(p)
+    np.testing.assert_array_equal(src.read_frames(0, 1), _data((4, 3, 32, 32))[0, :1])
+    with h5py.File(p, "r") as f:
+        d = f[f"Data/Image/{CAMERA_UUID}/Data"]
+        end = d.id.get_offset() + d.id.get_storage_size() if contiguous else None
+        if end is None:
+            end = max(d.id.get_chunk_info(i).byte_offset for i in range(d.id.get_num_chunks()))
+    with open(p, "r+b") as fh:
+        fh.truncate(end - 100)
+    with pytest.raises(CorruptChunkError) as info:  # the open handle reads past the end
+        src.read_frames(0, 12)
+    assert str(p) in str(info.value) and "the file holds" in str(info.value)
+    src.close()
