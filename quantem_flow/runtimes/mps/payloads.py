@@ -422,11 +422,14 @@ _METAL_UNPACK = """
     uint p = e - f * k;
     size_t blk = size_t(f0 + f) * size_t(nb) + size_t(p / bv);
     uint w = uint(widths[blk]);
+    if (w == 0u) {
+        out[e] = T(0);  // a width-0 block stores no words (it may start at the pad word)
+        return;
+    }
     uint q = (p % bv) * w;
     size_t word = size_t(offsets[blk]) + size_t(q >> 5);
-    ulong x = ulong(data[word]) | (ulong(data[word + 1]) << 32);
-    ulong mask = (w == 0u) ? 0ul : ((1ul << w) - 1ul);
-    out[e] = T((x >> (q & 31u)) & mask);
+    ulong x = ulong(data[word]) | (ulong(data[word + 1]) << 32);  // word + 1 <= the pad word
+    out[e] = T((x >> (q & 31u)) & ((1ul << w) - 1ul));
 """
 
 _metal_unpack_kernel: Any = None
