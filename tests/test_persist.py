@@ -16,6 +16,7 @@ import pytest
 import quantem_flow as qf
 from quantem_flow.dataset import Dataset4D
 from quantem_flow.errors import ParameterError, PlacementError
+from quantem_flow.graphs.lowering import lower_pass
 from tests.conftest import probe_data
 from tests.reference import ref_annulus, ref_com, ref_virtual
 from tests.slow_source import SlowArraySource
@@ -244,9 +245,14 @@ def test_resident_key_annotation_reaches_the_scheduler_per_key(
 
         got = cluster_client.run_on_scheduler(seen)
         kernels = {k: v for k, v in got["qf_role"].items() if v == "kernel"}
-        assert len(kernels) == 3
+        # one kernel task per worker holding chunks (issue 14), named by its first chunk
+        holders = p.resident.holders()
+        by_worker: dict[str, list[str]] = {}
+        for key in p.resident.keys:
+            by_worker.setdefault(holders[str(key)][0], []).append(str(key))
+        assert len(kernels) == len(by_worker)
         resident = got["qf_resident"]
-        assert {resident[k] for k in kernels} == {str(k) for k in p.resident.keys}
+        assert {resident[k] for k in kernels} == {keys[0] for keys in by_worker.values()}
         loads = {k for k, v in got["qf_role"].items() if v == "load"}
         assert loads == {str(k) for k in p.resident.keys}
         assert {got["qf_runtime"][k] for k in kernels} == {"cpu"}
@@ -254,3 +260,96 @@ def test_resident_key_annotation_reaches_the_scheduler_per_key(
     finally:
         p.release()
         cluster_client.unregister_scheduler_plugin("qf-test-recorder")
+
+
+# -- light resident queries (issue 14) -----------------------------------------------------
+def _paths(result: Any) -> set[str]:
+    return {str(r["query"]["path"]) for r in result.provenance.execution["chunks"]}
+
+
+def test_box_path_is_exact_and_taken_only_where_exact(rng: np.random.Generator) -> None:
+    data = probe_data(rng, scan=(9, 7))
+    p = qf.open(data, chunk_rows=2).persist(client="synchronous")
+    det = data.shape[2:]
+    firsts = []
+    for inner in (5.0, 6.5, 7.0, 3.2):
+        (ring,) = qf.compute(qf.virtual_annular(p, inner=inner, outer=np.inf, center=CENTER))
+        np.testing.assert_array_equal(
+            ring.data, ref_virtual(data, ref_annulus(det, CENTER, inner, np.inf))
+        )
+        assert _paths(ring) == {"support box"}
+        recs = ring.provenance.execution["chunks"]
+        firsts.append({r["query"]["frame_totals"].split(" ")[0] for r in recs})
+        assert all(r["query"]["box_fraction"] <= 0.5 for r in recs)
+    assert firsts[0] == {"computed"} and firsts[1:] == [{"cached"}] * 3  # totals kept
+    # CoM weights are fractional: the full kernel runs (and says so)
+    (com,) = qf.compute(qf.center_of_mass(p, center=CENTER))
+    assert _paths(com) == {"full kernel"}
+    np.testing.assert_allclose(com.data, ref_com(data, CENTER), rtol=1e-5)
+    # float data: the full kernel
+    f = qf.open(data.astype(np.float32), chunk_rows=2).persist(client="synchronous")
+    (ring,) = qf.compute(qf.virtual_annular(f, inner=5.0, outer=np.inf, center=CENTER))
+    assert _paths(ring) == {"full kernel"}
+    np.testing.assert_array_equal(
+        ring.data, ref_virtual(data, ref_annulus(det, CENTER, 5.0, np.inf))
+    )
+
+
+def test_support_plan_refuses_sums_that_could_pass_2_53() -> None:
+    from quantem_flow.graphs.resident_query import support_plan
+    from quantem_flow.graphs.tasks import PassSpec
+    from quantem_flow.representations import Chunk
+
+    w = np.ones((1, 64 * 64))
+    w[0, :10] = 0.0
+    for dtype, exact in ((np.uint16, True), (np.uint32, True), (np.uint64, False)):
+        payload = np.zeros((2, 3, 64, 64), dtype=dtype)
+        ds = qf.open(payload)
+        chunk = Chunk("dense", "host", ((0, 2), (0, 3)), payload, "dense-v1", "cpu")
+        spec = PassSpec(dataset=ds, weights=w, want_sum=False, want_max=False, runtime="cpu")
+        assert (support_plan(spec, chunk) is not None) is exact
+    spec = PassSpec(dataset=ds, weights=w, want_sum=True, want_max=False, runtime="cpu")
+    assert support_plan(spec, chunk) is None  # a pattern sum needs every pixel
+
+
+@pytest.mark.cluster
+def test_ring_queries_run_one_task_per_worker_and_move_no_chunk(
+    rng: np.random.Generator, tmp_path, cluster_client: Any
+) -> None:
+    data = probe_data(rng, scan=(24, 9))
+    np.save(tmp_path / "d.npy", data)
+    ds = qf.open(tmp_path / "d.npy", chunk_rows=1)
+    p = ds.persist(client=cluster_client)
+    holders = p.resident.holders()
+    workers = {ws[0] for ws in holders.values()}
+    assert len(workers) == 2
+    before = incoming_bytes(cluster_client)
+    det = data.shape[2:]
+    for inner in (5.0, 6.0, 7.5):
+        (ring,) = qf.compute(
+            qf.virtual_annular(p, inner=inner, outer=np.inf, center=CENTER), client=cluster_client
+        )
+        (ref,) = qf.compute(
+            qf.virtual_annular(ds, inner=inner, outer=np.inf, center=CENTER),
+            client="synchronous",
+        )
+        np.testing.assert_array_equal(ring.data, ref.data)  # identical to reading the file
+        np.testing.assert_array_equal(
+            ring.data, ref_virtual(data, ref_annulus(det, CENTER, inner, np.inf))
+        )
+        recs = ring.provenance.execution["chunks"]
+        assert len(recs) == 24 and _paths(ring) == {"support box"}
+        for key, rec in zip(p.resident.keys, recs, strict=True):
+            assert holders[str(key)] == [rec["worker"]]  # ran where its chunk lives
+    moved = incoming_bytes(cluster_client) - before
+    assert moved < data.nbytes // 24, moved  # small partials only, never a chunk
+    lowered = lower_pass(
+        p,
+        {"w": np.ones(det)},
+        want_sum=False,
+        want_max=False,
+        runtime="cpu",
+        resident=p.resident.graph_refs(),
+    )
+    assert len(lowered.chunk_keys) == len(workers) == 2  # one kernel task per worker
+    p.release()

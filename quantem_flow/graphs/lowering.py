@@ -16,7 +16,8 @@ Loading and kernels are fused into one task for unpersisted data: a
 separate load task would leave a 128 MiB payload in worker memory for
 another task to fetch, which Dask's work stealing may move between
 workers.  Persisted datasets (resident chunks) get kernel tasks pinned to
-the holder instead.
+the holder instead (:func:`~quantem_flow.graphs.resident_query.run_resident_query`:
+only the pixels a weight map changes, when that is exact).
 """
 
 from __future__ import annotations
@@ -35,12 +36,12 @@ from ..representations import Chunk
 from ..representations.detector_ops import binned_dtype
 from .annotations import validate_annotations
 from .capabilities import memory_pool
+from .resident_query import run_resident_group, run_resident_query
 from .tasks import (
     PassSpec,
     combine_partials,
     load_resident_chunk,
     run_chunk_pass,
-    run_resident_kernels,
 )
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "lower_load",
     "lower_pass",
     "max_chunk_nbytes",
+    "resident_groups",
     "task_memory_need",
 ]
 
@@ -65,7 +67,9 @@ class LoweredPass:
     graph
         The high-level graph (spec, chunk and combine layers).
     chunk_keys
-        One key per chunk task, in chunk order.
+        One key per chunk task, in chunk order; for a persisted dataset on a
+        cluster, one per worker group (:func:`resident_groups`), keyed by its
+        first chunk.
     output_key
         Key of the final combined partial.
     weight_keys
@@ -146,7 +150,17 @@ def lower_pass(
         raise ValueError(f"{len(resident)} resident chunks for {len(ds.chunks)} chunks")
     local: dict[Key, DataNode] = {}
     resident_of: dict[Key, Key] = {}
+    groups = None if resident is None else resident_groups(ds, resident)
+    for group in groups or ():  # one kernel task per holding worker, over all its chunks
+        assert resident is not None
+        key = (pass_name, group[0])
+        chunk_keys.append(key)
+        resident_of[key] = resident[group[0]]
+        refs = (TaskRef(resident[i]) for i in group)
+        chunk_tasks[key] = Task(key, run_resident_group, TaskRef(spec_name), tuple(group), *refs)
     for i, (r0, r1) in enumerate(ds.chunks):
+        if groups:
+            break
         key = (pass_name, i)
         chunk_keys.append(key)
         if resident is None:
@@ -158,7 +172,7 @@ def lower_pass(
             local[local_key] = DataNode(local_key, ref)
             ref = local_key
         resident_of[key] = ref
-        chunk_tasks[key] = Task(key, run_resident_kernels, TaskRef(spec_name), TaskRef(ref), i)
+        chunk_tasks[key] = Task(key, run_resident_query, TaskRef(spec_name), TaskRef(ref), i)
     role = "pass" if resident is None else "kernel"
     annotations: dict[str, Any] = {
         "qf_runtime": runtime,
@@ -208,6 +222,29 @@ def lower_pass(
     return LoweredPass(
         graph=graph, chunk_keys=chunk_keys, output_key=level[0], weight_keys=keys, spec=spec
     )
+
+
+def resident_groups(ds: Dataset4D, resident: Sequence[Any]) -> list[list[int]] | None:
+    """Chunk indices grouped by the worker holding them, or ``None`` for one task per chunk.
+
+    A query on a persisted dataset then costs one kernel task per worker
+    (each runs its chunks in turn and returns one combined partial) instead
+    of one per chunk: on a busy machine every task adds scheduling latency
+    (benchmarks/RESULTS.md, "Persisted ring query (issue 14)").  Groups come
+    from the scheduler's ``who_has`` at lowering time, so no chunk moves;
+    ``None`` in-process, or when a chunk's holder is unknown.
+    """
+    res = ds.resident if ds.is_persisted else None
+    if res is None or res.client is None or len(resident) != len(ds.chunks):
+        return None
+    holders = res.holders()
+    groups: dict[str, list[int]] = {}
+    for i, ref in enumerate(resident):
+        workers = holders.get(str(ref))
+        if not workers:
+            return None
+        groups.setdefault(sorted(workers)[0], []).append(i)
+    return [groups[w] for w in sorted(groups, key=lambda w: groups[w][0])]
 
 
 def max_chunk_nbytes(ds: Dataset4D) -> int:
