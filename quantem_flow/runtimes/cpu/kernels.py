@@ -263,9 +263,6 @@ def frame_pass_variant(
     weights = np.ascontiguousarray(weights, dtype=np.float64)
     n, k = frames.shape
     m = weights.shape[0]
-    if m % 2:
-        weights = np.concatenate([weights, np.zeros((1, k), dtype=np.float64)])
-    out = np.empty((n, weights.shape[0]), dtype=np.float64)
     acc_sum = np.zeros(k if want_sum else 1, dtype=sum_dtype(frames.dtype))
     if want_max:
         if frames.dtype.kind == "f":
@@ -275,16 +272,24 @@ def frame_pass_variant(
     else:
         acc_max = np.zeros(1, dtype=frames.dtype)
     variant: dict[str, Any] = {"variant": "fused", "summary": f"fused: {m} general rows"}
+    plan = None
     if structured is False or m == 0:
         variant["why"] = "asked for" if m else "no weight rows"
-        _fused(frames, weights, out, acc_sum, acc_max, want_sum, want_max)
     else:
-        plan = analyse_weights(weights[:m], frame_shape=frame_shape, force=bool(structured))
+        plan = analyse_weights(weights, frame_shape=frame_shape, force=bool(structured))
         variant = plan.describe(frames.dtype)
-        if variant["variant"] == "structured":
-            structured_pass(frames, plan, out, acc_sum, acc_max, do_sum=want_sum, do_max=want_max)
-        else:
-            _fused(frames, weights, out, acc_sum, acc_max, want_sum, want_max)
-    skip_zero_weights(frames, weights, out, m)
+    if plan is not None and variant["variant"] == "structured":
+        out = np.empty((n, m), dtype=np.float64)
+        structured_pass(frames, plan, out, acc_sum, acc_max, do_sum=want_sum, do_max=want_max)
+        if frames.dtype.kind == "f" and not np.isfinite(out).all():
+            # the repair reads weight rows in pairs
+            padded = np.concatenate([weights, np.zeros((m % 2, k))]) if m % 2 else weights
+            skip_zero_weights(frames, padded, out, m)
+    else:
+        if m % 2:
+            weights = np.concatenate([weights, np.zeros((1, k), dtype=np.float64)])
+        out = np.empty((n, weights.shape[0]), dtype=np.float64)
+        _fused(frames, weights, out, acc_sum, acc_max, want_sum, want_max)
+        skip_zero_weights(frames, weights, out, m)
     peak = acc_max.astype(max_dtype) if want_max else None  # exact: maxima of max_dtype values
     return out[:, :m], (acc_sum if want_sum else None), peak, variant
