@@ -108,7 +108,7 @@ def frame_pass_encoded(
             frames = op.apply(frames)
         flat = np.ascontiguousarray(frames, dtype=work).reshape(fill, k)
         part = out[done : done + fill]
-        if structured:
+        if plan is not None and structured:
             structured_pass(flat, plan, part, acc_sum, acc_max, do_sum=want_sum, do_max=want_max)
         else:
             _fused(flat, weights, part, acc_sum, acc_max, want_sum, want_max)

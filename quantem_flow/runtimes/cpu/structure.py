@@ -452,15 +452,15 @@ def _cells_int(frames, start, length, cell, rrow, rcol, acc, moments):  # type: 
             xb = frames[i + 1, s0 : s0 + ln]
             xc = frames[i + 2, s0 : s0 + ln]
             xd = frames[i + 3, s0 : s0 + ln]
-            sa = 0
-            sb = 0
-            sc = 0
-            sd = 0
+            sa = np.int64(0)
+            sb = np.int64(0)
+            sc = np.int64(0)
+            sd = np.int64(0)
             if moments:
-                ma = 0
-                mb = 0
-                mc = 0
-                md = 0
+                ma = np.int64(0)
+                mb = np.int64(0)
+                mc = np.int64(0)
+                md = np.int64(0)
                 for p in range(ln):
                     va = np.int64(xa[p])
                     vb = np.int64(xb[p])
@@ -501,8 +501,8 @@ def _cells_int(frames, start, length, cell, rrow, rcol, acc, moments):  # type: 
             ln = length[t]
             ce = cell[t]
             x = row[s0 : s0 + ln]
-            s = 0
-            mom = 0
+            s = np.int64(0)
+            mom = np.int64(0)
             for p in range(ln):
                 v = np.int64(x[p])
                 s += v
@@ -606,7 +606,7 @@ def _cells_small_sums(frames, start, length, cell, acc):  # type: ignore[no-unty
     for i in range(n4, n):
         row = frames[i]
         for t in range(nruns):
-            s = 0
+            s = np.int64(0)
             for p in range(start[t], start[t] + length[t]):
                 s += np.int64(row[p])
             acc[i, 0, cell[t]] += s
