@@ -352,4 +352,9 @@ def test_ring_queries_run_one_task_per_worker_and_move_no_chunk(
         resident=p.resident.graph_refs(),
     )
     assert len(lowered.chunk_keys) == len(workers) == 2  # one kernel task per worker
+    # the page still sees every chunk of the last query done (a task covers its chunks)
+    state = json.loads(_fetch(cluster_client, "/quantem-flow/state.json"))
+    last = [x for x in state["passes"] if x["kind"] == "resident pass"][-1]
+    assert last["n_done"] == last["n_chunks"] == 24 and last["finished"] is not None
+    assert set(last["worker"]) == workers
     p.release()

@@ -361,10 +361,22 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
         p = self.passes.get(str(key[0]))
         i = key[1]
         ts = self.scheduler.tasks.get(key) if self.scheduler is not None else None
+        # a resident kernel task covers the chunks whose load tasks it reads (one task per
+        # worker runs all of that worker's chunks: graphs/lowering.resident_groups)
+        loads = [
+            d.key[1]
+            for d in getattr(ts, "dependencies", ())
+            if isinstance(d.key, tuple)
+            and len(d.key) == 2
+            and isinstance(d.key[1], int)
+            and getattr(self.placement.tasks.get(d.key), "role", None) == "load"
+        ]
+        covered = sorted(loads) or [i]
         if finish == "processing":
             ws = getattr(ts, "processing_on", None)
             if p is not None and ws is not None:
-                p["running"][i] = ws.address
+                for j in covered:
+                    p["running"][j] = ws.address
             return
         worker = kwargs.get("worker")
         if worker is None and ts is not None and ts.who_has:
@@ -374,11 +386,12 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
         worker = str(worker)
         nbytes = 0
         if p is not None:
-            p["running"].pop(i, None)
-            p["done"][i] = worker
-            if 0 <= i < len(p["chunks"]):
-                r0, r1 = p["chunks"][i]
-                nbytes = (r1 - r0) * p["row_bytes"]
+            for j in covered:
+                p["running"].pop(j, None)
+                p["done"][j] = worker
+                if 0 <= j < len(p["chunks"]):
+                    r0, r1 = p["chunks"][j]
+                    nbytes += (r1 - r0) * p["row_bytes"]
             if len(p["done"]) >= len(p["chunks"]) and p["finished"] is None:
                 p["finished"] = time.time()
         else:
