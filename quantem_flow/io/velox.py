@@ -609,11 +609,11 @@ class VeloxSource(FrameSource):
                 if offsets[a] < 0:  # never written: HDF5's fill value
                     target[f0 - start : f1 - start] = dset.fillvalue
                 elif in_place:
-                    view = memoryview(target[f0 - start : f1 - start]).cast("B")
+                    view = target[f0 - start : f1 - start].data.cast("B")
                     self._pread(fd, view, int(offsets[a]), f0, f1)
                 else:
                     assert scratch is not None
-                    view = memoryview(scratch[: (b - a) * chunk_bytes])
+                    view = scratch[: (b - a) * chunk_bytes].data
                     self._pread(fd, view, int(offsets[a]), f0, f1)
                     values = scratch[: (b - a) * chunk_bytes].view(stored)
                     frames = values.reshape(b - a, kr, kc, per).transpose(0, 3, 1, 2)
@@ -651,7 +651,7 @@ class VeloxSource(FrameSource):
             for p0 in range(0, pixels, group):
                 p1 = min(pixels, p0 + group)
                 for q in range(p0, p1):
-                    view = memoryview(scratch[q - p0]).cast("B")
+                    view = scratch[q - p0].data.cast("B")
                     self._pread(fd, view, offset + (q * n + start) * size, start, stop)
                 for q in range(p0, p1, _TILE_PIXELS):  # a transpose in tiles (2-3x faster)
                     r = min(p1, q + _TILE_PIXELS)
