@@ -151,13 +151,13 @@ def lower_pass(
     local: dict[Key, DataNode] = {}
     resident_of: dict[Key, Key] = {}
     groups = None if resident is None else resident_groups(ds, resident)
-    for group in groups or ():  # one kernel task per holding worker, over all its chunks
+    for members in groups or ():  # one kernel task per holding worker, over all its chunks
         assert resident is not None
-        key = (pass_name, group[0])
+        key = (pass_name, members[0])
         chunk_keys.append(key)
-        resident_of[key] = resident[group[0]]
-        refs = (TaskRef(resident[i]) for i in group)
-        chunk_tasks[key] = Task(key, run_resident_group, TaskRef(spec_name), tuple(group), *refs)
+        resident_of[key] = resident[members[0]]
+        refs = (TaskRef(resident[i]) for i in members)
+        chunk_tasks[key] = Task(key, run_resident_group, TaskRef(spec_name), tuple(members), *refs)
     for i, (r0, r1) in enumerate(ds.chunks):
         if groups:
             break
