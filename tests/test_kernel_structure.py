@@ -123,7 +123,7 @@ def test_moment_rows_with_any_centre_are_within_a_few_ulps() -> None:
     mask = _disk(shape, c, 0, 20)
     weights = np.concatenate([mask[None], _moments(mask, shape, c)])
     frames = _frames("uint16", 16, mask.size)
-    new, old = _both(frames, weights, shape)
+    new, old = _both(frames, weights, shape, structured=True)
     assert new[3]["variant"] == "structured"
     exact = frames.astype(np.float64) @ weights.T  # a third rounding of the same sums
     scale = frames.astype(np.float64) @ np.abs(weights).T
@@ -141,7 +141,7 @@ def test_real_data_within_the_declared_tolerance(dtype: str) -> None:
     com = np.ones(bf.size)
     weights = np.concatenate([np.stack([bf, adf, com]), _moments(com, shape, c)])
     frames = _frames(dtype, 21, bf.size)
-    new, old = _both(frames, weights, shape)
+    new, old = _both(frames, weights, shape, structured=True)
     assert new[3]["variant"] == "structured"
     scale = np.abs(frames.astype(np.float64)) @ np.abs(weights).T
     assert np.all(np.abs(new[0] - old[0]) <= 1e-12 * scale)
@@ -180,7 +180,7 @@ def test_mixed_plans_structured_and_general_rows() -> None:
     )
     for dtype in ("uint16", "float32"):
         frames = _frames(dtype, 27, k)
-        new, old = _both(frames, weights, shape)
+        new, old = _both(frames, weights, shape, structured=True)
         info = new[3]
         assert info["variant"] == "structured", info
         assert info["rows"] == [
@@ -236,7 +236,9 @@ def test_nonfinite_pixels_outside_a_support_do_not_touch_its_rows() -> None:
     frames[2, outside] = np.nan
     frames[5, outside] = np.inf
     frames[7, inside] = -np.inf
-    new = frame_pass_variant(frames, weights, want_sum=False, want_max=False, frame_shape=shape)
+    new = frame_pass_variant(
+        frames, weights, want_sum=False, want_max=False, frame_shape=shape, structured=True
+    )
     assert new[3]["variant"] == "structured"
     ref = supported_dot(frames, weights)
     assert np.isfinite(new[0][[2, 5]]).all()
@@ -255,13 +257,45 @@ def test_a_nan_on_the_centre_line_leaves_the_moment_finite() -> None:
     weights = np.concatenate([mask[None], _moments(mask, shape, c)])
     frames = _frames("float64", 4, mask.size)
     frames[1, 10 * 21 + 4] = np.nan  # row 10, column 4: in the mask and the column map
-    got = frame_pass_variant(frames, weights, want_sum=False, want_max=False, frame_shape=shape)
+    got = frame_pass_variant(
+        frames, weights, want_sum=False, want_max=False, frame_shape=shape, structured=True
+    )
     assert got[3]["variant"] == "structured"
     assert np.isnan(got[0][1, 0]) and np.isnan(got[0][1, 2])
     assert np.isfinite(got[0][1, 1])  # the row moment's weight there is 0
     np.testing.assert_allclose(got[0][1, 1], supported_dot(frames, weights)[1, 1], rtol=1e-12)
 
 
+@pytest.fixture
+def cheap_runs() -> Iterator[None]:
+    """Runs cost nothing in the estimate: small test detectors take the structured kernel."""
+    saved = structure.RUN_OVERHEAD_PIXELS
+    structure._CACHE.clear()
+    structure.RUN_OVERHEAD_PIXELS = 0
+    try:
+        yield
+    finally:
+        structure.RUN_OVERHEAD_PIXELS = saved
+        structure._CACHE.clear()
+
+
+def test_the_cost_estimate_picks_the_cheaper_kernel() -> None:
+    """128 x 128: BF, BF+ADF, BF+ADF+CoM structured; 2-pixel stripes fused (measured 0.17x)."""
+    shape = (128, 128)
+    c = (63.7, 64.2)
+    bf = _disk(shape, c, 0, 20)
+    adf = _disk(shape, c, 30, 1e9)
+    ones = np.ones(bf.size)
+    com = np.concatenate([ones[None], _moments(ones, shape, c)])
+    for weights in (bf[None], np.stack([bf, adf]), np.concatenate([np.stack([bf, adf]), com])):
+        plan = structure.analyse_weights(weights, frame_shape=shape)
+        assert plan.structured, plan.reason
+    stripes = (np.arange(bf.size) // 2) % 2 == 0
+    plan = structure.analyse_weights(np.stack([stripes, ~stripes]).astype(float), frame_shape=shape)
+    assert not plan.structured and "fragmented" in plan.reason, plan.reason
+
+
+@pytest.mark.usefixtures("cheap_runs")
 @pytest.mark.parametrize("representation", ["dense", "encoded", "packed"])
 def test_runtime_records_the_variant_and_representations_agree(representation: str) -> None:
     shape = (20, 22)
@@ -306,6 +340,7 @@ def fused_only() -> Iterator[Any]:
     return off
 
 
+@pytest.mark.usefixtures("cheap_runs")
 @pytest.mark.parametrize("calibrated", [False, True])
 def test_operators_equal_the_fused_kernel_with_detector_crop_and_bin(
     fused_only: Any, calibrated: bool

@@ -57,10 +57,11 @@ so the contract of docs/runtimes.md holds unchanged.
 
 When it is used
 ---------------
-The structured part is taken when its estimated cost (pixels touched plus a
-per-run overhead) is below the fused kernel's on the same rows (the detector
-times the row pairs); random speckle masks cut into one- or two-pixel runs
-stay on the fused kernel.  The choice and its reason are recorded
+The structured part is taken when its estimated cost (pixels touched, more
+with moments, plus a per-run overhead: :data:`RUN_OVERHEAD_PIXELS`) is below
+the fused kernel's on the same rows (the detector times the row pairs);
+supports cut into short runs (random speckle masks, fine stripes, small
+detectors with many cells) stay on the fused kernel.  The choice and its reason are recorded
 (:meth:`WeightPlan.describe`) and reach the pass's per-chunk provenance.
 """
 
@@ -78,6 +79,8 @@ from .kernels import _fused, _jit
 
 __all__ = [
     "MAX_CELLS",
+    "MOMENT_FACTOR",
+    "PIXEL_COST",
     "RUN_OVERHEAD_PIXELS",
     "WeightPlan",
     "analyse_weights",
@@ -87,9 +90,17 @@ __all__ = [
 
 #: Most cells a structured plan may have (more: the rows go to the fused kernel).
 MAX_CELLS = 64
-#: Cost of starting one run, in pixel-equivalents (measured: loop set-up and the
-#: cell accumulators' updates for a group of 4 frames).
-RUN_OVERHEAD_PIXELS = 12
+#: The cost estimate, in pixel-steps (one step: one detector pixel of the fused
+#: kernel's pass with one pair of rows): a touched pixel costs PIXEL_COST, a run
+#: RUN_OVERHEAD_PIXELS.  Calibrated on 128 x 128 u16/f32 frames: two complementary
+#: striped masks with runs of 2, 4, 8, 16, 32 pixels took 5.9, 3.7, 2.4, 1.25 and
+#: 1.0x the fused kernel's time (runs shorter than the vector loop's lanes are
+#: mostly scalar), BF + ADF (228 runs, 14 816 pixels) 0.75x.
+PIXEL_COST = 0.7
+RUN_OVERHEAD_PIXELS = 10
+#: Cost of a touched pixel when moment rows are present (the cell pass with
+#: moments measured 1.6x the one with sums only).
+MOMENT_FACTOR = 1.6
 #: Longest run (pixels): int32 sums of 16-bit values over a run stay exact
 #: (``65535 * 256 * 255 / 2 < 2**31`` for the column moment).
 MAX_RUN = 256
@@ -333,12 +344,15 @@ def _build(weights: np.ndarray, frame_shape: tuple[int, int] | None, force: bool
             cell_pixel[label[label > 0] - 1] = np.flatnonzero(label > 0)
             cells_of = [np.flatnonzero(s[cell_pixel]) for s in supports]
             touched = int(runs[1].sum())
-            cost = touched * (2 if any(k_ != "mask" for k_ in kinds) else 1)
+            moments = any(k_ not in ("mask", "general") for k_ in kinds)
+            cost = int(touched * PIXEL_COST * (MOMENT_FACTOR if moments else 1.0))
             cost += RUN_OVERHEAD_PIXELS * int(runs[0].size)
-            fused = k * ((len(structured_rows) + 1) // 2) * 2
+            fused = k * ((len(structured_rows) + 1) // 2)
             reason = (
-                f"estimated cost {cost} pixel-steps (pixels touched, runs x "
-                f"{RUN_OVERHEAD_PIXELS}) vs {fused} for the fused kernel on those rows"
+                f"estimated cost {cost} pixel-steps (pixels touched x {PIXEL_COST}"
+                + (f" x {MOMENT_FACTOR}" if moments else "")
+                + f", {int(runs[0].size)} runs x {RUN_OVERHEAD_PIXELS}) vs {fused} for the "
+                "fused kernel on those rows (detector pixels x row pairs)"
             )
             if cost >= fused and not force:
                 ok = False
