@@ -262,56 +262,7 @@ def test_resident_key_annotation_reaches_the_scheduler_per_key(
         cluster_client.unregister_scheduler_plugin("qf-test-recorder")
 
 
-# -- light resident queries (issue 14) -----------------------------------------------------
-def _paths(result: Any) -> set[str]:
-    return {str(r["query"]["path"]) for r in result.provenance.execution["chunks"]}
-
-
-def test_box_path_is_exact_and_taken_only_where_exact(rng: np.random.Generator) -> None:
-    data = probe_data(rng, scan=(9, 7))
-    p = qf.open(data, chunk_rows=2).persist(client="synchronous")
-    det = data.shape[2:]
-    firsts = []
-    for inner in (5.0, 6.5, 7.0, 3.2):
-        (ring,) = qf.compute(qf.virtual_annular(p, inner=inner, outer=np.inf, center=CENTER))
-        np.testing.assert_array_equal(
-            ring.data, ref_virtual(data, ref_annulus(det, CENTER, inner, np.inf))
-        )
-        assert _paths(ring) == {"support box"}
-        recs = ring.provenance.execution["chunks"]
-        firsts.append({r["query"]["frame_totals"].split(" ")[0] for r in recs})
-        assert all(r["query"]["box_fraction"] <= 0.5 for r in recs)
-    assert firsts[0] == {"computed"} and firsts[1:] == [{"cached"}] * 3  # totals kept
-    # CoM weights are fractional: the full kernel runs (and says so)
-    (com,) = qf.compute(qf.center_of_mass(p, center=CENTER))
-    assert _paths(com) == {"full kernel"}
-    np.testing.assert_allclose(com.data, ref_com(data, CENTER), rtol=1e-5)
-    # float data: the full kernel
-    f = qf.open(data.astype(np.float32), chunk_rows=2).persist(client="synchronous")
-    (ring,) = qf.compute(qf.virtual_annular(f, inner=5.0, outer=np.inf, center=CENTER))
-    assert _paths(ring) == {"full kernel"}
-    np.testing.assert_array_equal(
-        ring.data, ref_virtual(data, ref_annulus(det, CENTER, 5.0, np.inf))
-    )
-
-
-def test_support_plan_refuses_sums_that_could_pass_2_53() -> None:
-    from quantem_flow.graphs.resident_query import support_plan
-    from quantem_flow.graphs.tasks import PassSpec
-    from quantem_flow.representations import Chunk
-
-    w = np.ones((1, 64 * 64))
-    w[0, :10] = 0.0
-    for dtype, exact in ((np.uint16, True), (np.uint32, True), (np.uint64, False)):
-        payload = np.zeros((2, 3, 64, 64), dtype=dtype)
-        ds = qf.open(payload)
-        chunk = Chunk("dense", "host", ((0, 2), (0, 3)), payload, "dense-v1", "cpu")
-        spec = PassSpec(dataset=ds, weights=w, want_sum=False, want_max=False, runtime="cpu")
-        assert (support_plan(spec, chunk) is not None) is exact
-    spec = PassSpec(dataset=ds, weights=w, want_sum=True, want_max=False, runtime="cpu")
-    assert support_plan(spec, chunk) is None  # a pattern sum needs every pixel
-
-
+# -- resident queries: one kernel task per worker (issue 14) ------------------------------
 @pytest.mark.cluster
 def test_ring_queries_run_one_task_per_worker_and_move_no_chunk(
     rng: np.random.Generator, tmp_path, cluster_client: Any
@@ -338,7 +289,7 @@ def test_ring_queries_run_one_task_per_worker_and_move_no_chunk(
             ring.data, ref_virtual(data, ref_annulus(det, CENTER, inner, np.inf))
         )
         recs = ring.provenance.execution["chunks"]
-        assert len(recs) == 24 and _paths(ring) == {"support box"}
+        assert len(recs) == 24 and [r["chunk"] for r in recs] == list(range(24))
         for key, rec in zip(p.resident.keys, recs, strict=True):
             assert holders[str(key)] == [rec["worker"]]  # ran where its chunk lives
     moved = incoming_bytes(cluster_client) - before
@@ -358,3 +309,23 @@ def test_ring_queries_run_one_task_per_worker_and_move_no_chunk(
     assert last["n_done"] == last["n_chunks"] == 24 and last["finished"] is not None
     assert set(last["worker"]) == workers
     p.release()
+
+
+def test_in_process_resident_passes_keep_one_task_per_chunk(rng: np.random.Generator) -> None:
+    from quantem_flow.graphs.lowering import resident_groups
+    from quantem_flow.graphs.resident_query import run_resident_group
+
+    data = probe_data(rng, scan=(9, 7))
+    p = qf.open(data, chunk_rows=2).persist(client="synchronous")
+    refs = p.resident.graph_refs()
+    assert resident_groups(p, refs) is None  # no scheduler, no groups
+    lowered = lower_pass(p, {}, want_sum=True, want_max=False, runtime="cpu", resident=refs)
+    assert len(lowered.chunk_keys) == len(p.chunks) == 5
+    with pytest.raises(ParameterError, match="one chunk index per chunk"):
+        run_resident_group(lowered.spec, (0, 1), refs[0])
+    both = run_resident_group(lowered.spec, (0, 1), refs[0], refs[1])
+    assert [r["chunk"] for r in both.records] == [0, 1]
+    assert both.pattern_sum is not None
+    np.testing.assert_array_equal(
+        both.pattern_sum, data[:4].reshape(-1, data.shape[2] * data.shape[3]).sum(axis=0)
+    )

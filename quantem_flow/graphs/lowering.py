@@ -16,8 +16,8 @@ Loading and kernels are fused into one task for unpersisted data: a
 separate load task would leave a 128 MiB payload in worker memory for
 another task to fetch, which Dask's work stealing may move between
 workers.  Persisted datasets (resident chunks) get kernel tasks pinned to
-the holder instead (:func:`~quantem_flow.graphs.resident_query.run_resident_query`:
-only the pixels a weight map changes, when that is exact).
+the holder instead: on a cluster one task per holding worker
+(:func:`resident_groups`), in-process one per chunk.
 """
 
 from __future__ import annotations
@@ -36,12 +36,13 @@ from ..representations import Chunk
 from ..representations.detector_ops import binned_dtype
 from .annotations import validate_annotations
 from .capabilities import memory_pool
-from .resident_query import run_resident_group, run_resident_query
+from .resident_query import run_resident_group
 from .tasks import (
     PassSpec,
     combine_partials,
     load_resident_chunk,
     run_chunk_pass,
+    run_resident_kernels,
 )
 
 __all__ = [
@@ -172,7 +173,7 @@ def lower_pass(
             local[local_key] = DataNode(local_key, ref)
             ref = local_key
         resident_of[key] = ref
-        chunk_tasks[key] = Task(key, run_resident_query, TaskRef(spec_name), TaskRef(ref), i)
+        chunk_tasks[key] = Task(key, run_resident_kernels, TaskRef(spec_name), TaskRef(ref), i)
     role = "pass" if resident is None else "kernel"
     annotations: dict[str, Any] = {
         "qf_runtime": runtime,
