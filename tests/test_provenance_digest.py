@@ -167,7 +167,9 @@ def test_digest_is_the_same_on_a_cluster_and_in_process(
     local = _digest(ds)
     (img,) = qf.compute(qf.virtual_bf(ds, radius=3, center=CENTER), client=cluster_client)
     ex = img.provenance.execution
-    assert len(ex["workers"]) == 2  # both workers read chunks
+    # Which worker reads which chunk is the scheduler's choice (under load one worker may
+    # read them all); the digest must not depend on it either way.
+    assert 1 <= len(ex["workers"]) <= 2
     assert ex["content_digest"]["digest"] == local["digest"]
     p = ds.persist(client=cluster_client)
     try:
