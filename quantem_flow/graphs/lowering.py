@@ -470,6 +470,9 @@ def _need_parts(
     if kernels:
         m = n_weights + 1  # the CPU kernel pads to an even number of rows
         work = m * k * 8 + 3 * k * 8  # weights as float64, sum and max patterns (and a copy)
+        # the CPU kernel's structure analysis of the weight rows (once per weight stack, then
+        # cached): per-pixel coordinates, support signatures and cell labels
+        work += (m + 4) * k * 8
         if ds.dtype == np.float16:
             work += frames * k * 4  # widened to float32 for the kernel
         parts["kernel"] = (device, work)
