@@ -16,9 +16,12 @@ Modes: ``program`` is the default since issue 12 (each worker is
 ``python -m quantem_flow.graphs.local_worker``, started as a program of its
 own); ``nanny`` is the previous default (``distributed.LocalCluster`` with
 ``Nanny`` workers spawned through ``multiprocessing``, which re-imports the
-caller's ``__main__``).
+caller's ``__main__``); ``default`` is the embedded default as configured
+(``local_workers`` x ``local_threads``); ``program@WxT`` is W worker
+programs of T threads each (issue 14: 1x2 vs 2x1).
 
     python benchmarks/embedded_startup.py --repeats 5
+    python benchmarks/embedded_startup.py --repeats 5 --modes default,program@1x2,program@2x1
 """
 
 from __future__ import annotations
@@ -34,14 +37,22 @@ T0 = time.perf_counter()
 
 
 def _child(mode: str, workers: int, passes: int) -> dict[str, float]:
+    """One repeat; ``mode`` is ``program``, ``nanny``, ``default`` or ``program@WxT``."""
+    threads = 1
+    if "@" in mode:
+        mode, layout = mode.split("@")
+        workers, threads = (int(x) for x in layout.split("x"))
     import quantem_flow as qf
     from quantem_flow.graphs import cluster as qc
 
     data, _ = qf.synthetic_dataset(scan_shape=(64, 64), detector_shape=(64, 64))
     ds = qf.open(data, chunk_mib=4)
     t = time.perf_counter()
-    if mode == "program":
-        with qf.config.set(local_workers=workers):
+    if mode == "default":  # the embedded default as configured (issue 14)
+        client = qc.embedded_client()
+        workers = len(client.scheduler_info()["workers"])
+    elif mode == "program":
+        with qf.config.set(local_workers=workers, local_threads=threads):
             client = qc.embedded_client()
     else:
         from distributed import Client, LocalCluster
@@ -81,7 +92,7 @@ def _child(mode: str, workers: int, passes: int) -> dict[str, float]:
     n = len(client.scheduler_info()["workers"])
     assert n == workers, f"{n} workers registered, expected {workers}"
     client.close()
-    if mode == "program":
+    if mode in ("program", "default"):
         qc.close_embedded_cluster()
     else:
         cluster.close()
@@ -94,7 +105,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--modes", default="program,nanny")
     p.add_argument("--passes", type=int, default=7, help="steady-state passes per repeat")
-    p.add_argument("--child", choices=["program", "nanny"])
+    p.add_argument("--child")
     args = p.parse_args()
     if args.child:
         print(json.dumps(_child(args.child, args.workers, args.passes)))

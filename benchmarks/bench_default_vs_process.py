@@ -1,0 +1,400 @@
+"""The embedded default cluster vs one process vs LiberTEM, with the read ceiling (issue 14).
+
+Writes one dataset (default 256 x 256 scan of 128 x 128 uint16 frames,
+2 GiB) three ways under ``--dir``: a ``.npy`` file, an uncompressed HDF5
+dataset of frames (contiguous) and an HDF5 dataset chunked one frame per
+chunk with bitshuffle + LZ4 (the Dectris layout).  Frames are drawn from a
+pool of distinct Poisson frames of a bright disk, so every frame
+compresses like a real one.
+
+Then, interleaved per repeat (every row and mode once per repeat, medians
+reported), with the page cache warm:
+
+* ``ceiling``: streaming reads of the same bytes (``os.preadv`` into a
+  reused buffer) on 1 and 2 threads;
+* ``h5py decode``: single-threaded ``h5py`` read of the bitshuffle file
+  (the HDF5 filter decoding one chunk at a time);
+* per row (BF+ADF and BF+ADF+CoM on npy; BF+ADF on HDF5 and on
+  bitshuffle+LZ4; BF+ADF+CoM on persisted chunks) and per mode
+  (``default``: ``qf.compute`` on the embedded local cluster;
+  ``process``: ``client="synchronous"``; ``libertem``: LiberTEM's best of
+  its inline and default Dask executors, when importable).
+
+GB/s are dataset bytes (decoded, 2^30 bytes = 1.07 GB) over wall seconds.
+Per-chunk provenance (read_s, kernel_s, compile_s, hash_s summed over
+chunks) is printed for the quantem-flow modes.
+
+    python benchmarks/bench_default_vs_process.py --dir /tmp/qf-bench14 --repeats 3 \
+        --json benchmarks/results_default_vs_process.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+POOL = 1024
+
+
+def _frames(n: int, k: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[:k, :k]
+    lam = np.where((yy - k / 2) ** 2 + (xx - k / 2) ** 2 < (k / 6) ** 2, 40.0, 0.5)
+    return rng.poisson(lam, size=(n, k, k)).astype(np.uint16)
+
+
+def write_data(directory: Path, scan: tuple[int, int], k: int) -> dict[str, Path]:
+    """Write the npy, HDF5 and bitshuffle+LZ4 files once (kept between runs)."""
+    import h5py
+    import hdf5plugin
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tag = f"{scan[0]}x{scan[1]}x{k}x{k}"
+    paths = {
+        "npy": directory / f"data_{tag}.npy",
+        "h5": directory / f"data_{tag}.h5",
+        "bslz4": directory / f"data_{tag}_bslz4.h5",
+    }
+    n = scan[0] * scan[1]
+    pool = _frames(POOL, k)
+    step = 4096
+
+    def block(a: int) -> np.ndarray:
+        idx = (np.arange(a, min(n, a + step)) * 7919) % POOL
+        return pool[idx]
+
+    if not paths["npy"].exists():
+        mm = np.lib.format.open_memmap(
+            paths["npy"], mode="w+", dtype=np.uint16, shape=(*scan, k, k)
+        )
+        flat = mm.reshape(n, k, k)
+        for a in range(0, n, step):
+            flat[a : a + step] = block(a)
+        mm.flush()
+        del mm, flat
+    for name, opts in (
+        ("h5", {}),
+        ("bslz4", {"chunks": (1, k, k), **hdf5plugin.Bitshuffle(cname="lz4")}),
+    ):
+        if paths[name].exists():
+            continue
+        with h5py.File(paths[name], "w") as f:
+            d = f.create_dataset("data", shape=(n, k, k), dtype=np.uint16, **opts)
+            for a in range(0, n, step):
+                d[a : a + step] = block(a)
+    return paths
+
+
+def warm(path: Path) -> None:
+    """Read a file once so that it is in the page cache."""
+    with open(path, "rb", buffering=0) as f:
+        while f.read(64 << 20):
+            pass
+
+
+def ceiling(path: Path, threads: int, nbytes: int) -> float:
+    """Seconds to stream the first ``nbytes`` of ``path`` on ``threads`` threads."""
+    piece = 16 << 20
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        bounds = np.linspace(0, nbytes, threads + 1).astype(np.int64)
+
+        def run(a: int, b: int) -> None:
+            buf = bytearray(piece)
+            view = memoryview(buf)
+            pos = a
+            while pos < b:
+                got = os.preadv(fd, [view[: min(piece, b - pos)]], pos)
+                if got <= 0:
+                    break
+                pos += got
+
+        ts = [
+            threading.Thread(target=run, args=(int(bounds[i]), int(bounds[i + 1])))
+            for i in range(threads)
+        ]
+        t = time.perf_counter()
+        for th in ts:
+            th.start()
+        for th in ts:
+            th.join()
+        return time.perf_counter() - t
+    finally:
+        os.close(fd)
+
+
+def h5py_decode(path: Path) -> float:
+    """Seconds to read the whole bitshuffle dataset with h5py on one thread."""
+    import h5py
+    import hdf5plugin  # noqa: F401  (registers the filter)
+
+    with h5py.File(path, "r") as f:
+        d = f["data"]
+        out = np.empty((4096, *d.shape[1:]), dtype=d.dtype)
+        t = time.perf_counter()
+        for a in range(0, d.shape[0], 4096):
+            b = min(d.shape[0], a + 4096)
+            d.read_direct(out[: b - a], source_sel=np.s_[a:b])
+        return time.perf_counter() - t
+
+
+def _ops(ds: Any, com: bool, k: int) -> list[Any]:
+    import quantem_flow as qf
+
+    c = (k / 2, k / 2)
+    ops = [
+        qf.virtual_bf(ds, radius=k / 6, center=c),
+        qf.virtual_adf(ds, inner=k / 4, outer=k / 2, center=c),
+    ]
+    if com:
+        ops.append(qf.center_of_mass(ds, center=c))
+    return ops
+
+
+def run_qf(ds: Any, com: bool, k: int, client: Any) -> tuple[float, dict[str, float]]:
+    """Seconds of one ``qf.compute`` and the summed per-chunk timings."""
+    import quantem_flow as qf
+
+    ops = _ops(ds, com, k)
+    t = time.perf_counter()
+    results = qf.compute(*ops, client=client, progress=False)
+    wall = time.perf_counter() - t
+    ex = results[0].provenance.to_dict().get("execution", {}) if results else {}
+    if not ex:
+        ex = _find_execution(results[0])
+    keys = ("read_s_total", "kernel_s_total", "compile_s_total", "hash_s_total")
+    timing = {k_: float(ex.get(k_, float("nan"))) for k_ in keys}
+    chunks = ex.get("chunks", [])
+    per_worker: dict[str, float] = {}
+    for r in chunks:
+        w = str(r.get("worker", r.get("pid", "?")))
+        per_worker[w] = per_worker.get(w, 0.0) + r["read_s"] + r["kernel_s"] + r.get("hash_s", 0)
+    timing["busy_by_worker"] = sorted(per_worker.values())  # type: ignore[assignment]
+    return wall, timing
+
+
+def _find_execution(result: Any) -> dict[str, Any]:
+    prov = result.provenance
+    for name in ("execution",):
+        v = getattr(prov, name, None)
+        if isinstance(v, dict):
+            return v
+    d = prov.to_dict() if hasattr(prov, "to_dict") else {}
+    stack = [d]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            if "read_s_total" in x:
+                return x
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return {}
+
+
+def libertem_runner(paths: dict[str, Path], scan: tuple[int, int], k: int) -> Any:
+    """Return ``run(fmt, com) -> seconds`` over LiberTEM's executors, or None if missing."""
+    try:
+        import libertem.api as lt
+        from libertem.udf.com import CoMUDF
+        from libertem.udf.masks import ApplyMasksUDF
+    except ImportError:
+        return None
+    ctxs = {"inline": lt.Context.make_with("inline"), "dask": lt.Context()}
+    yy, xx = np.mgrid[:k, :k]
+    r2 = (yy - k / 2) ** 2 + (xx - k / 2) ** 2
+
+    def masks() -> list[Any]:
+        return [
+            lambda: (r2 < (k / 6) ** 2).astype(np.float32),
+            lambda: ((r2 >= (k / 4) ** 2) & (r2 < (k / 2) ** 2)).astype(np.float32),
+        ]
+
+    datasets: dict[tuple[str, str], Any] = {}
+
+    def run(fmt: str, com: bool) -> dict[str, float]:
+        out = {}
+        for name, ctx in ctxs.items():
+            key = (name, fmt)
+            if key not in datasets:
+                if fmt == "npy":
+                    datasets[key] = ctx.load("npy", path=str(paths["npy"]))
+                else:
+                    datasets[key] = ctx.load(
+                        "hdf5", path=str(paths[fmt]), ds_path="/data", sig_dims=2
+                    )
+                    datasets[key].set_num_cores(os.cpu_count() or 1)
+            ds = datasets[key]
+            if fmt != "npy" and tuple(ds.shape.nav) != scan:
+                # the HDF5 file stores frames: give LiberTEM the scan shape
+                datasets[key] = ds = ctx.load(
+                    "hdf5", path=str(paths[fmt]), ds_path="/data", sig_dims=2, nav_shape=scan
+                )
+            udfs: list[Any] = [ApplyMasksUDF(mask_factories=masks())]
+            if com:
+                udfs.append(CoMUDF.with_params(cy=k / 2, cx=k / 2))
+            t = time.perf_counter()
+            ctx.run_udf(dataset=ds, udf=udfs)
+            out[name] = time.perf_counter() - t
+        return out
+
+    def close() -> None:
+        for ctx in ctxs.values():
+            ctx.close()
+
+    run.close = close  # type: ignore[attr-defined]
+    return run
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; print a table and return the medians."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dir", type=Path, default=Path("/tmp/qf-bench14"))
+    p.add_argument("--scan", type=int, nargs=2, default=(256, 256))
+    p.add_argument("--det", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--no-libertem", action="store_true")
+    p.add_argument("--rows", default="raw,raw_com,h5,bslz4,persisted")
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--label", default="")
+    p.add_argument(
+        "--clusters",
+        default="",
+        help="extra local clusters to compare, WORKERSxTHREADS, comma separated (e.g. 1x2,2x1)",
+    )
+    a = p.parse_args(argv)
+
+    import quantem_flow as qf
+    from quantem_flow.graphs import cluster as qc
+
+    scan, k = (int(a.scan[0]), int(a.scan[1])), int(a.det)
+    t = time.perf_counter()
+    paths = write_data(a.dir, scan, k)
+    print(f"data ready in {time.perf_counter() - t:.1f} s: {[str(v) for v in paths.values()]}")
+    nbytes = scan[0] * scan[1] * k * k * 2
+    for path in paths.values():
+        warm(path)
+
+    t = time.perf_counter()
+    client = qc.embedded_client()
+    start_s = time.perf_counter() - t
+    info = client.scheduler_info()
+    workers = [(w["name"], w["nthreads"]) for w in info["workers"].values()]
+    print(f"embedded default started in {start_s:.2f} s: workers {workers}")
+
+    dsets = {
+        "npy": qf.open(paths["npy"]),
+        "h5": qf.open(paths["h5"], dataset_path="/data", scan_shape=scan),
+        "bslz4": qf.open(paths["bslz4"], dataset_path="/data", scan_shape=scan),
+    }
+    rows = {
+        "raw": ("npy", False),
+        "raw_com": ("npy", True),
+        "h5": ("h5", False),
+        "bslz4": ("bslz4", False),
+        "persisted": ("persisted", True),
+    }
+    wanted = [r for r in a.rows.split(",") if r]
+    from distributed import Client
+
+    clients: dict[str, Any] = {"default": client, "process": "synchronous"}
+    extra = []
+    for spec in [c for c in a.clusters.split(",") if c]:
+        nw, nt = (int(x) for x in spec.split("x"))
+        cluster = qc.start_local_cluster(n_workers=nw, threads_per_worker=nt)
+        clients[f"c{spec}"] = Client(cluster, set_as_default=False)
+        extra.append(cluster)
+    persisted = {}
+    if "persisted" in wanted:
+        for mode, cl in clients.items():
+            persisted[mode] = dsets["npy"].persist(client=cl)
+    lt_run = None if a.no_libertem else libertem_runner(paths, scan, k)
+    if lt_run is None and not a.no_libertem:
+        print("LiberTEM not importable: its column is left empty")
+
+    # warm-up (compilation, worker imports), not timed
+    for cl in clients.values():
+        run_qf(dsets["npy"], True, k, cl)
+        run_qf(dsets["bslz4"], False, k, cl)
+
+    samples: dict[str, list[float]] = {}
+    timings: dict[str, dict[str, Any]] = {}
+
+    def add(key: str, seconds: float) -> None:
+        samples.setdefault(key, []).append(seconds)
+
+    for rep in range(a.repeats):
+        add("ceiling_1", ceiling(paths["npy"], 1, nbytes))
+        add("ceiling_2", ceiling(paths["npy"], 2, nbytes))
+        add("h5py_decode", h5py_decode(paths["bslz4"]))
+        for row in wanted:
+            fmt, com = rows[row]
+            for mode, cl in clients.items():
+                ds = persisted[mode] if row == "persisted" else dsets[fmt]
+                wall, timing = run_qf(ds, com, k, cl)
+                add(f"{row}/{mode}", wall)
+                timings[f"{row}/{mode}"] = timing
+            if lt_run is not None and row != "persisted":
+                for name, secs in lt_run(fmt, com).items():
+                    add(f"{row}/libertem_{name}", secs)
+        print(f"repeat {rep + 1}/{a.repeats} done")
+
+    gb = nbytes / 1e9
+    med = {key: statistics.median(v) for key, v in samples.items()}
+    rate = {key: gb / s for key, s in med.items()}
+    print(f"\ndataset {scan} x ({k}, {k}) uint16 = {gb:.2f} GB; medians of {a.repeats}")
+    print(
+        f"ceiling 1 thread {rate['ceiling_1']:.2f} GB/s, 2 threads {rate['ceiling_2']:.2f} GB/s; "
+        f"h5py single-thread bitshuffle decode {rate['h5py_decode']:.2f} GB/s"
+    )
+    cols = "".join(f"{m:>9}" for m in clients)
+    print(f"{'row':<10}{cols} {'libertem':>9}  default chunk timings")
+    for row in wanted:
+        lt = [rate[k_] for k_ in rate if k_.startswith(f"{row}/libertem")]
+        tm = timings.get(f"{row}/default", {})
+        vals = "".join(f"{rate[f'{row}/{m}']:9.2f}" for m in clients)
+        print(
+            f"{row:<10}{vals} {(max(lt) if lt else float('nan')):9.2f}  "
+            + " ".join(
+                f"{k_.replace('_total', '')}={v:.2f}"
+                for k_, v in tm.items()
+                if isinstance(v, float)
+            )
+            + f" busy/worker={[round(x, 2) for x in tm.get('busy_by_worker', [])]}"
+        )
+    out = {
+        "label": a.label,
+        "scan": scan,
+        "det": k,
+        "repeats": a.repeats,
+        "start_s": start_s,
+        "workers": workers,
+        "seconds_median": med,
+        "gb_per_s": rate,
+        "samples": samples,
+        "timings_last": timings,
+        "cpu_count": os.cpu_count(),
+    }
+    if lt_run is not None:
+        lt_run.close()
+    if a.json is not None:
+        a.json.write_text(json.dumps(out, indent=1, default=str))
+    for mode, cl in clients.items():
+        if mode not in ("default", "process"):
+            cl.close()
+    for cluster in extra:
+        cluster.close()
+    qc.close_embedded_cluster()
+    return out
+
+
+if __name__ == "__main__":
+    main()
