@@ -66,7 +66,7 @@ from ..representations.paired import (
     pairs_from_events,
 )
 from .base import FrameSource, SourceIdentity, check_exists, header_digest, path_size
-from .hdf5 import attribute_value, open_h5
+from .hdf5 import attribute_value, open_h5, read_attribute, read_attributes
 
 if TYPE_CHECKING:
     from ..dataset import Dataset4D
@@ -192,23 +192,23 @@ class CountedSource(FrameSource):
                 )
             self._event_dtype = str(np.dtype(base))
             self._n_entries = int(frames.shape[0])
-            frame_attrs = {k: attribute_value(v) for k, v in frames.attrs.items()}
+            frame_attrs = read_attributes(frames)
             pos_obj = f.get(COUNTED_POSITIONS)
             pos_attrs: dict[str, Any] = {}
             positions: np.ndarray | None = None
             if pos_obj is not None:
                 if not isinstance(pos_obj, h5py.Dataset) or pos_obj.ndim != 1:
                     raise FormatError(f"{COUNTED_POSITIONS!r} in {where!r} must be a 1-D dataset")
-                pos_attrs = {k: attribute_value(v) for k, v in pos_obj.attrs.items()}
+                pos_attrs = read_attributes(pos_obj)
                 try:
                     positions = np.asarray(pos_obj[()], dtype=np.int64)
                 except (OSError, ValueError, TypeError) as exc:
                     raise CorruptChunkError(
                         f"could not read {COUNTED_POSITIONS!r} of {where!r}: {exc}"
                     ) from exc
-            version = f.attrs.get("version")
+            version = read_attribute(f, "version")
             self._version = None if version is None else attribute_value(version)
-            root_attrs = {k: attribute_value(v) for k, v in f.attrs.items()}
+            root_attrs = read_attributes(f)
         self._frame_attrs = frame_attrs
         self._pos_attrs = pos_attrs
         self._root_attrs = root_attrs

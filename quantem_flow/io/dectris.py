@@ -62,7 +62,7 @@ from .base import (
 from .bslz4_read import read_bitshuffle
 from .bslz4_read import supports as bslz4_supports
 from .encoded_chunks import check_bitshuffle_chunks, needs_bitshuffle_guard
-from .hdf5 import dataset_filters, open_h5
+from .hdf5 import dataset_filters, open_h5, read_attribute
 
 __all__ = ["DETECTOR_FIELDS", "DectrisSource", "sniff"]
 
@@ -565,7 +565,7 @@ def _detector_metadata(f: Any) -> dict[str, Any]:
         obj = det.get(name)
         if isinstance(obj, h5py.Dataset) and obj.size == 1:
             out[name] = _scalar(obj[()])
-            units = obj.attrs.get("units")
+            units = read_attribute(obj, "units")
             if units is not None:
                 out[f"{name}_units"] = _scalar(units)
     spec = det.get("detectorSpecific")
@@ -574,7 +574,7 @@ def _detector_metadata(f: Any) -> dict[str, Any]:
             obj = spec.get(name)
             if isinstance(obj, h5py.Dataset) and obj.size == 1:
                 out[name] = _scalar(obj[()])
-                units = obj.attrs.get("units")
+                units = read_attribute(obj, "units")
                 if units is not None and name == "photon_energy":
                     out[f"{name}_units"] = _scalar(units)
         mask = spec.get("pixel_mask")
@@ -597,7 +597,7 @@ def _group_scalars(f: Any, group_path: str, names: Sequence[str]) -> dict[str, A
         obj = group.get(name)
         if isinstance(obj, h5py.Dataset) and obj.size == 1:
             out[name] = _scalar(obj[()])
-            units = obj.attrs.get("units")
+            units = read_attribute(obj, "units")
             if units is not None:
                 out[f"{name}_units"] = _scalar(units)
     return out

@@ -694,3 +694,20 @@ def test_cli_info_lists_hdf5_candidates_with_shapes(
     assert main(["info", str(p)]) != 0
     err = capsys.readouterr().err
     assert "'/a' (2, 3, 6, 9) uint16" in err and "'/b' (4, 6, 9) uint16" in err
+
+
+def test_counted_metadata_never_reads_a_variable_length_sequence_attribute(tmp_path: Path) -> None:
+    # HDF5 trusts the sequence kind stored in the file: a damaged one crashes the process
+    # (found by tests/fuzz_readers.py in EMD files); the counted reader reads attributes
+    # through the same guard as the HDF5 and EMD readers.
+    from quantem_flow.io.counted import CountedSource
+
+    events = [np.array([1, 5], dtype=np.uint32) for _ in range(6)]
+    p = writers.write_stempy(tmp_path / "c.h5", events, (2, 3), (4, 4))
+    with h5py.File(p, "a") as f:
+        value = np.empty(1, dtype=object)
+        value[0] = np.array([1, 2], dtype="int32")
+        vlen = h5py.vlen_dtype(np.dtype("int32"))
+        f["electron_events/frames"].attrs.create("extra", value, dtype=vlen)
+    src = CountedSource(p)
+    assert src.metadata["frames_attributes"]["extra"].startswith("<not read:"), src.metadata
