@@ -29,6 +29,7 @@ from quantem_flow.runtimes import (
     runtime_specs,
 )
 from quantem_flow.runtimes.cpu import CpuRuntime
+from quantem_flow.runtimes.nonfinite import repair_per_frame
 from quantem_flow.runtimes.registry import RuntimeSpec, register_runtime, unregister_runtime
 from quantem_flow.testing import (
     ConformanceCase,
@@ -162,10 +163,18 @@ class _LeakyRuntime(CpuRuntime):
     """A broken runtime: leaves the last element of per_frame unwritten."""
 
     def frame_pass(
-        self, frames: np.ndarray, weights: np.ndarray, *, want_sum: bool, want_max: bool
+        self,
+        frames: np.ndarray,
+        weights: np.ndarray,
+        *,
+        want_sum: bool,
+        want_max: bool,
+        frame_shape: tuple[int, int] | None = None,
     ) -> FramePassResult:
         out = np.empty((frames.shape[0], weights.shape[0]), dtype=np.float64)
-        good = super().frame_pass(frames, weights, want_sum=want_sum, want_max=want_max)
+        good = super().frame_pass(
+            frames, weights, want_sum=want_sum, want_max=want_max, frame_shape=frame_shape
+        )
         out.flat[:-1] = good.per_frame.flat[:-1]
         return FramePassResult(out, good.pattern_sum, good.pattern_max)
 
@@ -209,16 +218,25 @@ class _Float32Runtime(CpuRuntime):
         return Precision(integer="u32x2", real="float32")
 
     def frame_pass(
-        self, frames: np.ndarray, weights: np.ndarray, *, want_sum: bool, want_max: bool
+        self,
+        frames: np.ndarray,
+        weights: np.ndarray,
+        *,
+        want_sum: bool,
+        want_max: bool,
+        frame_shape: tuple[int, int] | None = None,
     ) -> FramePassResult:
-        exact = super().frame_pass(frames, weights, want_sum=want_sum, want_max=want_max)
+        exact = super().frame_pass(
+            frames, weights, want_sum=want_sum, want_max=want_max, frame_shape=frame_shape
+        )
         integer = frames.dtype.kind in "ui"
         binary = bool(np.isin(weights, (0.0, 1.0)).all())
         per_frame = exact.per_frame
         if not (integer and binary):
             with np.errstate(invalid="ignore"):  # inf * 0 = NaN, as in float64
                 f32 = frames.astype(np.float32) @ weights.astype(np.float32).T
-            per_frame = f32.astype(np.float64)
+            # a non-finite pixel outside a row's support leaves it alone (as every runtime)
+            per_frame = repair_per_frame(f32.astype(np.float64), weights, lambda r: frames[r])
         total = exact.pattern_sum
         if total is not None and not integer:
             total = frames.astype(np.float32).sum(axis=0, dtype=np.float32).astype(np.float64)
