@@ -383,6 +383,7 @@ class _Job:
                         )
                     span = np.frombuffer(buf, dtype=np.uint8, count=end - first)
                 for k in range(i, j):
+                    data: np.ndarray | None
                     if fd >= 0 and first >= 0:
                         a = offsets[k] - first
                         data = span[a : a + sizes[k]]
