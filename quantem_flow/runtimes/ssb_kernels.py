@@ -64,6 +64,7 @@ __all__ = [
     "assemble",
     "chi",
     "make_ops",
+    "prewarm",
     "resolve_ssb_backend",
     "spectra",
 ]
@@ -624,6 +625,33 @@ def _trotter_kernel() -> Any:
                 _trotter_loop
             )
         return _TROTTER_KERNEL
+
+
+def prewarm(runtime: str) -> threading.Thread | None:
+    """Load the compiled trotter loop in a background thread (``cpu`` only; else ``None``).
+
+    The first Numba dispatch of a process loads Numba's target context and
+    the cached machine code (about a second on a 2-core VM); started when the
+    SSB plan is made, it overlaps the gather pass (I/O and copies) instead of
+    adding to the SSB stage.  The stage's own call then waits for it, if
+    needed, on Numba's compiler lock.  Values do not depend on it.
+    """
+    if runtime != "cpu":
+        return None
+
+    def load() -> None:
+        f = np.zeros((1, 1, 1), dtype=np.complex128)
+        one = np.zeros(1)
+        e = np.ones((1, 1), dtype=np.complex128)
+        z = np.zeros((1, 1))
+        _trotter_kernel()(
+            f, one, one, one, one, one, e, e, True, f[0].copy(), f[0].copy(),
+            np.zeros((2, 1, 1), dtype=np.int64), z, z.copy(),
+        )  # fmt: skip
+
+    thread = threading.Thread(target=load, name="qf-ssb-prewarm", daemon=True)
+    thread.start()
+    return thread
 
 
 # -- backend choice ---------------------------------------------------------------------
