@@ -245,14 +245,15 @@ def test_resident_key_annotation_reaches_the_scheduler_per_key(
 
         got = cluster_client.run_on_scheduler(seen)
         kernels = {k: v for k, v in got["qf_role"].items() if v == "kernel"}
-        # one kernel task per worker holding chunks (issue 14), named by its first chunk
+        # one kernel task per worker thread holding chunks (issue 14), named by its first chunk
         holders = p.resident.holders()
-        by_worker: dict[str, list[str]] = {}
-        for key in p.resident.keys:
-            by_worker.setdefault(holders[str(key)][0], []).append(str(key))
-        assert len(kernels) == len(by_worker)
+        groups = p.resident.task_groups()
+        assert groups is not None and sorted(i for g in groups for i in g) == [0, 1, 2]
+        keys = [str(k) for k in p.resident.keys]
+        assert all(len({holders[keys[i]][0] for i in g}) == 1 for g in groups)  # one holder
+        assert len(kernels) == len(groups)
         resident = got["qf_resident"]
-        assert {resident[k] for k in kernels} == {keys[0] for keys in by_worker.values()}
+        assert {resident[k] for k in kernels} == {keys[g[0]] for g in groups}
         loads = {k for k, v in got["qf_role"].items() if v == "load"}
         assert loads == {str(k) for k in p.resident.keys}
         assert {got["qf_runtime"][k] for k in kernels} == {"cpu"}
@@ -302,7 +303,13 @@ def test_ring_queries_run_one_task_per_worker_and_move_no_chunk(
         runtime="cpu",
         resident=p.resident.graph_refs(),
     )
-    assert len(lowered.chunk_keys) == len(workers) == 2  # one kernel task per worker
+    threads = {w: n for w, n in cluster_client.nthreads().items() if w in workers}
+    groups = p.resident.task_groups()
+    assert groups is not None and len(groups) == sum(threads.values())  # one task per thread
+    assert len(lowered.chunk_keys) == len(groups) < 24
+    assert sorted(i for g in groups for i in g) == list(range(24))
+    keys = [str(k) for k in p.resident.keys]
+    assert all(len({holders[keys[i]][0] for i in g}) == 1 for g in groups)  # one holder each
     # the page still sees every chunk of the last query done (a task covers its chunks)
     state = json.loads(_fetch(cluster_client, "/quantem-flow/state.json"))
     last = [x for x in state["passes"] if x["kind"] == "resident pass"][-1]
@@ -329,3 +336,35 @@ def test_in_process_resident_passes_keep_one_task_per_chunk(rng: np.random.Gener
     np.testing.assert_array_equal(
         both.pattern_sum, data[:4].reshape(-1, data.shape[2] * data.shape[3]).sum(axis=0)
     )
+
+
+def test_task_groups_cut_each_workers_chunks_by_its_threads() -> None:
+    from types import SimpleNamespace
+
+    from quantem_flow.graphs.persist import ResidentChunks
+    from quantem_flow.runtimes import BackendChoice
+
+    keys = [("qf-load-x", i) for i in range(7)]
+    placed = {
+        "who_has": {
+            str(k): ["tcp://a" if i in (0, 1, 2, 5, 6) else "tcp://b"] for i, k in enumerate(keys)
+        },
+        "nthreads": {"tcp://a": 2, "tcp://b": 4},
+    }
+    client = SimpleNamespace(run_on_scheduler=lambda fn, *args: placed)
+    res = ResidentChunks(
+        refs=[SimpleNamespace(key=k) for k in keys],
+        runtime="cpu",
+        representation="dense",
+        storage_schema="dense-v1",
+        backend=BackendChoice("auto", "cpu", "test"),
+        scheduler="tcp://s",
+        client=client,
+        loaded_bytes=0,
+        resident_bytes=0,
+        load_s=0.0,
+    )
+    # a: chunks 0 1 2 5 6 in 2 groups; b: chunks 3 4, at most one group per chunk
+    assert res.task_groups() == [[0, 1], [2, 5, 6], [3], [4]]
+    placed["who_has"].pop(str(keys[3]))
+    assert res.task_groups() is None  # a holder unknown: one task per chunk

@@ -226,26 +226,21 @@ def lower_pass(
 
 
 def resident_groups(ds: Dataset4D, resident: Sequence[Any]) -> list[list[int]] | None:
-    """Chunk indices grouped by the worker holding them, or ``None`` for one task per chunk.
+    """Chunk indices grouped into one kernel task per worker thread, or ``None`` (one per chunk).
 
-    A query on a persisted dataset then costs one kernel task per worker
-    (each runs its chunks in turn and returns one combined partial) instead
-    of one per chunk: on a busy machine every task adds scheduling latency
-    (benchmarks/RESULTS.md, "Persisted ring query (issue 14)").  Groups come
-    from the scheduler's ``who_has`` at lowering time, so no chunk moves;
-    ``None`` in-process, or when a chunk's holder is unknown.
+    A query on a persisted dataset then costs one kernel task per thread of
+    each worker holding chunks (each runs its chunks in turn and returns one
+    combined partial) instead of one per chunk: on a busy machine every task
+    adds scheduling latency (benchmarks/RESULTS.md, "Persisted ring query
+    (issue 14)").  Groups come from the scheduler's ``who_has`` at lowering
+    time (:meth:`~quantem_flow.graphs.persist.ResidentChunks.task_groups`), so
+    no chunk moves; ``None`` in-process, or when a chunk's holder is unknown.
     """
     res = ds.resident if ds.is_persisted else None
-    if res is None or res.client is None or len(resident) != len(ds.chunks):
+    if res is None or getattr(res, "client", None) is None or len(resident) != len(ds.chunks):
         return None
-    holders = res.holders()
-    groups: dict[str, list[int]] = {}
-    for i, ref in enumerate(resident):
-        workers = holders.get(str(ref))
-        if not workers:
-            return None
-        groups.setdefault(sorted(workers)[0], []).append(i)
-    return [groups[w] for w in sorted(groups, key=lambda w: groups[w][0])]
+    groups: list[list[int]] | None = res.task_groups()
+    return groups
 
 
 def max_chunk_nbytes(ds: Dataset4D) -> int:

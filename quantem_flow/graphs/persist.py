@@ -69,6 +69,33 @@ class ResidentChunks:
         who = self.client.who_has(self.refs)
         return {str(k): list(v) for k, v in who.items()}
 
+    def task_groups(self) -> list[list[int]] | None:
+        """Chunk indices grouped for one kernel task per worker thread, or ``None``.
+
+        Each worker's chunks (from the scheduler's ``who_has``, in chunk
+        order) are cut into as many contiguous groups as the worker has
+        threads, so a query keeps every thread busy with the fewest tasks.
+        ``None`` in-process, or when a chunk's holder is unknown.  One round
+        trip to the scheduler.
+        """
+        if self.client is None or not self.refs:
+            return None
+        keys = [r.key for r in self.refs]
+        placed = self.client.run_on_scheduler(_placement_of, keys)
+        per_worker: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            workers = placed["who_has"].get(str(key))
+            if not workers:
+                return None
+            per_worker.setdefault(sorted(workers)[0], []).append(i)
+        groups: list[list[int]] = []
+        for worker, chunks in per_worker.items():
+            n = max(1, min(int(placed["nthreads"].get(worker, 1)), len(chunks)))
+            groups.extend(
+                chunks[j * len(chunks) // n : (j + 1) * len(chunks) // n] for j in range(n)
+            )
+        return sorted((g for g in groups if g), key=lambda g: g[0])
+
     def release(self) -> None:
         """Release the chunks and the device memory they hold.
 
@@ -102,6 +129,17 @@ class ResidentChunks:
             "resident_bytes": self.resident_bytes,
             "load_s": self.load_s,
         }
+
+
+def _placement_of(keys: list[Any], dask_scheduler: Any = None) -> dict[str, Any]:
+    """``who_has`` of ``keys`` and every worker's thread count (on the scheduler)."""
+    who_has = {
+        str(k): [ws.address for ws in dask_scheduler.tasks[k].who_has]
+        for k in keys
+        if k in dask_scheduler.tasks
+    }
+    nthreads = {ws.address: int(ws.nthreads) for ws in dask_scheduler.workers.values()}
+    return {"who_has": who_has, "nthreads": nthreads}
 
 
 def _held_nbytes(keys: list[Any], dask_scheduler: Any = None) -> int:
