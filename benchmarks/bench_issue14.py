@@ -19,8 +19,9 @@ with ``python -m``, import from there).
   first compute of the process (``cold``: includes Numba's start-up and the
   first imports), then the same compute again (``warm``).  The stage
   timings come from the result's provenance; the two objects are compared.
-* ``ring``: the embedded default (``client=None``: ``local_workers`` worker
-  programs), ``persist()`` the file, then ADF rings whose inner radius
+* ``ring``: the embedded cluster (``client=None``; ``--workers`` worker
+  programs x ``--threads`` threads, default 1 x 2, the embedded default on
+  a 2-core machine), ``persist()`` the file, then ADF rings whose inner radius
   changes every query (20 to 26 px around the detector centre); the first
   two queries are left out of the median.  Results are compared with a
   ring computed from the file.
@@ -129,8 +130,15 @@ def _ring_child(root: Path, out: Path, queries: int) -> dict[str, Any]:
     return rows
 
 
-def _run(code: Path, part: str, out: Path, queries: int, workers: int) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(code), "QUANTEM_FLOW_LOCAL_WORKERS": str(workers)}
+def _run(
+    code: Path, part: str, out: Path, queries: int, workers: int, threads: int
+) -> dict[str, Any]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(code),
+        "QUANTEM_FLOW_LOCAL_WORKERS": str(workers),
+        "QUANTEM_FLOW_LOCAL_THREADS": str(threads),
+    }
     cmd = [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -156,7 +164,8 @@ def main() -> int:
     ap.add_argument("--baseline", type=Path, required=False, help="checkout of the code before")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--queries", type=int, default=12)
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=1, help="embedded worker programs")
+    ap.add_argument("--threads", type=int, default=2, help="threads per embedded worker")
     ap.add_argument("--parts", default="ssb,ring")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -187,11 +196,18 @@ def main() -> int:
         runs: dict[str, list[dict[str, Any]]] = {k: [] for k in codes}
         if part == "ssb":  # compile Numba caches once per checkout (not timed)
             for label, code in codes.items():
-                _run(code, part, tmp / f"{part}_{label}_warmup.npy", args.queries, args.workers)
+                _run(
+                    code,
+                    part,
+                    tmp / f"{part}_{label}_warmup.npy",
+                    args.queries,
+                    args.workers,
+                    args.threads,
+                )
         for _ in range(args.repeat):
             for label, code in codes.items():
                 out = tmp / f"{part}_{label}.npy"
-                runs[label].append(_run(code, part, out, args.queries, args.workers))
+                runs[label].append(_run(code, part, out, args.queries, args.workers, args.threads))
         diff = None
         if len(codes) == 2:
             a, b = (np.load(tmp / f"{part}_{k}.npy") for k in ("after", "before"))
