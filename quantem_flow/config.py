@@ -43,8 +43,8 @@ _DEFAULTS: dict[str, Any] = {
     "progress": True,
     "numba_cache": True,
     "gather_memory_mib": 1024.0,
-    # measured (issue 14): one thread decodes 8192 frames 3.2x faster than h5py; 2 threads of
-    # one read were slower (0.83 vs 1.05 GB/s: the per-chunk Python contends for the GIL)
+    # measured (issue 14): two threads inside one read were no faster than one (the bitshuffle
+    # binding scales 1.34x on 2 threads, per-chunk Python holds the GIL); docs/architecture-notes
     "decode_threads": 1,
 }
 
