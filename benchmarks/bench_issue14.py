@@ -97,6 +97,7 @@ def _ring_child(root: Path, out: Path, queries: int) -> dict[str, Any]:
     rows: dict[str, Any] = {
         "code": str(qf.__file__),
         "workers": int(qf.config.get("local_workers")),
+        "threads": int(qf.config.get("local_threads")),
     }
     from quantem_flow.graphs.cluster import embedded_client
 
