@@ -183,3 +183,24 @@ def test_supports_only_bitshuffle_lz4_or_zstd(tmp_path: Path) -> None:
             f["plain"], dataset_filters(f["plain"]), np.s_[0:2], where="x"
         )
         assert sel is None
+
+
+def test_runs_of_frames_decoded_as_one_stream_equal_h5py(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """64 x 64 uint16 frames hold whole bitshuffle blocks: runs are decoded in groups."""
+    monkeypatch.setattr(bslz4_read, "GROUP_BYTES", 10 * 64 * 64 * 2)  # groups of 10 frames
+    data = np.random.default_rng(6).poisson(2, size=(95, 64, 64)).astype(np.uint16)
+    path = _write(tmp_path / "g.h5", data, (1, 64, 64))
+    calls: list[int] = []
+    real = bslz4_read._bodies
+
+    def spy(*args: Any) -> Any:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(bslz4_read, "_bodies", spy)
+    for threads in (1, 2):
+        out, expected = _read(path, [(3, 94), (0, 64), (0, 64)], threads)
+        np.testing.assert_array_equal(out, expected)
+    assert calls  # the grouped path was taken
