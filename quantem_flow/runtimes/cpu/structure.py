@@ -160,6 +160,11 @@ class WeightPlan:
     srow_cells: np.ndarray
     general: np.ndarray  # output columns of the general rows
     general_weights: np.ndarray  # their weights, an even number of rows
+    # segments (8/16-bit integer data with moment rows; see _segments)
+    seg_arrays: tuple[np.ndarray, ...] = ()
+    n_segments: int = 0
+    n_subruns: int = 0
+    subrun_pixels: int = 0
 
     @property
     def n_general(self) -> int:
@@ -212,7 +217,27 @@ class WeightPlan:
             f"{self.frame_shape[0] * self.frame_shape[1]} pixels in {self.n_runs} runs; "
             f"general rows: {self.n_general}"
         )
-        return {"variant": "structured", "summary": summary, "rows": kinds, "why": why}
+        record: dict[str, Any] = {
+            "variant": "structured",
+            "summary": summary,
+            "rows": kinds,
+            "why": why,
+        }
+        if self.need_moments:
+            if integer_mode(np.dtype(dtype), self) == 3:
+                record["moments"] = (
+                    f"segments: {self.n_segments} segments (adjacent runs whose cells are in "
+                    f"the same moment supports, <= {MAX_RUN} pixels, int32) give sums and "
+                    f"moments; cell sums from {self.n_subruns} sub-runs ({self.subrun_pixels} "
+                    "pixels), each segment's largest cell by difference (exact in integers)"
+                )
+            else:
+                record["moments"] = f"per cell run ({self.n_runs} runs): " + (
+                    "segments are for 8/16-bit integer data only (int32 sums)"
+                    if np.dtype(dtype).kind in "ui"
+                    else "real data: no differences of sums (they would cancel)"
+                )
+        return record
 
 
 def _coordinates(frame_shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -374,6 +399,12 @@ def _build(weights: np.ndarray, frame_shape: tuple[int, int] | None, force: bool
     # |p| < k_c inside a run and |g - origin| <= max(k_r, k_c): every moment term and
     # partial sum is below max|value| * touched * 2 * max(k_r, k_c)
     max_coord = float(2 * max(shape[0], shape[1]))
+    need_moments = any(kd in ("row moment", "column moment") for kd in kinds)
+    seg: tuple[np.ndarray, ...] = ()
+    if ok and need_moments:
+        moment_supports = sorted({row_support[j] for j in structured_rows if kinds[j] != "mask"})
+        rel = (runs[0], runs[1], runs[2], runs[3] - r0, runs[4] - c0)
+        seg = _segments(rel, [cells_of[q] for q in moment_supports], n_cells)
     return WeightPlan(
         n_rows=m,
         frame_shape=(int(shape[0]), int(shape[1])),
@@ -390,7 +421,7 @@ def _build(weights: np.ndarray, frame_shape: tuple[int, int] | None, force: bool
         run_cell=runs[2],
         run_row=runs[3] - r0,
         run_col=runs[4] - c0,
-        need_moments=any(kd in ("row moment", "column moment") for kd in kinds),
+        need_moments=need_moments,
         srow_out=np.array(structured_rows, dtype=np.int64),
         srow_kind=np.array([kind_code[kinds[j]] for j in structured_rows], dtype=np.int64),
         srow_offset=np.array([row_offset[j] for j in structured_rows], dtype=np.float64),
@@ -398,6 +429,78 @@ def _build(weights: np.ndarray, frame_shape: tuple[int, int] | None, force: bool
         srow_cells=np.array(cells, dtype=np.int64),
         general=general,
         general_weights=np.ascontiguousarray(gw, dtype=np.float64),
+        seg_arrays=seg,
+        n_segments=int(seg[0].size) if seg else 0,
+        n_subruns=int(seg[7].size) if seg else 0,
+        subrun_pixels=int(seg[8].sum()) if seg else 0,
+    )
+
+
+def _segments(
+    runs: tuple[np.ndarray, ...], moment_cells: list[np.ndarray], n_cells: int
+) -> tuple[np.ndarray, ...]:
+    """Segments: adjacent runs merged where moments need only their union.
+
+    A cell's *class* is the set of moment supports holding it; every moment
+    row sums the moments of whole classes.  Adjacent runs on one detector row
+    whose cells have the same class (and at most :data:`MAX_RUN` pixels in
+    all) form a segment: its sum and moments are taken in one long loop and
+    credited to the class's first cell (``rep``; -1: no moments).  The cells'
+    sums then need only the runs of all cells but the segment's largest one
+    (``comp``, whose sum is the segment's minus the others': exact in
+    integers).  Returns ``(start, length, rep, row, col, ptr, comp,
+    sub_start, sub_length, sub_cell)``, ``ptr`` a CSR over the sub-runs.
+    """
+    start, length, cell, row, col = runs
+    member = np.zeros((n_cells, len(moment_cells)), dtype=bool)
+    for q, cells in enumerate(moment_cells):
+        member[cells, q] = True
+    keys: dict[bytes, int] = {}
+    rep = np.full(n_cells, -1, dtype=np.int64)
+    for c in range(n_cells):
+        if member[c].any():
+            rep[c] = keys.setdefault(member[c].tobytes(), c)
+    out: list[list[int]] = []  # start, length, rep, row, col, first run, runs
+    for t in range(int(start.size)):
+        s0, ln, r = int(start[t]), int(length[t]), int(row[t])
+        cl = int(rep[cell[t]])
+        cur = out[-1] if out else None
+        if (
+            cur is not None
+            and cur[2] == cl
+            and cur[3] == r
+            and cur[0] + cur[1] == s0
+            and cur[1] + ln <= MAX_RUN
+        ):
+            cur[1] += ln
+            cur[6] += 1
+        else:
+            out.append([s0, ln, cl, r, int(col[t]), t, 1])
+    ptr = [0]
+    comp: list[int] = []
+    sub: list[int] = []
+    for g in out:
+        ts = range(g[5], g[5] + g[6])
+        size: dict[int, int] = {}
+        for t in ts:
+            size[int(cell[t])] = size.get(int(cell[t]), 0) + int(length[t])
+        big = max(size, key=lambda c: (size[c], -c))
+        comp.append(big)
+        sub.extend(t for t in ts if int(cell[t]) != big)
+        ptr.append(len(sub))
+    arr = np.array(out, dtype=np.int64).reshape(-1, 7)
+    idx = np.array(sub, dtype=np.int64)
+    return (
+        np.ascontiguousarray(arr[:, 0]),
+        np.ascontiguousarray(arr[:, 1]),
+        np.ascontiguousarray(arr[:, 2]),
+        np.ascontiguousarray(arr[:, 3]),
+        np.ascontiguousarray(arr[:, 4]),
+        np.array(ptr, dtype=np.int64),
+        np.array(comp, dtype=np.int64),
+        start[idx].copy(),
+        length[idx].copy(),
+        cell[idx].copy(),
     )
 
 
@@ -589,6 +692,120 @@ def _cells_small_moments(frames, start, length, cell, rrow, rcol, acc):  # type:
 
 
 @_jit
+def _cells_small_segments(  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
+    frames, gs, gl, grep, grow, gcol, gptr, gcomp, us, ul, uc, acc
+):
+    # _cells_small_moments over segments (_segments): one loop per segment takes
+    # its sum and int32 column moment (no cell boundaries inside: long vector
+    # loops, a quarter as many horizontal reductions); the cells' sums need only
+    # the sub-runs of the segment's smaller cells, the largest one gets the rest.
+    # Exact as _cells_small_moments: a segment has at most MAX_RUN pixels.
+    # Measured 1.3x _cells_small_moments on BF + ADF + CoM (128 x 128 u16).
+    n = frames.shape[0]
+    ns = gs.shape[0]
+    acc[:] = 0
+    n4 = n - n % 4
+    for i in range(0, n4, 4):
+        for g in range(ns):
+            s0 = gs[g]
+            ln = gl[g]
+            cl = grep[g]
+            xa = frames[i, s0 : s0 + ln]
+            xb = frames[i + 1, s0 : s0 + ln]
+            xc = frames[i + 2, s0 : s0 + ln]
+            xd = frames[i + 3, s0 : s0 + ln]
+            sa = np.int32(0)
+            sb = np.int32(0)
+            sc = np.int32(0)
+            sd = np.int32(0)
+            if cl >= 0:
+                ma = np.int32(0)
+                mb = np.int32(0)
+                mc = np.int32(0)
+                md = np.int32(0)
+                for p in range(ln):
+                    q = np.int32(p)
+                    va = np.int32(xa[p])
+                    vb = np.int32(xb[p])
+                    vc = np.int32(xc[p])
+                    vd = np.int32(xd[p])
+                    sa = np.int32(sa + va)
+                    sb = np.int32(sb + vb)
+                    sc = np.int32(sc + vc)
+                    sd = np.int32(sd + vd)
+                    ma = np.int32(ma + va * q)
+                    mb = np.int32(mb + vb * q)
+                    mc = np.int32(mc + vc * q)
+                    md = np.int32(md + vd * q)
+                r = grow[g]
+                c0 = gcol[g]
+                acc[i, 1, cl] += np.int64(sa) * r
+                acc[i + 1, 1, cl] += np.int64(sb) * r
+                acc[i + 2, 1, cl] += np.int64(sc) * r
+                acc[i + 3, 1, cl] += np.int64(sd) * r
+                acc[i, 2, cl] += np.int64(ma) + np.int64(sa) * c0
+                acc[i + 1, 2, cl] += np.int64(mb) + np.int64(sb) * c0
+                acc[i + 2, 2, cl] += np.int64(mc) + np.int64(sc) * c0
+                acc[i + 3, 2, cl] += np.int64(md) + np.int64(sd) * c0
+            else:
+                for p in range(ln):
+                    sa = np.int32(sa + np.int32(xa[p]))
+                    sb = np.int32(sb + np.int32(xb[p]))
+                    sc = np.int32(sc + np.int32(xc[p]))
+                    sd = np.int32(sd + np.int32(xd[p]))
+            for t in range(gptr[g], gptr[g + 1]):
+                u0 = us[t]
+                ue = u0 + ul[t]
+                ya = frames[i, u0:ue]
+                yb = frames[i + 1, u0:ue]
+                yc = frames[i + 2, u0:ue]
+                yd = frames[i + 3, u0:ue]
+                ta = np.int32(0)
+                tb = np.int32(0)
+                tc = np.int32(0)
+                td = np.int32(0)
+                for p in range(ue - u0):
+                    ta = np.int32(ta + np.int32(ya[p]))
+                    tb = np.int32(tb + np.int32(yb[p]))
+                    tc = np.int32(tc + np.int32(yc[p]))
+                    td = np.int32(td + np.int32(yd[p]))
+                ce = uc[t]
+                acc[i, 0, ce] += ta
+                acc[i + 1, 0, ce] += tb
+                acc[i + 2, 0, ce] += tc
+                acc[i + 3, 0, ce] += td
+                sa = np.int32(sa - ta)
+                sb = np.int32(sb - tb)
+                sc = np.int32(sc - tc)
+                sd = np.int32(sd - td)
+            ce = gcomp[g]
+            acc[i, 0, ce] += sa
+            acc[i + 1, 0, ce] += sb
+            acc[i + 2, 0, ce] += sc
+            acc[i + 3, 0, ce] += sd
+    for i in range(n4, n):  # the last frames one at a time, in int64
+        row = frames[i]
+        for g in range(ns):
+            s = np.int64(0)
+            mom = np.int64(0)
+            for p in range(gl[g]):
+                v = np.int64(row[gs[g] + p])
+                s += v
+                mom += v * p
+            cl = grep[g]
+            if cl >= 0:
+                acc[i, 1, cl] += s * grow[g]
+                acc[i, 2, cl] += mom + s * gcol[g]
+            for t in range(gptr[g], gptr[g + 1]):
+                u = np.int64(0)
+                for p in range(us[t], us[t] + ul[t]):
+                    u += np.int64(row[p])
+                acc[i, 0, uc[t]] += u
+                s -= u
+            acc[i, 0, gcomp[g]] += s
+
+
+@_jit
 def _cells_small_sums(frames, start, length, cell, acc):  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
     # _cells_small_moments without moments (only acc[:, 0]).
     n = frames.shape[0]
@@ -675,6 +892,64 @@ def _combine(acc, kind, offset, ptr, cells, outcol, out):  # type: ignore[no-unt
 
 
 @_jit
+def _structured_segments(  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
+    frames,
+    integer,
+    start,
+    length,
+    cell,
+    rrow,
+    rcol,
+    moments,
+    kind,
+    offset,
+    ptr,
+    cells,
+    outcol,
+    general,
+    gweights,
+    out,
+    acc,
+    gout,
+    acc_sum,
+    acc_max,
+    do_sum,
+    do_max,
+    seg,
+):
+    # integer == 3: 8/16-bit integers with moment rows over the segments ``seg``
+    # (WeightPlan.seg_arrays); otherwise ``seg`` is not read.
+    n = frames.shape[0]
+    g = acc.shape[0]
+    ng = general.shape[0]
+    for f0 in range(0, n, g):
+        f1 = min(f0 + g, n)
+        block = frames[f0:f1]
+        a = acc[: f1 - f0]
+        if kind.shape[0]:
+            if integer == 3:
+                _cells_small_segments(
+                    block, seg[0], seg[1], seg[2], seg[3], seg[4], seg[5], seg[6], seg[7],
+                    seg[8], seg[9], a,
+                )  # fmt: skip
+            elif integer == 2 and moments:
+                _cells_small_moments(block, start, length, cell, rrow, rcol, a)
+            elif integer == 2:
+                _cells_small_sums(block, start, length, cell, a)
+            elif integer == 1:
+                _cells_int(block, start, length, cell, rrow, rcol, a, moments)
+            else:
+                _cells_real(block, start, length, cell, rrow, rcol, a, moments)
+            _combine(a, kind, offset, ptr, cells, outcol, out[f0:f1])
+        if ng or do_sum or do_max:
+            go = gout[: f1 - f0]
+            _fused(block, gweights, go, acc_sum, acc_max, do_sum, do_max)
+            for i in range(f1 - f0):
+                for j in range(ng):
+                    out[f0 + i, general[j]] = go[i, j]
+
+
+@_jit
 def _structured(  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
     frames,
     integer,
@@ -699,29 +974,13 @@ def _structured(  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
     do_sum,
     do_max,
 ):
-    n = frames.shape[0]
-    g = acc.shape[0]
-    ng = general.shape[0]
-    for f0 in range(0, n, g):
-        f1 = min(f0 + g, n)
-        block = frames[f0:f1]
-        a = acc[: f1 - f0]
-        if kind.shape[0]:
-            if integer == 2 and moments:
-                _cells_small_moments(block, start, length, cell, rrow, rcol, a)
-            elif integer == 2:
-                _cells_small_sums(block, start, length, cell, a)
-            elif integer == 1:
-                _cells_int(block, start, length, cell, rrow, rcol, a, moments)
-            else:
-                _cells_real(block, start, length, cell, rrow, rcol, a, moments)
-            _combine(a, kind, offset, ptr, cells, outcol, out[f0:f1])
-        if ng or do_sum or do_max:
-            go = gout[: f1 - f0]
-            _fused(block, gweights, go, acc_sum, acc_max, do_sum, do_max)
-            for i in range(f1 - f0):
-                for j in range(ng):
-                    out[f0 + i, general[j]] = go[i, j]
+    # _structured_segments on the cell runs only (integer modes 0-2)
+    e = np.zeros(0, dtype=np.int64)
+    _structured_segments(
+        frames, min(integer, 2), start, length, cell, rrow, rcol, moments, kind, offset,
+        ptr, cells, outcol, general, gweights, out, acc, gout, acc_sum, acc_max, do_sum,
+        do_max, (e, e, e, e, e, e, e, e, e, e),
+    )  # fmt: skip
 
 
 def plan_arrays(plan: WeightPlan) -> tuple[Any, ...]:
@@ -742,10 +1001,16 @@ def plan_arrays(plan: WeightPlan) -> tuple[Any, ...]:
     )
 
 
-def integer_mode(dtype: np.dtype[Any]) -> int:
-    """The cell kernel for frames of ``dtype``: 2 int32 runs (8/16-bit), 1 int64, 0 float64."""
+def integer_mode(dtype: np.dtype[Any], plan: WeightPlan | None = None) -> int:
+    """The cell kernel for frames of ``dtype``.
+
+    3: int32 segments (8/16-bit data and a ``plan`` with moment rows), 2: int32
+    runs (8/16-bit), 1: int64 runs, 0: float64 runs.
+    """
     if dtype.kind in "ui":
-        return 2 if dtype.itemsize <= 2 else 1
+        if dtype.itemsize > 2:
+            return 1
+        return 3 if plan is not None and plan.n_segments else 2
     return 0
 
 
@@ -787,10 +1052,11 @@ def structured_pass(
     """
     n = frames.shape[0]
     g = min(group_frames(frames.shape[1] * frames.itemsize), max(4, -(-n // 4) * 4))
-    integer = integer_mode(frames.dtype)
+    integer = integer_mode(frames.dtype, plan)
     acc = np.empty((g, 3, max(plan.n_cells, 1)), dtype=np.int64 if integer else np.float64)
     gout = np.empty((g, max(plan.general_weights.shape[0], 1)), dtype=np.float64)
-    _structured(
+    e = np.zeros(0, dtype=np.int64)
+    _structured_segments(
         frames,
         integer,
         *plan_arrays(plan),
@@ -802,4 +1068,5 @@ def structured_pass(
         acc_max,
         do_sum,
         do_max,
+        plan.seg_arrays if integer == 3 else (e,) * 10,
     )
