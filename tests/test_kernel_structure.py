@@ -378,3 +378,90 @@ def test_operators_equal_the_fused_kernel_with_detector_crop_and_bin(
     assert "moment rows" in summary and "general rows: 0" in summary, summary
     old_chunks = old["bf"].provenance.execution["chunks"]
     assert {c["frame_pass_variant"]["variant"] for c in old_chunks} == {"fused"}
+
+
+def _runs_only(plan: structure.WeightPlan) -> structure.WeightPlan:
+    """``plan`` without its segments: the per-cell-run moment kernel."""
+    import dataclasses
+
+    return dataclasses.replace(plan, seg_arrays=(), n_segments=0, n_subruns=0, subrun_pixels=0)
+
+
+def _structured_out(frames: np.ndarray, plan: structure.WeightPlan) -> np.ndarray:
+    out = np.full((frames.shape[0], plan.n_rows), np.nan)
+    acc_sum = np.zeros(frames.shape[1], dtype=np.int64)
+    acc_max = np.zeros(frames.shape[1], dtype=frames.dtype)
+    structure.structured_pass(frames, plan, out, acc_sum, acc_max, do_sum=False, do_max=False)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "int16"])
+@pytest.mark.parametrize("shape", [(37, 45), (64, 64), (3, 700), (40, 600)])
+def test_segments_equal_the_run_kernel_and_the_fused_kernel_bit_for_bit(
+    dtype: str, shape: tuple[int, int]
+) -> None:
+    """Two moment classes, cells in no moment support, rows cut at 256 pixels, 4k + 3 frames."""
+    k = shape[0] * shape[1]
+    c = ((shape[0] - 1) / 2, (shape[1] - 1) / 2 + 0.5)
+    bf = _disk(shape, c, 0, 6)
+    adf = _disk(shape, c, 9, 1e9)
+    ann = _disk(shape, (c[0] + 2, c[1] - 3), 4, 12)  # sums only, crosses the others
+    com = _disk(shape, c, 0, 15)  # CoM over a disk: the ADF outside it has no moments
+    com2 = _disk(shape, (c[0] - 1, c[1] + 2), 3, 9)  # a second moment support
+    weights = np.concatenate(
+        [
+            np.stack([bf, adf, ann, com, com2]),
+            _moments(com, shape, c),
+            _moments(com2, shape, (c[0] - 1.5, c[1] + 2.0)),
+        ]
+    )
+    frames = _frames(dtype, 11, k)
+    plan = structure.analyse_weights(weights, frame_shape=shape, force=True)
+    assert structure.integer_mode(np.dtype(dtype), plan) == 3
+    assert plan.n_segments < plan.n_runs and plan.subrun_pixels < plan.touched
+    assert int(plan.seg_arrays[1].max()) <= structure.MAX_RUN
+    assert (plan.seg_arrays[2] < 0).any() and len(
+        set(plan.seg_arrays[2][plan.seg_arrays[2] >= 0])
+    ) == 2
+    new = _structured_out(frames, plan)
+    np.testing.assert_array_equal(new, _structured_out(frames, _runs_only(plan)))
+    got, old = _both(frames, weights, shape, structured=True)
+    assert got[3]["moments"].startswith("segments"), got[3]
+    _assert_same(got, old)
+    np.testing.assert_array_equal(got[0], new)
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "int16", "uint8"])
+def test_segments_at_the_dtype_extremes_do_not_wrap(dtype: str) -> None:
+    """Every pixel at the dtype's extreme, segments of 256 pixels: int32 sums and moments exact."""
+    shape = (4, 1024)
+    k = shape[0] * shape[1]
+    ones = np.ones(k)
+    mid = _disk(shape, (1.5, 511.5), 0, 300)  # cuts each row into three cells of one class
+    weights = np.concatenate([np.stack([ones, mid]), _moments(ones, shape, (1.5, 511.5))])
+    plan = structure.analyse_weights(weights, frame_shape=shape, force=True)
+    assert int(plan.seg_arrays[1].max()) == structure.MAX_RUN
+    info = np.iinfo(dtype)
+    for value in (info.max, info.min):
+        frames = np.full((7, k), value, dtype=dtype)
+        new, old = _both(frames, weights, shape, structured=True)
+        assert new[3]["moments"].startswith("segments"), new[3]
+        _assert_same(new, old)
+
+
+def test_32_bit_integers_and_real_data_keep_the_run_kernel_and_say_why() -> None:
+    """Segments need int32 sums of 8/16-bit values; 32-bit integers and reals keep the runs."""
+    shape = (32, 32)
+    c = (15.5, 15.5)
+    weights = np.concatenate([_disk(shape, c, 0, 5)[None], np.ones((1, 1024))])
+    weights = np.concatenate([weights, _moments(np.ones(1024), shape, c)])
+    plan = structure.analyse_weights(weights, frame_shape=shape)
+    assert plan.n_segments > 0
+    for dtype, words in (("uint32", "8/16-bit"), ("float32", "real data")):
+        frames = _frames(dtype, 9, 1024)
+        assert structure.integer_mode(np.dtype(dtype), plan) < 3
+        new, old = _both(frames, weights, shape, structured=True)
+        assert new[3]["variant"] == "structured", new[3]
+        assert new[3]["moments"].startswith("per cell run") and words in new[3]["moments"]
+        if dtype == "uint32":
+            _assert_same(new, old)
