@@ -16,7 +16,9 @@ multiplied into every pixel; ``structured=False``) and the structured kernel
   detector (its mask and ``mask * (row - c_r)``, ``mask * (col - c_c)``,
   with the off-grid centre a fitted probe gives),
 
-and, as the ceiling, one read of every pixel: the structured kernel with a
+plus, on BF+ADF+CoM, the structured kernel without segments (``structured
+runs``: moments per cell run, the kernel before segments;
+``structure.USE_SEGMENTS = False``), and, as the ceiling, one read of every pixel: the structured kernel with a
 single whole-detector mask (an integer add per pixel, the least any pass
 touching every pixel does), plus ``numpy.sum`` over the block.
 
@@ -84,11 +86,17 @@ def frames_for(dtype: str, n: int, seed: int = 3) -> np.ndarray:
     return rng.poisson(lam, size=(n, lam.size)).astype(dtype)
 
 
-def _runner(fr: np.ndarray, w: np.ndarray, flag: bool | None) -> Callable[[], Any]:
+def _runner(
+    fr: np.ndarray, w: np.ndarray, flag: bool | None, segments: bool = True
+) -> Callable[[], Any]:
     def run() -> Any:
-        return frame_pass_variant(
-            fr, w, want_sum=False, want_max=False, frame_shape=DET, structured=flag
-        )
+        structure.USE_SEGMENTS = segments
+        try:
+            return frame_pass_variant(
+                fr, w, want_sum=False, want_max=False, frame_shape=DET, structured=flag
+            )
+        finally:
+            structure.USE_SEGMENTS = True
 
     return run
 
@@ -152,6 +160,9 @@ def main() -> None:
             for label, flag in (("fused", False), ("structured", None)):
                 variants[f"{name} {label}"] = _runner(fr, w, flag)
                 kinds[f"{name} {label}"] = variants[f"{name} {label}"]()[3]
+        # the structured kernel before segments (moments per cell run)
+        variants["BF+ADF+CoM structured runs"] = _runner(fr, sets["BF+ADF+CoM"], None, False)
+        kinds["BF+ADF+CoM structured runs"] = variants["BF+ADF+CoM structured runs"]()[3]
         variants["ceiling: every pixel read once"] = _runner(fr, np.ones((1, fr.shape[1])), None)
         variants["numpy.sum over the block"] = _summer(fr)
         # same values (structured vs fused): exact for the masks on uint16
@@ -177,6 +188,7 @@ def main() -> None:
                     "median_GBps": nbytes / med / 1e9,
                     "best_GBps": nbytes / best / 1e9,
                     "kernel": kinds.get(k, {}).get("summary", ""),
+                    "moments": kinds.get(k, {}).get("moments", ""),
                 }
             )
         med = {k: statistics.median(v) for k, v in times.items()}
@@ -185,6 +197,12 @@ def main() -> None:
             report.setdefault("ratios", {})[f"{dtype} {what}"] = {
                 "structured BF+ADF+CoM / structured BF": t["BF+ADF+CoM structured"]
                 / t["BF structured"],
+                "structured runs BF+ADF+CoM / structured BF": t["BF+ADF+CoM structured runs"]
+                / t["BF structured"],
+                "structured runs BF+ADF+CoM / structured BF+ADF+CoM": t[
+                    "BF+ADF+CoM structured runs"
+                ]
+                / t["BF+ADF+CoM structured"],
                 "structured BF+ADF+CoM / fused BF": t["BF+ADF+CoM structured"] / t["BF fused"],
                 "fused BF+ADF+CoM / fused BF": t["BF+ADF+CoM fused"] / t["BF fused"],
                 "structured BF+ADF+CoM / ceiling": t["BF+ADF+CoM structured"]
@@ -244,6 +262,11 @@ def profile(fr: np.ndarray, w: np.ndarray, rounds: int) -> dict[str, float]:
         "fused: max pattern loop": lambda: _fused(fr, wp[:0], out, one, acc_max, False, True),
         "structured: cell pass without moments": lambda: cells(fr, *args, acc, False),
         "structured: cell pass with moments": lambda: cells(fr, *args, acc, True),
+        "structured: segment pass with moments (8/16-bit only)": (
+            (lambda: structure._cells_small_segments(fr, *plan.seg_arrays, acc))
+            if mode == 2
+            else (lambda: None)
+        ),
         "structured: combination of 5 rows": lambda: structure._combine(
             acc,
             plan.srow_kind,
