@@ -248,6 +248,7 @@ class WeightPlan:
         }
         if self.need_moments:
             if integer_mode(np.dtype(dtype), self) == 3:
+                record["summary"] += f"; moments over {self.n_segments} segments"
                 record["moments"] = (
                     f"segments: {self.n_segments} segments (adjacent runs whose cells are in "
                     f"the same moment supports, <= {MAX_RUN} pixels, int32) give sums and "
