@@ -487,9 +487,14 @@ def _segments(
         if member[c].any():
             rep[c] = keys.setdefault(member[c].tobytes(), c)
     out: list[list[int]] = []  # start, length, rep, row, col, first run, runs
-    for t in range(int(start.size)):
-        s0, ln, r = int(start[t]), int(length[t]), int(row[t])
-        cl = int(rep[cell[t]])
+    lst = start.tolist()
+    lln = length.tolist()
+    lrow = row.tolist()
+    lcol = col.tolist()
+    lcell = cell.tolist()
+    lrep = rep[cell].tolist()
+    for t in range(len(lst)):
+        s0, ln, r, cl = lst[t], lln[t], lrow[t], lrep[t]
         cur = out[-1] if out else None
         if (
             cur is not None
@@ -501,7 +506,7 @@ def _segments(
             cur[1] += ln
             cur[6] += 1
         else:
-            out.append([s0, ln, cl, r, int(col[t]), t, 1])
+            out.append([s0, ln, cl, r, lcol[t], t, 1])
     out.sort(key=lambda g: g[2] < 0)  # segments with moments first (stable)
     ptr = [0]
     comp: list[int] = []
@@ -510,10 +515,10 @@ def _segments(
         ts = range(g[5], g[5] + g[6])
         size: dict[int, int] = {}
         for t in ts:
-            size[int(cell[t])] = size.get(int(cell[t]), 0) + int(length[t])
+            size[lcell[t]] = size.get(lcell[t], 0) + lln[t]
         big = max(size, key=lambda c: (size[c], -c))
         comp.append(big)
-        sub.extend(t for t in ts if int(cell[t]) != big)
+        sub.extend(t for t in ts if lcell[t] != big)
         ptr.append(len(sub))
     arr = np.array(out, dtype=np.int64).reshape(-1, 7)
     idx = np.array(sub, dtype=np.int64)
