@@ -18,9 +18,10 @@ multiplied into every pixel; ``structured=False``) and the structured kernel
 
 plus, on BF+ADF+CoM, the structured kernel without segments (``structured
 runs``: moments per cell run, the kernel before segments;
-``structure.USE_SEGMENTS = False``), and, as the ceiling, one read of every pixel: the structured kernel with a
-single whole-detector mask (an integer add per pixel, the least any pass
-touching every pixel does), plus ``numpy.sum`` over the block.
+``structure.USE_SEGMENTS = False``), and, as the ceiling, one read of
+every pixel: the structured kernel with a single whole-detector mask (an
+integer add per pixel, the least any pass touching every pixel does), plus
+``numpy.sum`` over the block.
 
 The machine is shared and noisy: every round runs every variant once in a
 shuffled order; times are the calling thread's CPU time (the kernels run on

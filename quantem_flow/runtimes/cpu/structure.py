@@ -31,7 +31,7 @@ loop per segment takes its sum and moments (BF + ADF + CoM on 128 x 128: 128
 segments instead of 328 runs with moments), and the cells' sums need only
 the runs of each segment's smaller cells (the largest cell's sum is the
 segment's minus theirs, exact in integers): 2 826 of 16 384 pixels summed a
-second time, from cache.  Measured 1.3x the per-run moment pass; recorded
+second time, from cache.  Measured 1.2-1.3x the per-run pass; recorded
 in the variant (``moments``).  Tried and dropped (slower on this machine,
 Zen 4): the column moment from per-cell column projections
 (``proj[cell, c0:c1] += x[r, c0:c1]``, then ``sum_c c * proj``: 1.4-1.7x
@@ -732,7 +732,7 @@ def _cells_small_segments(  # type: ignore[no-untyped-def]  # pragma: no cover -
     # loops, a quarter as many horizontal reductions); the cells' sums need only
     # the sub-runs of the segment's smaller cells, the largest one gets the rest.
     # Exact as _cells_small_moments: a segment has at most MAX_RUN pixels.
-    # Measured 1.3x _cells_small_moments on BF + ADF + CoM (128 x 128 u16).
+    # Measured 1.2-1.3x _cells_small_moments on BF + ADF + CoM (128 x 128 u16).
     n = frames.shape[0]
     ns = gs.shape[0]
     acc[:] = 0
