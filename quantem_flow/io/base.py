@@ -33,6 +33,7 @@ __all__ = [
     "Source",
     "SourceIdentity",
     "check_exists",
+    "drop_unusable_samplings",
     "header_digest",
     "resolve_scan_shape",
 ]
@@ -493,3 +494,26 @@ def sidecar_calibration(path: Path) -> Calibration | None:
     if not isinstance(cal, Mapping):
         raise ParameterError(f"sidecar {str(found[0])!r}: 'calibration' must be an object")
     return Calibration.from_dict(cal)
+
+
+def drop_unusable_samplings(
+    kwargs: dict[str, Any], used: list[str], notes: list[str], what: str
+) -> None:
+    """Drop samplings that over- or underflowed on unit conversion (never a Calibration error).
+
+    ``kwargs`` are :class:`~quantem_flow.calibration.Calibration` keywords a
+    reader built from a file's metadata; a scan or detector sampling that is
+    not finite and positive is removed with its units and origin, its entries
+    in ``used`` are dropped, and ``notes`` says why (``what`` names the source).
+    """
+    for kind, label in (("scan", "scan step"), ("detector", "detector pixel")):
+        pair = kwargs.get(f"{kind}_sampling")
+        if pair is None or all(math.isfinite(v) and v > 0 for v in pair):
+            continue
+        for key in (f"{kind}_sampling", f"{kind}_units", f"{kind}_origin"):
+            kwargs.pop(key, None)
+        used[:] = [u for u in used if not u.startswith((label, "optical axis"))]
+        notes.append(
+            f"the {kind} sampling {pair} converted from {what} is not finite and positive; the "
+            f"{kind} was left uncalibrated"
+        )

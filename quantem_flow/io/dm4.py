@@ -67,6 +67,7 @@ from .base import (
     FrameSource,
     SourceIdentity,
     check_exists,
+    drop_unusable_samplings,
     header_digest,
     path_size,
     sidecar_calibration,
@@ -330,21 +331,6 @@ class _Axis:
     units: str
 
 
-def _drop_unusable(kwargs: dict[str, Any], used: list[str], notes: list[str], what: str) -> None:
-    """Drop samplings that over- or underflowed on conversion (never a Calibration error)."""
-    for kind, label in (("scan", "scan step"), ("detector", "detector pixel")):
-        pair = kwargs.get(f"{kind}_sampling")
-        if pair is None or all(math.isfinite(v) and v > 0 for v in pair):
-            continue
-        for key in (f"{kind}_sampling", f"{kind}_units", f"{kind}_origin"):
-            kwargs.pop(key, None)
-        used[:] = [u for u in used if not u.startswith((label, "optical axis"))]
-        notes.append(
-            f"the {kind} sampling {pair} converted from {what} is not finite and positive; the "
-            f"{kind} was left uncalibrated"
-        )
-
-
 class Dm4Source(FrameSource):
     """A 4-D image of a Gatan ``.dm4`` file.
 
@@ -530,7 +516,7 @@ class Dm4Source(FrameSource):
                     f"ImageTags/Microscope Info/Voltage is {self._voltage!r} V ({kv:g} kV), "
                     "outside 10-2000 kV; the voltage was not taken from it"
                 )
-        _drop_unusable(kwargs, used, notes, "the DM4 calibration")
+        drop_unusable_samplings(kwargs, used, notes, "the DM4 calibration")
         if not kwargs:
             return None, used, notes
         return Calibration(**kwargs), used, notes

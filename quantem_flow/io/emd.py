@@ -25,7 +25,6 @@ file's.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,7 +34,7 @@ import numpy as np
 
 from ..calibration import Calibration, normalize_units
 from ..errors import DatasetPathError, FormatError, UnitsError
-from .base import check_exists, sidecar_calibration
+from .base import check_exists, drop_unusable_samplings, sidecar_calibration
 from .hdf5 import (
     Hdf5Source,
     link_name,
@@ -120,21 +119,6 @@ def _text(value: Any) -> str:
     if isinstance(value, np.generic):
         return _text(value.item())
     return "" if value is None else str(value)
-
-
-def _drop_unusable(kwargs: dict[str, Any], used: list[str], notes: list[str], what: str) -> None:
-    """Drop samplings that over- or underflowed on conversion (never a Calibration error)."""
-    for kind, label in (("scan", "scan step"), ("detector", "detector pixel")):
-        pair = kwargs.get(f"{kind}_sampling")
-        if pair is None or all(math.isfinite(v) and v > 0 for v in pair):
-            continue
-        for key in (f"{kind}_sampling", f"{kind}_units", f"{kind}_origin"):
-            kwargs.pop(key, None)
-        used[:] = [u for u in used if not u.startswith((label, "optical axis"))]
-        notes.append(
-            f"the {kind} sampling {pair} converted from {what} is not finite and positive; the "
-            f"{kind} was left uncalibrated"
-        )
 
 
 class EmdSource(Hdf5Source):
@@ -275,7 +259,7 @@ class EmdSource(Hdf5Source):
                 origin = (-firsts[0] / steps[0], -firsts[1] / steps[1])
                 kwargs["detector_origin"] = origin
                 used.append(f"optical axis at pixel ({origin[0]:g}, {origin[1]:g})")
-        _drop_unusable(kwargs, used, notes, "the EMD dimension vectors")
+        drop_unusable_samplings(kwargs, used, notes, "the EMD dimension vectors")
         if not kwargs:
             return None, used, notes
         return Calibration(**kwargs), used, notes

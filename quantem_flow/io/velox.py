@@ -63,6 +63,7 @@ from .base import (
     FrameSource,
     SourceIdentity,
     check_exists,
+    drop_unusable_samplings,
     header_digest,
     path_size,
     sidecar_calibration,
@@ -167,21 +168,6 @@ def _scan_size(meta: dict[str, Any]) -> tuple[int, int] | None:
     if w is None or h is None or w < 1 or h < 1 or w != int(w) or h != int(h):
         return None
     return int(h), int(w)
-
-
-def _drop_unusable(kwargs: dict[str, Any], used: list[str], notes: list[str], what: str) -> None:
-    """Drop samplings that over- or underflowed on conversion (never a Calibration error)."""
-    for kind, label in (("scan", "scan step"), ("detector", "detector pixel")):
-        pair = kwargs.get(f"{kind}_sampling")
-        if pair is None or all(math.isfinite(v) and v > 0 for v in pair):
-            continue
-        for key in (f"{kind}_sampling", f"{kind}_units", f"{kind}_origin"):
-            kwargs.pop(key, None)
-        used[:] = [u for u in used if not u.startswith((label, "optical axis"))]
-        notes.append(
-            f"the {kind} sampling {pair} converted from {what} is not finite and positive; the "
-            f"{kind} was left uncalibrated"
-        )
 
 
 class VeloxSource(FrameSource):
@@ -383,7 +369,7 @@ class VeloxSource(FrameSource):
                 "no 2-D STEM image of the scan's size with a finite, positive pixel size in m "
                 "was found in the file, so the scan was left uncalibrated"
             )
-        _drop_unusable(kwargs, used, notes, "the Velox metadata")
+        drop_unusable_samplings(kwargs, used, notes, "the Velox metadata")
         if not kwargs:
             return None, used, notes
         return Calibration(**kwargs), used, notes
