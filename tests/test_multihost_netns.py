@@ -103,7 +103,9 @@ CLIENT = textwrap.dedent(
         used = sorted({r["worker"] for r in bf.provenance.execution["chunks"]})
         print(json.dumps({"event": "done", "bf": bf.data.tolist(), "adf": adf.data.tolist(),
                           "used": used, "seconds": time.time() - t0,
-                          "after": sorted(client.scheduler_info()["workers"])}), flush=True)
+                          "after": sorted(client.scheduler_info()["workers"]),
+                          "departed": bf.provenance.execution["workers_departed"],
+                          "scheduler": bf.provenance.execution["scheduler"]}), flush=True)
         client.close()
     """
 )
@@ -209,3 +211,8 @@ def test_cutting_a_worker_host_off_mid_pass(hosts: dict[str, str], tmp_path: Pat
     assert w2 not in done["after"], "the cut-off worker is still listed by the scheduler"
     log = (tmp_path / "scheduler.log").read_text()
     assert "Remove worker" in log and HOSTS["w2"] in log, log[-3000:]
+    # the loss is reported in the pass's provenance (and logged by the placement plugin)
+    lost = [d for d in done["departed"] if d["lost"]]
+    assert [d["worker"] for d in lost] == [w2], done["departed"]
+    assert f"1 worker(s) lost during the pass: {w2}" in done["scheduler"], done["scheduler"]
+    assert f"{w2}" in log and "will run again on the" in log, log[-3000:]
