@@ -18,7 +18,7 @@ import dataclasses
 import hashlib
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -32,7 +32,9 @@ __all__ = [
     "ScanShapeChoice",
     "Source",
     "SourceIdentity",
+    "calibration_choice",
     "check_exists",
+    "described_calibration",
     "drop_unusable_samplings",
     "header_digest",
     "resolve_scan_shape",
@@ -483,6 +485,36 @@ class FrameSource(Source):
         for i, r in enumerate(range(r0, r1)):
             self.read_frames(off + r * C + c0, off + r * C + c1, out=out[i])
         return out
+
+
+def calibration_choice(
+    path: Path, from_file: Callable[[], tuple[Calibration | None, str | None]]
+) -> tuple[Calibration | None, str | None]:
+    """The calibration a reader reports and where it came from: a JSON sidecar wins.
+
+    Parameters
+    ----------
+    path
+        The file whose JSON sidecar (:func:`read_sidecar`) is looked for.
+    from_file
+        Returns the calibration the file itself records and a description of
+        where it was read (``(None, None)`` when it records none); called only
+        when there is no sidecar calibration.
+    """
+    side = sidecar_calibration(path)
+    if side is not None:
+        return side, f"JSON sidecar next to {str(path)!r}"
+    return from_file()
+
+
+def described_calibration(
+    found: tuple[Calibration | None, list[str], list[str]], source: str
+) -> tuple[Calibration | None, str | None]:
+    """``(calibration, "source: what was used; ...")`` from a reader's ``(cal, used, notes)``."""
+    cal, used, _ = found
+    if cal is None:
+        return None, None
+    return cal, f"{source}: " + "; ".join(used)
 
 
 def sidecar_calibration(path: Path) -> Calibration | None:

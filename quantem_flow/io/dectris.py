@@ -54,6 +54,7 @@ from ..errors import (
 from .base import (
     FrameSource,
     SourceIdentity,
+    calibration_choice,
     check_exists,
     header_digest,
     path_size,
@@ -429,11 +430,9 @@ class DectrisSource(FrameSource):
 
     def _calibration_choice(self) -> tuple[Calibration | None, str | None]:
         """The calibration to report and where from: a JSON sidecar wins over the file."""
-        side = sidecar_calibration(self._path)
-        if side is not None:
-            return side, f"JSON sidecar next to {str(self._path)!r}"
-        cal, how, _ = master_calibration(self._detector, self._beam, self._path)
-        return cal, how
+        return calibration_choice(
+            self._path, lambda: master_calibration(self._detector, self._beam, self._path)[:2]
+        )
 
     @property
     def notes(self) -> list[str]:

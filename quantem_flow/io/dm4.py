@@ -66,11 +66,12 @@ from ..errors import FormatError, ShapeError
 from .base import (
     FrameSource,
     SourceIdentity,
+    calibration_choice,
     check_exists,
+    described_calibration,
     drop_unusable_samplings,
     header_digest,
     path_size,
-    sidecar_calibration,
 )
 from .fileio import PositionalFile
 
@@ -522,13 +523,12 @@ class Dm4Source(FrameSource):
         return Calibration(**kwargs), used, notes
 
     def _calibration_choice(self) -> tuple[Calibration | None, str | None]:
-        side = sidecar_calibration(self._path)
-        if side is not None:
-            return side, f"JSON sidecar next to {str(self._path)!r}"
-        cal, used, _ = self._file_calibration()
-        if cal is None:
-            return None, None
-        return cal, "DM4 tags (ImageData/Calibrations, Microscope Info): " + "; ".join(used)
+        return calibration_choice(
+            self._path,
+            lambda: described_calibration(
+                self._file_calibration(), "DM4 tags (ImageData/Calibrations, Microscope Info)"
+            ),
+        )
 
     @property
     def calibration(self) -> Calibration | None:

@@ -34,7 +34,12 @@ import numpy as np
 
 from ..calibration import Calibration, normalize_units
 from ..errors import DatasetPathError, FormatError, UnitsError
-from .base import check_exists, drop_unusable_samplings, sidecar_calibration
+from .base import (
+    calibration_choice,
+    check_exists,
+    described_calibration,
+    drop_unusable_samplings,
+)
 from .hdf5 import (
     Hdf5Source,
     link_name,
@@ -265,13 +270,12 @@ class EmdSource(Hdf5Source):
         return Calibration(**kwargs), used, notes
 
     def _calibration_choice(self) -> tuple[Calibration | None, str | None]:
-        side = sidecar_calibration(self._path)
-        if side is not None:
-            return side, f"JSON sidecar next to {str(self._path)!r}"
-        cal, used, _ = self._file_calibration()
-        if cal is None:
-            return None, None
-        return cal, f"EMD dimension vectors of {self._group_path!r}: " + "; ".join(used)
+        return calibration_choice(
+            self._path,
+            lambda: described_calibration(
+                self._file_calibration(), f"EMD dimension vectors of {self._group_path!r}"
+            ),
+        )
 
     @property
     def calibration(self) -> Calibration | None:

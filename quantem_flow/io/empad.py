@@ -61,6 +61,7 @@ from ..errors import FormatError, ScanShapeError, SourceNotFoundError
 from .base import (
     FrameSource,
     SourceIdentity,
+    calibration_choice,
     check_exists,
     header_digest,
     path_size,
@@ -503,11 +504,7 @@ class EmpadSource(FrameSource):
 
     def _calibration_choice(self) -> tuple[Calibration | None, str | None]:
         """The calibration to report and where from: a JSON sidecar wins over the file."""
-        side = sidecar_calibration(self._path)
-        if side is not None:
-            return side, f"JSON sidecar next to {str(self._path)!r}"
-        cal, how, _ = self._xml_calibration()
-        return cal, how
+        return calibration_choice(self._path, lambda: self._xml_calibration()[:2])
 
     @property
     def calibration(self) -> Calibration | None:

@@ -62,11 +62,12 @@ from ..errors import (
 from .base import (
     FrameSource,
     SourceIdentity,
+    calibration_choice,
     check_exists,
+    described_calibration,
     drop_unusable_samplings,
     header_digest,
     path_size,
-    sidecar_calibration,
 )
 from .hdf5 import (
     attribute_value,
@@ -375,13 +376,12 @@ class VeloxSource(FrameSource):
         return Calibration(**kwargs), used, notes
 
     def _calibration_choice(self) -> tuple[Calibration | None, str | None]:
-        side = sidecar_calibration(self._path)
-        if side is not None:
-            return side, f"JSON sidecar next to {str(self._path)!r}"
-        cal, used, _ = self._file_calibration()
-        if cal is None:
-            return None, None
-        return cal, f"Velox metadata of {self._group_path!r}: " + "; ".join(used)
+        return calibration_choice(
+            self._path,
+            lambda: described_calibration(
+                self._file_calibration(), f"Velox metadata of {self._group_path!r}"
+            ),
+        )
 
     @property
     def calibration(self) -> Calibration | None:
