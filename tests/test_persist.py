@@ -368,3 +368,24 @@ def test_task_groups_cut_each_workers_chunks_by_its_threads() -> None:
     assert res.task_groups() == [[0, 1], [2, 5, 6], [3], [4]]
     placed["who_has"].pop(str(keys[3]))
     assert res.task_groups() is None  # a holder unknown: one task per chunk
+
+
+def test_placement_of_a_chunk_whose_holder_was_lost_is_unknown_not_an_error() -> None:
+    """A lost worker's chunk has ``who_has=None`` on the scheduler until it is reloaded.
+
+    Regression: lowering a query right after a worker was killed raised
+    ``TypeError: 'NoneType' object is not iterable`` (CI, test_worker_killed_mid_computation).
+    """
+    from types import SimpleNamespace
+
+    from quantem_flow.graphs.persist import _placement_of
+
+    held = SimpleNamespace(who_has=[SimpleNamespace(address="tcp://a")])
+    lost = SimpleNamespace(who_has=None)
+    scheduler = SimpleNamespace(
+        tasks={"k0": held, "k1": lost},
+        workers={"tcp://a": SimpleNamespace(address="tcp://a", nthreads=2)},
+    )
+    placed = _placement_of(["k0", "k1", "k2"], dask_scheduler=scheduler)
+    assert placed["who_has"] == {"k0": ["tcp://a"], "k1": []}
+    assert placed["nthreads"] == {"tcp://a": 2}

@@ -133,8 +133,10 @@ class ResidentChunks:
 
 def _placement_of(keys: list[Any], dask_scheduler: Any = None) -> dict[str, Any]:
     """``who_has`` of ``keys`` and every worker's thread count (on the scheduler)."""
+    # ``who_has`` is ``None`` while a lost worker's chunk waits to be reloaded:
+    # its holder is then unknown (the caller falls back to one task per chunk)
     who_has = {
-        str(k): [ws.address for ws in dask_scheduler.tasks[k].who_has]
+        str(k): [ws.address for ws in (dask_scheduler.tasks[k].who_has or ())]
         for k in keys
         if k in dask_scheduler.tasks
     }
