@@ -18,6 +18,9 @@ name                      meaning                                    default
 ``decode_threads``        threads decoding the bitshuffle chunks     1
                           of one dense HDF5 read (parallelism
                           comes from the worker's task threads)
+``stream_piece_mib``      MiB a streamed chunk pass reads, hashes    2
+                          and runs at a time (0: whole chunks;
+                          docs/streamed-pass.md)
 ========================  =========================================  ==========================
 """
 
@@ -46,6 +49,9 @@ _DEFAULTS: dict[str, Any] = {
     # measured (issue 14): two threads inside one read were no faster than one (the bitshuffle
     # binding scales 1.34x on 2 threads, per-chunk Python holds the GIL); docs/architecture-notes
     "decode_threads": 1,
+    # measured (issue 14): 2 MiB pieces (64 frames of 128 x 128 u16) beat 8 MiB and whole
+    # 128 MiB chunks on 2 threads; benchmarks/RESULTS.md, "Streamed chunk passes"
+    "stream_piece_mib": 2.0,
 }
 
 

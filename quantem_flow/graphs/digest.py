@@ -38,6 +38,7 @@ from ..provenance import CONTENT_DIGEST_ALGORITHM, combine_digests
 
 __all__ = [
     "DIGESTED_FIELDS",
+    "DenseRowDigests",
     "Units",
     "chunk_digest",
     "dataset_digest",
@@ -120,6 +121,56 @@ def payload_digests(representation: str, payload: Any, rows: tuple[int, int]) ->
             h.update(repr(value).encode())
         h.update(b";")
     return [(r0, r1, str(h.hexdigest()))]
+
+
+class DenseRowDigests:
+    """Per-scan-row digests of a dense chunk read in pieces (a streamed pass).
+
+    Equal to :func:`payload_digests` of the whole chunk: each scan row's
+    bytes are hashed in order, either whole or as consecutive column ranges
+    (XXH3's streaming digest equals its one-shot digest of the same bytes).
+
+    Parameters
+    ----------
+    n_cols
+        Scan columns of the dataset (a row is complete at its last column).
+    """
+
+    def __init__(self, n_cols: int) -> None:
+        self._n_cols = int(n_cols)
+        self._open: tuple[int, int, Any] | None = None  # (row, next column, hasher)
+        #: The digests of the rows completed so far.
+        self.units: Units = []
+
+    def update(self, rows: tuple[int, int], cols: tuple[int, int], block: np.ndarray) -> None:
+        """Hash the piece ``block`` of scan ``rows x cols`` (whole rows, or part of one row).
+
+        Raises
+        ------
+        ValueError
+            When pieces do not come in C order (a row's columns in turn from 0).
+        """
+        import xxhash
+
+        (r0, r1), (c0, c1) = rows, cols
+        if (c0, c1) == (0, self._n_cols) and self._open is None:
+            for i in range(r1 - r0):
+                digest = xxhash.xxh3_128_hexdigest(_array_bytes(block[i]))
+                self.units.append((r0 + i, r0 + i + 1, str(digest)))
+            return
+        expected = (r0, c0) if self._open is None else self._open[:2]
+        if r1 - r0 != 1 or (r0, c0) != expected or (self._open is None and c0 != 0):
+            raise ValueError(
+                f"piece rows={rows} cols={cols} out of C order (expected row {expected[0]} "
+                f"from column {expected[1]})"
+            )
+        h = xxhash.xxh3_128() if self._open is None else self._open[2]
+        h.update(_array_bytes(block))
+        if c1 == self._n_cols:
+            self.units.append((r0, r1, str(h.hexdigest())))
+            self._open = None
+        else:
+            self._open = (r0, c1, h)
 
 
 def digest_header(ds: Dataset4D) -> str:

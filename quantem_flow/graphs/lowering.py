@@ -37,6 +37,7 @@ from ..representations.detector_ops import binned_dtype
 from .annotations import validate_annotations
 from .capabilities import memory_pool
 from .resident_query import run_resident_group
+from .streamed import piece_bytes
 from .tasks import (
     PassSpec,
     combine_partials,
@@ -137,6 +138,7 @@ def lower_pass(
         want_max=want_max,
         runtime=runtime,
         gather=None if gather is None else np.unique(np.asarray(gather, dtype=np.int64)),
+        stream_piece_bytes=piece_bytes(),
     )
     spec_name = f"qf-spec-{token}"
     pass_name = f"qf-pass-{token}"

@@ -22,6 +22,7 @@ from ..runtimes import get_runtime
 from ..runtimes.base import FramePassResult
 from ..runtimes.staging import staged
 from .digest import Units, chunk_digest, payload_digests
+from .streamed import run_streamed_chunk
 
 __all__ = [
     "ChunkPartial",
@@ -51,6 +52,10 @@ class PassSpec:
     gather
         Sorted unique flat pixel indices to extract per scan position, or
         ``None``.
+    stream_piece_bytes
+        Bytes a streamed chunk pass reads at a time (chosen on the client
+        from ``stream_piece_mib``; 0 loads every chunk whole):
+        :mod:`~quantem_flow.graphs.streamed`.
     """
 
     dataset: Dataset4D
@@ -59,6 +64,7 @@ class PassSpec:
     want_max: bool
     runtime: str
     gather: np.ndarray | None = None
+    stream_piece_bytes: int = 0
 
 
 @dataclasses.dataclass
@@ -105,27 +111,61 @@ def _kernels(
     """
     runtime = get_runtime(spec.runtime)
     (r0, r1), (c0, c1) = chunk.scan_slice
-    rows, shape = (r0, r1), (r1 - r0, c1 - c0)
-    gathered: list[tuple[tuple[int, int], np.ndarray]] = []
+    gathered: np.ndarray | None = None
     with runtime.compile_timer() as compiled:
         if spec.gather is not None:
-            values = runtime.run_gather(chunk, spec.gather)
-            gathered.append(
-                (
-                    rows,
-                    np.ascontiguousarray(values.T).reshape(len(spec.gather), shape[0], shape[1]),
-                )
-            )
+            gathered = runtime.run_gather(chunk, spec.gather)
         if spec.gather is not None and not (
             spec.weights.shape[0] or spec.want_sum or spec.want_max
         ):
             # a gather-only pass (SSB alone): no frame pass over the chunk a second time
-            out = FramePassResult(np.zeros((shape[0] * shape[1], 0)), None, None)
+            out = FramePassResult(np.zeros(((r1 - r0) * (c1 - c0), 0)), None, None)
         else:
             out = runtime.run_frame_pass(
                 chunk, spec.weights, want_sum=spec.want_sum, want_max=spec.want_max
             )
     t2 = time.perf_counter()
+    return _package(
+        spec,
+        runtime,
+        index,
+        (r0, r1),
+        (r1 - r0, c1 - c0),
+        out,
+        gathered,
+        timings={
+            "read_s": max(t1 - t0 - hash_s, 0.0),
+            "hash_s": hash_s,
+            "compile_s": compiled.seconds,
+            "kernel_s": max(t2 - t1 - compiled.seconds, 0.0),
+        },
+        compilations=compiled.compilations,
+        bytes_read=bytes_read,
+        resident=resident,
+        residency=chunk.residency,
+        made=made,
+        units=units,
+    )
+
+
+def _package(
+    spec: PassSpec,
+    runtime: Any,
+    index: int,
+    rows: tuple[int, int],
+    shape: tuple[int, int],
+    out: FramePassResult,
+    gathered: np.ndarray | None,
+    *,
+    timings: dict[str, float],
+    compilations: int,
+    bytes_read: int,
+    resident: bool,
+    residency: str,
+    made: dict[str, Any] | None,
+    units: Units | None,
+) -> ChunkPartial:
+    """The chunk's partial and provenance record from what its kernels returned."""
     digest = None if units is None else chunk_digest(units, spec.dataset)
     record = {
         "chunk": index,
@@ -136,25 +176,33 @@ def _kernels(
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "resident": resident,
-        "residency": chunk.residency,
+        "residency": residency,
         "bytes_read": bytes_read,
-        "read_s": max(t1 - t0 - hash_s, 0.0),
-        "hash_s": hash_s,
-        "compile_s": compiled.seconds,
-        "compilations": compiled.compilations,
-        "kernel_s": max(t2 - t1 - compiled.seconds, 0.0),
+        "read_s": timings["read_s"],
+        "hash_s": timings["hash_s"],
+        "compile_s": timings["compile_s"],
+        "compilations": compilations,
+        "kernel_s": timings["kernel_s"],
         "content_digest": digest,
         "digest_units": units,
         "representation": spec.dataset.representation,
         **({"frame_pass_variant": out.variant} if out.variant is not None else {}),
         **(made or {}),
     }
+    blocks = [(rows, out.per_frame.reshape(shape[0], shape[1], -1))]
     return ChunkPartial(
-        blocks=[(rows, out.per_frame.reshape(shape[0], shape[1], -1))],
+        blocks=blocks,
         pattern_sum=out.pattern_sum,
         pattern_max=out.pattern_max,
         records=[record],
-        gathered=gathered,
+        gathered=[]
+        if gathered is None or spec.gather is None
+        else [
+            (
+                rows,
+                np.ascontiguousarray(gathered.T).reshape(len(spec.gather), shape[0], shape[1]),
+            )
+        ],
     )
 
 
@@ -177,17 +225,66 @@ def run_chunk_pass(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial
     ds = spec.dataset
     if ds.representation != "dense":
         return _run_chunk_pass(spec, index, r0, r1, None)
+    streamed = _run_streamed(spec, index, r0, r1)
+    if not isinstance(streamed, str):
+        return streamed
+    made = {"streamed": {"used": False, "why": streamed}}
     # a staging buffer checked out for the task only (admission counts one per running task)
     with staged(ds.raw_block_shape((r0, r1)), ds.source.dtype) as buffer:
-        return _run_chunk_pass(spec, index, r0, r1, buffer)
+        return _run_chunk_pass(spec, index, r0, r1, buffer, made)
+
+
+def _run_streamed(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial | str:
+    """The chunk read and run piece by piece (:mod:`.streamed`), or why it was not."""
+    ds = spec.dataset
+    runtime = get_runtime(spec.runtime)
+    done = run_streamed_chunk(
+        ds,
+        runtime,
+        (r0, r1),
+        spec.weights,
+        want_sum=spec.want_sum,
+        want_max=spec.want_max,
+        gather=spec.gather,
+        piece_bytes=spec.stream_piece_bytes,
+    )
+    if isinstance(done, str):
+        return done
+    return _package(
+        spec,
+        runtime,
+        index,
+        (r0, r1),
+        (r1 - r0, ds.shape[1]),
+        done.result,
+        done.gathered,
+        timings={
+            "read_s": done.read_s,
+            "hash_s": done.hash_s,
+            "compile_s": done.compile_s,
+            "kernel_s": done.kernel_s,
+        },
+        compilations=done.compilations,
+        bytes_read=_source_bytes(ds, r0, r1),
+        resident=False,
+        residency="host",
+        made=done.made,
+        units=done.units,
+    )
 
 
 def _run_chunk_pass(
-    spec: PassSpec, index: int, r0: int, r1: int, buffer: np.ndarray | None
+    spec: PassSpec,
+    index: int,
+    r0: int,
+    r1: int,
+    buffer: np.ndarray | None,
+    why: dict[str, Any] | None = None,
 ) -> ChunkPartial:
     t0 = time.perf_counter()
     ds = spec.dataset
     payload, made = ds.load_payload((r0, r1), buffer=buffer)
+    made = {**made, **(why or {})}
     th = time.perf_counter()
     units = payload_digests(ds.representation, payload, (r0, r1))
     hash_s = time.perf_counter() - th

@@ -174,6 +174,18 @@ class Source(abc.ABC):
         )
 
     @property
+    def streams_blocks(self) -> bool:
+        """Whether any scan block reads for the cost of its own bytes.
+
+        ``True`` lets a chunk pass read its chunk in cache-sized pieces
+        (docs/streamed-pass.md): formats storing frames as flat records
+        (``.npy``, raw) or in memory.  ``False`` (the default) for formats
+        whose stored units (compressed or chunked HDF5/Zarr, Dectris) would
+        be decoded once per piece.
+        """
+        return False
+
+    @property
     def nbytes(self) -> int:
         """Logical (decoded) size in bytes."""
         return int(math.prod(self.shape)) * int(self.dtype.itemsize)

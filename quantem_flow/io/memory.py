@@ -88,6 +88,11 @@ class ArraySource(Source):
         """Explicit choices made while wrapping."""
         return list(self._notes)
 
+    @property
+    def streams_blocks(self) -> bool:
+        """Blocks of an in-memory array are views or copies of their own bytes."""
+        return True
+
     def read(
         self, rows: tuple[int, int], cols: tuple[int, int], *, buffer: np.ndarray | None = None
     ) -> np.ndarray:

@@ -125,6 +125,11 @@ class NpySource(FrameSource):
             **self.scan_metadata(),
         }
 
+    @property
+    def streams_blocks(self) -> bool:
+        """C-ordered files read any frames with one ``pread`` (Fortran-ordered ones do not)."""
+        return not self._fortran
+
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
         """Read frames ``[start, stop)`` (flat scan order) in native byte order.
 

@@ -147,6 +147,11 @@ class RawSource(FrameSource):
             **self.scan_metadata(),
         }
 
+    @property
+    def streams_blocks(self) -> bool:
+        """Frames are fixed-size records: any range reads for the cost of its bytes."""
+        return True
+
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
         """Read frames ``[start, stop)`` with ``pread`` (into ``out``), in native byte order.
 

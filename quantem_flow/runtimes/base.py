@@ -54,6 +54,7 @@ __all__ = [
     "CompileTime",
     "FramePassKernel",
     "FramePassResult",
+    "FramePassStream",
     "GatherKernel",
     "Precision",
     "Runtime",
@@ -279,6 +280,28 @@ def _host_gatherer(representation: str) -> GatherKernel:
     return gather
 
 
+class FramePassStream(abc.ABC):
+    """One chunk's frame pass (and gather) fed host frames piece by piece, in order.
+
+    A streamed chunk pass (docs/streamed-pass.md) reads a chunk in pieces of
+    a few MiB into one reused buffer and feeds each piece while it is still
+    in the core's cache, instead of loading the whole chunk first.  A
+    runtime whose kernels run on host memory returns one from
+    :meth:`Runtime.frame_pass_stream`; the result equals
+    :meth:`Runtime.run_frame_pass` / :meth:`Runtime.run_gather` on the whole
+    chunk (per-frame values do not depend on the split; real-valued sums
+    within the runtime's tolerance).
+    """
+
+    @abc.abstractmethod
+    def feed(self, frames: np.ndarray) -> None:
+        """Run the next ``(n, k_r * k_c)`` host frames (views are fine; not kept)."""
+
+    @abc.abstractmethod
+    def finish(self) -> tuple[FramePassResult, np.ndarray | None]:
+        """The pass over every frame fed, and the gathered values ``(n, n_pixels)`` or ``None``."""
+
+
 class Runtime(abc.ABC):
     """A device class that runs kernels on resident payloads (see the module docstring)."""
 
@@ -488,6 +511,43 @@ class Runtime(abc.ABC):
         (:func:`host_gather`); device runtimes replace it.
         """
         return {rep: _host_gatherer(rep) for rep in ("dense", "paired", "packed", "encoded")}
+
+    def frame_pass_stream(
+        self,
+        weights: np.ndarray,
+        *,
+        n_frames: int,
+        frame_shape: tuple[int, int],
+        dtype: np.dtype[Any],
+        want_sum: bool,
+        want_max: bool,
+        gather: np.ndarray | None = None,
+    ) -> FramePassStream | None:
+        """A pass over ``n_frames`` dense host frames fed in pieces, or ``None``.
+
+        Parameters
+        ----------
+        weights
+            ``(n_weights, k_r * k_c)`` float64 weight rows (may be 0 rows).
+        n_frames
+            Frames that will be fed in total.
+        frame_shape
+            ``(k_r, k_c)`` of the frames.
+        dtype
+            The frames' dtype.
+        want_sum, want_max
+            Also accumulate the sum / maximum pattern.
+        gather
+            Sorted flat detector pixels to gather from every frame, or ``None``.
+
+        Returns
+        -------
+        FramePassStream or None
+            ``None`` (the default) when the runtime's kernels do not run on
+            host frames in place; the chunk is then loaded whole and
+            :meth:`put` as before.
+        """
+        return None
 
     def payload_dtype(self, representation: str, payload: Any) -> np.dtype[Any]:
         """The logical dtype of ``payload``'s values (native byte order)."""

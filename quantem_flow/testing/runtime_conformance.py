@@ -69,8 +69,9 @@ They follow the runtime's declared accumulation
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -97,6 +98,7 @@ __all__ = [
     "check_empty_block",
     "check_frame_pass",
     "check_frame_pass_case",
+    "check_frame_pass_stream",
     "check_gather_case",
     "check_nonfinite_support",
     "check_release",
@@ -840,6 +842,112 @@ def check_gather_case(
                 )
         finally:
             runtime.release(handle)
+
+
+def check_frame_pass_stream(
+    factory: RuntimeFactory,
+    dtype: str,
+    *,
+    rng: np.random.Generator,
+    detector: tuple[int, int] = DETECTOR,
+) -> bool:
+    """A runtime's :meth:`~quantem_flow.runtimes.base.Runtime.frame_pass_stream`, fed in pieces.
+
+    Frames (with NaN and infinities when real) go in uneven pieces (1, 5,
+    4, 13 and the rest of 37) through a stream with a disk and an annulus
+    mask, a whole-detector mask, its two moment rows about an off-grid
+    centre, a real-valued row, both patterns and a gather; the result must
+    equal the CPU reference on the whole block under the runtime's
+    tolerances and the gathered pixels must be exact.  A gather-only stream
+    runs no frame pass.  Feeding more frames than declared, or finishing
+    early, raises ``ValueError``.
+
+    Returns
+    -------
+    bool
+        ``False`` when the runtime offers no stream (its chunks are then
+        loaded whole: nothing else to check), ``True`` once checked.
+    """
+    runtime = factory()
+    k = detector[0] * detector[1]
+    n = 37
+    frames = frames_for(rng, dtype, n, nonfinite=True, n_pixels=k)
+    rr, cc = np.mgrid[: detector[0], : detector[1]]
+    centre = ((detector[0] - 1) / 2 + 0.3, (detector[1] - 1) / 2 - 0.2)
+    d = np.hypot(rr - centre[0], cc - centre[1])
+    reach = min(detector) / 2
+    ones = np.ones(detector)
+    weights = np.stack(
+        [
+            (d < reach / 3).ravel(),
+            (d >= reach / 2).ravel(),
+            ones.ravel(),
+            ((rr - centre[0]) * ones).ravel(),
+            ((cc - centre[1]) * ones).ravel(),
+            rng.standard_normal(k),
+        ]
+    ).astype(np.float64)
+    idx = np.unique(np.concatenate([[0, k - 1], rng.integers(0, k, 11)]))
+    label = f"{runtime.name} frame_pass_stream {dtype}"
+    stream = runtime.frame_pass_stream(
+        weights,
+        n_frames=n,
+        frame_shape=detector,
+        dtype=frames.dtype,
+        want_sum=True,
+        want_max=True,
+        gather=idx,
+    )
+    if stream is None:
+        return False
+    for a, b in ((0, 1), (1, 6), (6, 10), (10, 23), (23, n)):
+        stream.feed(frames[a:b])
+    got, gathered = stream.finish()
+    ref = _reference().frame_pass(frames, weights, want_sum=True, want_max=True)
+    check_frame_pass(
+        got,
+        ref,
+        frames,
+        weights,
+        want_sum=True,
+        want_max=True,
+        what=label,
+        precision=runtime.precision(),
+    )
+    assert gathered is not None, f"{label}: a gather was asked for and none returned"
+    np.testing.assert_array_equal(gathered, frames[:, idx], err_msg=f"{label} gathered")
+    only = runtime.frame_pass_stream(
+        np.zeros((0, k)),
+        n_frames=n,
+        frame_shape=detector,
+        dtype=frames.dtype,
+        want_sum=False,
+        want_max=False,
+        gather=idx,
+    )
+    assert only is not None, f"{label}: a stream offered once must be offered again"
+    only.feed(frames[:20])
+    with _raises(ValueError, f"{label}: finishing after 20 of {n} frames"):
+        only.finish()
+    only.feed(frames[20:])
+    with _raises(ValueError, f"{label}: feeding beyond {n} frames"):
+        only.feed(frames[:1])
+    result, values = only.finish()
+    assert result.per_frame.shape == (n, 0), f"{label}: a gather-only stream ran a frame pass"
+    assert result.pattern_sum is None and result.pattern_max is None
+    assert values is not None
+    np.testing.assert_array_equal(values, frames[:, idx], err_msg=f"{label} gather only")
+    return True
+
+
+@contextlib.contextmanager
+def _raises(kind: type[BaseException], what: str) -> Iterator[None]:
+    """Assert that the block raises ``kind`` (without importing pytest)."""
+    try:
+        yield
+    except kind:
+        return
+    raise AssertionError(f"{what}: expected {kind.__name__}, nothing was raised")
 
 
 def check_ssb_case(runtime_name: str, dtype: str, *, rng: np.random.Generator) -> None:

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..base import FramePassKernel, FramePassResult, Runtime, _frames_of
+from ..base import FramePassKernel, FramePassResult, FramePassStream, Runtime, _frames_of
 from .kernels import frame_pass_variant
 
 __all__ = ["CpuRuntime"]
@@ -55,6 +55,30 @@ class CpuRuntime(Runtime):
             want_sum=want_sum,
             want_max=want_max,
             frame_shape=shape,
+        )
+
+    def frame_pass_stream(
+        self,
+        weights: np.ndarray,
+        *,
+        n_frames: int,
+        frame_shape: tuple[int, int],
+        dtype: np.dtype[Any],
+        want_sum: bool,
+        want_max: bool,
+        gather: np.ndarray | None = None,
+    ) -> FramePassStream:
+        """The Numba pass prepared once and fed host frames piece by piece (in place)."""
+        from .stream import CpuFramePassStream
+
+        return CpuFramePassStream(
+            weights,
+            n_frames=n_frames,
+            frame_shape=frame_shape,
+            dtype=dtype,
+            want_sum=want_sum,
+            want_max=want_max,
+            gather=gather,
         )
 
     def frame_pass_kernels(self) -> Mapping[str, FramePassKernel]:

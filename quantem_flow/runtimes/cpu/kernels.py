@@ -59,14 +59,19 @@ def _fused(frames, weights, out, acc_sum, acc_max, do_sum, do_max):  # type: ign
     # weights has an even number of rows (zero-padded by the caller).
     # Blocks of 4 frames x 2 weight rows: 6 loads feed 8 multiply-adds, so
     # the loop is not load-bound the way 1 frame x 4 rows (5 loads, 4 FMAs) is.
+    # A short last group repeats its last frame: every frame is summed by the same code
+    # in the same order wherever it sits, so per-frame values do not depend on how the
+    # frames are split into calls (streamed pieces) or chunks, even on real data.
     n, k = frames.shape
     m = weights.shape[0]
-    n4 = n - n % 4
-    for i in range(0, n4, 4):
+    for i in range(0, n, 4):
+        i1 = min(i + 1, n - 1)
+        i2 = min(i + 2, n - 1)
+        i3 = min(i + 3, n - 1)
         ra = frames[i]
-        rb = frames[i + 1]
-        rc = frames[i + 2]
-        rd = frames[i + 3]
+        rb = frames[i1]
+        rc = frames[i2]
+        rd = frames[i3]
         for j in range(0, m, 2):
             w0 = weights[j]
             w1 = weights[j + 1]
@@ -93,27 +98,15 @@ def _fused(frames, weights, out, acc_sum, acc_max, do_sum, do_max):  # type: ign
                 c1 += vc * x1
                 d0 += vd * x0
                 d1 += vd * x1
+            # a repeated frame is written last by its last slot (d, then c, then b)
             out[i, j] = a0
             out[i, j + 1] = a1
-            out[i + 1, j] = b0
-            out[i + 1, j + 1] = b1
-            out[i + 2, j] = c0
-            out[i + 2, j + 1] = c1
-            out[i + 3, j] = d0
-            out[i + 3, j + 1] = d1
-    for i in range(n4, n):
-        row = frames[i]
-        for j in range(0, m, 2):
-            w0 = weights[j]
-            w1 = weights[j + 1]
-            a0 = 0.0
-            a1 = 0.0
-            for p in range(k):
-                v = np.float64(row[p])
-                a0 += v * w0[p]
-                a1 += v * w1[p]
-            out[i, j] = a0
-            out[i, j + 1] = a1
+            out[i1, j] = b0
+            out[i1, j + 1] = b1
+            out[i2, j] = c0
+            out[i2, j + 1] = c1
+            out[i3, j] = d0
+            out[i3, j + 1] = d1
     if do_sum:
         for i in range(n):
             row = frames[i]
@@ -253,43 +246,21 @@ def frame_pass_variant(
     frame_shape: tuple[int, int] | None = None,
     structured: bool | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, dict[str, Any]]:
-    """:func:`frame_pass_numba` that also returns the variant record (which kernel, and why)."""
-    from .structure import analyse_weights, structured_pass
+    """:func:`frame_pass_numba` that also returns the variant record (which kernel, and why).
 
-    frames = np.ascontiguousarray(frames)
-    max_dtype = frames.dtype
-    if frames.dtype == np.float16:  # Numba has no float16 arithmetic; widening is exact
-        frames = frames.astype(np.float32)
-    weights = np.ascontiguousarray(weights, dtype=np.float64)
-    n, k = frames.shape
-    m = weights.shape[0]
-    acc_sum = np.zeros(k if want_sum else 1, dtype=sum_dtype(frames.dtype))
-    if want_max:
-        if frames.dtype.kind == "f":
-            acc_max = np.full(k, -np.inf, dtype=frames.dtype)
-        else:
-            acc_max = np.full(k, np.iinfo(frames.dtype).min, dtype=frames.dtype)
-    else:
-        acc_max = np.zeros(1, dtype=frames.dtype)
-    variant: dict[str, Any] = {"variant": "fused", "summary": f"fused: {m} general rows"}
-    plan = None
-    if structured is False or m == 0:
-        variant["why"] = "asked for" if m else "no weight rows"
-    else:
-        plan = analyse_weights(weights, frame_shape=frame_shape, force=bool(structured))
-        variant = plan.describe(frames.dtype)
-    if plan is not None and variant["variant"] == "structured":
-        out = np.empty((n, m), dtype=np.float64)
-        structured_pass(frames, plan, out, acc_sum, acc_max, do_sum=want_sum, do_max=want_max)
-        if frames.dtype.kind == "f" and not np.isfinite(out).all():
-            # the repair reads weight rows in pairs
-            padded = np.concatenate([weights, np.zeros((m % 2, k))]) if m % 2 else weights
-            skip_zero_weights(frames, padded, out, m)
-    else:
-        if m % 2:
-            weights = np.concatenate([weights, np.zeros((1, k), dtype=np.float64)])
-        out = np.empty((n, weights.shape[0]), dtype=np.float64)
-        _fused(frames, weights, out, acc_sum, acc_max, want_sum, want_max)
-        skip_zero_weights(frames, weights, out, m)
-    peak = acc_max.astype(max_dtype) if want_max else None  # exact: maxima of max_dtype values
-    return out[:, :m], (acc_sum if want_sum else None), peak, variant
+    One call of a :class:`~quantem_flow.runtimes.cpu.prepared.PreparedFramePass`
+    over every frame (a streamed chunk pass feeds the same object piece by piece).
+    """
+    from .prepared import PreparedFramePass
+
+    prepared = PreparedFramePass(
+        weights,
+        dtype=frames.dtype,
+        n_frames=frames.shape[0],
+        want_sum=want_sum,
+        want_max=want_max,
+        frame_shape=frame_shape,
+        structured=structured,
+    )
+    prepared.run(frames)
+    return prepared.result()

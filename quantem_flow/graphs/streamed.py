@@ -1,0 +1,203 @@
+"""Streamed chunk passes: read a dense chunk in cache-sized pieces and run it piece by piece.
+
+A chunk task used to read its whole chunk (128 MiB by default) into a
+staging buffer, hash it, then run the kernels over it: three sweeps over a
+block far larger than any cache, so the hash and the kernels read back from
+main memory what the read had just written there.  A streamed pass reads
+the chunk in pieces of ``stream_piece_mib`` (:mod:`quantem_flow.config`;
+read on the client when the pass is lowered and shipped in its
+:class:`~quantem_flow.graphs.tasks.PassSpec`; 2 MiB by default, 64 frames
+of 128 x 128 u16) into one reused buffer; each piece is hashed and fed to
+the runtime's kernels while it is in the core's cache.  Measured figures:
+benchmarks/RESULTS.md, "Streamed chunk passes (issue 14)"; the design:
+docs/streamed-pass.md.
+
+A chunk is streamed when all of these hold (else it is loaded whole, as
+before, and the chunk's record says why):
+
+- the dataset is ``dense`` (other representations decode their own units);
+- its source reads any scan block for the cost of its bytes
+  (:attr:`~quantem_flow.io.base.Source.streams_blocks`: ``.npy``, raw and
+  in-memory arrays; not chunked or compressed HDF5/Zarr, whose stored chunks
+  would be decoded once per piece);
+- the runtime runs its kernels on host frames in place
+  (:meth:`~quantem_flow.runtimes.base.Runtime.frame_pass_stream`: the CPU
+  runtime);
+- the chunk holds at least two pieces.
+
+Results, digests and records are those of the whole-chunk path: per-frame
+values do not depend on the split (integer data bit for bit), the digest is
+per scan row either way (:class:`~quantem_flow.graphs.digest.DenseRowDigests`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+
+from .. import config
+from ..dataset import Dataset4D
+from ..runtimes.base import FramePassResult, Runtime
+from ..runtimes.staging import staged
+from .digest import DenseRowDigests, Units
+
+__all__ = [
+    "StreamedChunk",
+    "piece_bytes",
+    "run_streamed_chunk",
+    "stream_pieces",
+    "why_not_streamed",
+]
+
+Piece = tuple[tuple[int, int], tuple[int, int]]
+
+
+@dataclasses.dataclass
+class StreamedChunk:
+    """What a streamed chunk pass produced, with its timings (seconds)."""
+
+    result: FramePassResult
+    gathered: np.ndarray | None
+    units: Units
+    read_s: float
+    hash_s: float
+    kernel_s: float
+    compile_s: float
+    compilations: int
+    made: dict[str, Any]
+
+
+def piece_bytes() -> int:
+    """Bytes per piece from ``stream_piece_mib`` (read on the client when a pass is lowered)."""
+    return max(0, int(float(config.get("stream_piece_mib")) * (1 << 20)))
+
+
+def stream_pieces(
+    rows: tuple[int, int], n_cols: int, frame_nbytes: int, target_bytes: int
+) -> list[Piece]:
+    """Cut scan rows ``rows`` x all ``n_cols`` columns into pieces of about ``target_bytes``.
+
+    Whole scan rows when one fits (as many as fit, at least one), else
+    column ranges of one row of a multiple of 4 frames (at least 4, the CPU
+    kernels' frame group), in C order.
+    """
+    r0, r1 = rows
+    row_bytes = n_cols * frame_nbytes
+    if row_bytes <= target_bytes:
+        k = max(1, target_bytes // max(row_bytes, 1))
+        return [((a, min(a + k, r1)), (0, n_cols)) for a in range(r0, r1, k)]
+    f = max(4, (target_bytes // max(frame_nbytes, 1)) // 4 * 4)
+    return [
+        ((a, a + 1), (c, min(c + f, n_cols))) for a in range(r0, r1) for c in range(0, n_cols, f)
+    ]
+
+
+def _raw_frame_nbytes(ds: Dataset4D) -> int:
+    return int(np.prod(ds.source.shape[2:])) * int(ds.source.dtype.itemsize)
+
+
+def why_not_streamed(ds: Dataset4D, rows: tuple[int, int], target: int) -> str | None:
+    """Why a chunk of ``ds`` covering ``rows`` is loaded whole, or ``None`` if it can stream.
+
+    ``target`` is the piece size in bytes; the runtime's part is asked by
+    :func:`run_streamed_chunk`.
+    """
+    if target <= 0:
+        return "streaming is off (stream_piece_mib = 0)"
+    if ds.representation != "dense":
+        return f"the {ds.representation} representation loads its own units"
+    if not getattr(ds.source, "streams_blocks", False):
+        return (
+            f"the {ds.source.format} reader decodes stored units larger than a piece "
+            "(streams_blocks is False)"
+        )
+    chunk = (rows[1] - rows[0]) * ds.shape[1] * _raw_frame_nbytes(ds)
+    if chunk < 2 * target:
+        return f"the chunk ({chunk} bytes) is under two pieces of {target} bytes"
+    return None
+
+
+def run_streamed_chunk(
+    ds: Dataset4D,
+    runtime: Runtime,
+    rows: tuple[int, int],
+    weights: np.ndarray,
+    *,
+    want_sum: bool,
+    want_max: bool,
+    gather: np.ndarray | None,
+    piece_bytes: int,
+) -> StreamedChunk | str:
+    """Read scan rows ``rows`` of ``ds`` piece by piece and run ``runtime``'s stream on them.
+
+    Returns
+    -------
+    StreamedChunk or str
+        The pass, or why it was not streamed (the caller loads the chunk
+        whole then; nothing was read).
+    """
+    why = why_not_streamed(ds, rows, piece_bytes)
+    if why is not None:
+        return why
+    n_cols = ds.shape[1]
+    n_frames = (rows[1] - rows[0]) * n_cols
+    stream = runtime.frame_pass_stream(
+        weights,
+        n_frames=n_frames,
+        frame_shape=(int(ds.shape[2]), int(ds.shape[3])),
+        dtype=ds.dtype,
+        want_sum=want_sum,
+        want_max=want_max,
+        gather=gather,
+    )
+    if stream is None:
+        return f"the {runtime.name} runtime runs its kernels on whole resident chunks"
+    frame_nbytes = _raw_frame_nbytes(ds)
+    pieces = stream_pieces(rows, n_cols, frame_nbytes, piece_bytes)
+    largest = max((b - a) * (d - c) for (a, b), (c, d) in pieces)
+    digests = DenseRowDigests(n_cols)
+    read_s = hash_s = kernel_s = 0.0
+    with (
+        staged((largest * frame_nbytes // ds.source.dtype.itemsize,), ds.source.dtype) as flat,
+        runtime.compile_timer() as compiled,
+    ):
+        for prows, pcols in pieces:
+            shape = ds.raw_block_shape(prows, pcols)
+            t0 = time.perf_counter()
+            block = ds.load_block(prows, pcols, buffer=flat[: int(np.prod(shape))].reshape(shape))
+            t1 = time.perf_counter()
+            digests.update(prows, pcols, block)
+            t2 = time.perf_counter()
+            stream.feed(block.reshape(block.shape[0] * block.shape[1], -1))
+            t3 = time.perf_counter()
+            read_s += t1 - t0
+            hash_s += t2 - t1
+            kernel_s += t3 - t2
+        result, gathered = stream.finish()
+    made = {
+        "made": "dense read, streamed",
+        "payload_bytes": int(n_frames * int(np.prod(ds.shape[2:])) * ds.dtype.itemsize),
+        "streamed": {
+            "pieces": len(pieces),
+            "piece_frames": int(largest),
+            "buffer_bytes": int(largest * frame_nbytes),
+            "how": (
+                "read in pieces into one reused buffer; each piece hashed and fed to the "
+                "kernels while in cache (docs/streamed-pass.md)"
+            ),
+        },
+    }
+    return StreamedChunk(
+        result=result,
+        gathered=gathered,
+        units=digests.units,
+        read_s=read_s,
+        hash_s=hash_s,
+        kernel_s=max(kernel_s - compiled.seconds, 0.0),
+        compile_s=compiled.seconds,
+        compilations=compiled.compilations,
+        made=made,
+    )

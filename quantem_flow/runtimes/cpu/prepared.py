@@ -1,0 +1,146 @@
+"""A CPU frame pass prepared once and run on frames block by block.
+
+:func:`~quantem_flow.runtimes.cpu.kernels.frame_pass_variant` runs a whole
+block at once; a streamed chunk pass (docs/streamed-pass.md) feeds the same
+chunk as pieces of a few MiB, each read into a reused buffer and passed to
+the kernels while it is still in the core's cache.  Both go through
+:class:`PreparedFramePass`, so the variant chosen, the accumulators and the
+non-finite repair are the same code: the weight stack is analysed once
+(:func:`~quantem_flow.runtimes.cpu.structure.analyse_weights`), the outputs
+and pattern accumulators are allocated once, and every call of :meth:`run`
+writes the next frames' outputs in place.
+
+Per-frame outputs do not depend on how frames are split into calls: every
+kernel computes each frame's dot products on its own, and the fused
+kernel's last short group of frames repeats its last frame so that every
+frame is summed by the same code in the same order (tests/test_streamed_pass.py
+checks every split, real data included).  Pattern sums are integer or
+float64 sums in frame order, maxima are exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .kernels import _fused, skip_zero_weights, sum_dtype
+
+__all__ = ["PreparedFramePass"]
+
+
+class PreparedFramePass:
+    """The CPU frame pass over ``n_frames`` frames of ``dtype``, fed in order.
+
+    Parameters
+    ----------
+    weights
+        ``(m, k_r * k_c)`` weight rows (converted to float64 once).
+    dtype
+        The frames' dtype (float16 frames are widened to float32 per call,
+        exactly, as Numba has no float16 arithmetic).
+    n_frames
+        Frames that will be fed in total.
+    want_sum, want_max
+        Accumulate the sum / maximum pattern.
+    frame_shape
+        ``(k_r, k_c)``: lets moment rows be recognised.
+    structured
+        ``None`` (the structured kernel when its estimate wins), ``True`` or
+        ``False`` (see :func:`~quantem_flow.runtimes.cpu.kernels.frame_pass_numba`).
+    """
+
+    def __init__(
+        self,
+        weights: np.ndarray,
+        *,
+        dtype: np.dtype[Any],
+        n_frames: int,
+        want_sum: bool,
+        want_max: bool,
+        frame_shape: tuple[int, int] | None = None,
+        structured: bool | None = None,
+    ) -> None:
+        from .structure import analyse_weights
+
+        self._max_dtype = np.dtype(dtype)
+        self._dtype = np.dtype(np.float32) if self._max_dtype == np.float16 else self._max_dtype
+        w = np.ascontiguousarray(weights, dtype=np.float64)
+        m, k = w.shape
+        self._m = m
+        self._want_sum = bool(want_sum)
+        self._want_max = bool(want_max)
+        self._sum = np.zeros(k if want_sum else 1, dtype=sum_dtype(self._dtype))
+        if want_max:
+            if self._dtype.kind == "f":
+                self._max = np.full(k, -np.inf, dtype=self._dtype)
+            else:
+                self._max = np.full(k, np.iinfo(self._dtype.type).min, dtype=self._dtype)
+        else:
+            self._max = np.zeros(1, dtype=self._dtype)
+        # the fused kernel and the non-finite repair read weight rows in pairs
+        self._padded = np.concatenate([w, np.zeros((1, k))]) if m % 2 else w
+        self._plan: Any = None
+        self.variant: dict[str, Any] = {"variant": "fused", "summary": f"fused: {m} general rows"}
+        if structured is False or m == 0:
+            self.variant["why"] = "asked for" if m else "no weight rows"
+        else:
+            plan = analyse_weights(w, frame_shape=frame_shape, force=bool(structured))
+            self.variant = plan.describe(self._dtype)
+            if self.variant["variant"] == "structured":
+                self._plan = plan
+        self._out = np.empty((int(n_frames), self._padded.shape[0]), dtype=np.float64)
+        self._pos = 0
+
+    @property
+    def frames_done(self) -> int:
+        """Frames run so far."""
+        return self._pos
+
+    def run(self, frames: np.ndarray) -> None:
+        """Run the pass on the next ``(n, k_r * k_c)`` frames (any layout; copied if needed)."""
+        from .structure import structured_pass
+
+        frames = np.ascontiguousarray(frames)
+        if frames.dtype == np.float16:
+            frames = frames.astype(np.float32)
+        n = frames.shape[0]
+        if self._pos + n > self._out.shape[0]:
+            raise ValueError(
+                f"{self._pos + n} frames fed to a pass prepared for {self._out.shape[0]}"
+            )
+        out = self._out[self._pos : self._pos + n]
+        m = self._m
+        if self._plan is not None:
+            structured_pass(
+                frames,
+                self._plan,
+                out,
+                self._sum,
+                self._max,
+                do_sum=self._want_sum,
+                do_max=self._want_max,
+            )
+            if frames.dtype.kind == "f" and not np.isfinite(out[:, :m]).all():
+                skip_zero_weights(frames, self._padded, out, m)
+        else:
+            _fused(frames, self._padded, out, self._sum, self._max, self._want_sum, self._want_max)
+            skip_zero_weights(frames, self._padded, out, m)
+        self._pos += n
+
+    def result(
+        self,
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, dict[str, Any]]:
+        """``(per_frame (n, m), pattern sum, pattern max, variant)`` once every frame ran."""
+        if self._pos != self._out.shape[0]:
+            raise ValueError(
+                f"the pass was prepared for {self._out.shape[0]} frames but {self._pos} were fed"
+            )
+        # exact: maxima of values of the frames' own dtype
+        peak = self._max.astype(self._max_dtype) if self._want_max else None
+        return (
+            self._out[:, : self._m],
+            self._sum if self._want_sum else None,
+            peak,
+            self.variant,
+        )

@@ -1,0 +1,75 @@
+"""The CPU runtime's streamed frame pass: one prepared pass fed piece by piece."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..base import FramePassResult, FramePassStream, gather_columns
+from .prepared import PreparedFramePass
+
+__all__ = ["CpuFramePassStream"]
+
+
+class CpuFramePassStream(FramePassStream):
+    """:class:`~quantem_flow.runtimes.cpu.prepared.PreparedFramePass` plus a gather.
+
+    A gather-only stream (no weight rows, no patterns: SSB's first pass)
+    runs no frame pass, as the whole-chunk path does.
+    """
+
+    def __init__(
+        self,
+        weights: np.ndarray,
+        *,
+        n_frames: int,
+        frame_shape: tuple[int, int],
+        dtype: np.dtype[Any],
+        want_sum: bool,
+        want_max: bool,
+        gather: np.ndarray | None,
+    ) -> None:
+        self._n = int(n_frames)
+        self._gather = None if gather is None else np.asarray(gather, dtype=np.int64)
+        self._gathered = (
+            None
+            if self._gather is None
+            else np.empty((self._n, self._gather.size), dtype=np.dtype(dtype))
+        )
+        skip = self._gather is not None and not (weights.shape[0] or want_sum or want_max)
+        self._pass = (
+            None
+            if skip
+            else PreparedFramePass(
+                weights,
+                dtype=np.dtype(dtype),
+                n_frames=self._n,
+                want_sum=want_sum,
+                want_max=want_max,
+                frame_shape=frame_shape,
+            )
+        )
+        self._pos = 0
+
+    def feed(self, frames: np.ndarray) -> None:
+        """Run the next ``(n, k_r * k_c)`` frames."""
+        n = int(frames.shape[0])
+        if self._pos + n > self._n:
+            raise ValueError(f"{self._pos + n} frames fed to a stream of {self._n}")
+        if self._gather is not None and self._gathered is not None:
+            self._gathered[self._pos : self._pos + n] = gather_columns(frames, self._gather)
+        if self._pass is not None:
+            self._pass.run(frames)
+        self._pos += n
+
+    def finish(self) -> tuple[FramePassResult, np.ndarray | None]:
+        """The pass over every frame, and the gathered values."""
+        if self._pos != self._n:
+            raise ValueError(f"a stream of {self._n} frames was fed {self._pos}")
+        if self._pass is None:
+            result = FramePassResult(np.zeros((self._n, 0)), None, None)
+        else:
+            per_frame, s, m, variant = self._pass.result()
+            result = FramePassResult(per_frame, s, m, variant)
+        return result, self._gathered
