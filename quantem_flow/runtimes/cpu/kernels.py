@@ -59,19 +59,18 @@ def _fused(frames, weights, out, acc_sum, acc_max, do_sum, do_max):  # type: ign
     # weights has an even number of rows (zero-padded by the caller).
     # Blocks of 4 frames x 2 weight rows: 6 loads feed 8 multiply-adds, so
     # the loop is not load-bound the way 1 frame x 4 rows (5 loads, 4 FMAs) is.
-    # A short last group repeats its last frame: every frame is summed by the same code
-    # in the same order wherever it sits, so per-frame values do not depend on how the
-    # frames are split into calls (streamed pieces) or chunks, even on real data.
+    # A short last group fills its empty slots with a zero frame: every frame is summed
+    # by the same code in the same order wherever it sits, so per-frame values do not
+    # depend on how the frames are split into calls (streamed pieces) or chunks, even on
+    # real data.
     n, k = frames.shape
     m = weights.shape[0]
+    zero = np.zeros(k, dtype=frames.dtype)
     for i in range(0, n, 4):
-        i1 = min(i + 1, n - 1)
-        i2 = min(i + 2, n - 1)
-        i3 = min(i + 3, n - 1)
         ra = frames[i]
-        rb = frames[i1]
-        rc = frames[i2]
-        rd = frames[i3]
+        rb = frames[i + 1] if i + 1 < n else zero
+        rc = frames[i + 2] if i + 2 < n else zero
+        rd = frames[i + 3] if i + 3 < n else zero
         for j in range(0, m, 2):
             w0 = weights[j]
             w1 = weights[j + 1]
@@ -98,15 +97,17 @@ def _fused(frames, weights, out, acc_sum, acc_max, do_sum, do_max):  # type: ign
                 c1 += vc * x1
                 d0 += vd * x0
                 d1 += vd * x1
-            # a repeated frame is written last by its last slot (d, then c, then b)
             out[i, j] = a0
             out[i, j + 1] = a1
-            out[i1, j] = b0
-            out[i1, j + 1] = b1
-            out[i2, j] = c0
-            out[i2, j + 1] = c1
-            out[i3, j] = d0
-            out[i3, j + 1] = d1
+            if i + 1 < n:
+                out[i + 1, j] = b0
+                out[i + 1, j + 1] = b1
+            if i + 2 < n:
+                out[i + 2, j] = c0
+                out[i + 2, j + 1] = c1
+            if i + 3 < n:
+                out[i + 3, j] = d0
+                out[i + 3, j + 1] = d1
     if do_sum:
         for i in range(n):
             row = frames[i]

@@ -11,10 +11,11 @@ and pattern accumulators are allocated once, and every call of :meth:`run`
 writes the next frames' outputs in place.
 
 Per-frame outputs do not depend on how frames are split into calls: every
-kernel computes each frame's dot products on its own, and the fused
-kernel's last short group of frames repeats its last frame so that every
-frame is summed by the same code in the same order (tests/test_streamed_pass.py
-checks every split, real data included).  Pattern sums are integer or
+kernel computes each frame's dot products on its own, and short groups of
+frames are summed by the same code, in the same order, as full ones (the
+fused kernel fills empty slots with zero frames; the structured kernel pads
+a short group of general rows): tests/test_streamed_pass.py checks every
+split, real data included.  Pattern sums are integer or
 float64 sums in frame order, maxima are exact.
 """
 
