@@ -31,6 +31,7 @@ chunks) is printed for the quantem-flow modes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -270,6 +271,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default="",
         help="extra local clusters to compare, WORKERSxTHREADS, comma separated (e.g. 1x2,2x1)",
     )
+    p.add_argument(
+        "--whole-chunks",
+        action="store_true",
+        help="also run default and process with stream_piece_mib=0 (whole-chunk reads, the "
+        "chunk pass before streaming): columns default_whole, process_whole",
+    )
     a = p.parse_args(argv)
 
     import quantem_flow as qf
@@ -306,6 +313,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from distributed import Client
 
     clients: dict[str, Any] = {"default": client, "process": "synchronous"}
+    if a.whole_chunks:
+        clients["default_whole"] = client
+        clients["process_whole"] = "synchronous"
     extra = []
     for spec in [c for c in a.clusters.split(",") if c]:
         nw, nt = (int(x) for x in spec.split("x"))
@@ -315,7 +325,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     persisted = {}
     if "persisted" in wanted:
         for mode, cl in clients.items():
-            persisted[mode] = dsets["npy"].persist(client=cl)
+            if not mode.endswith("_whole"):
+                persisted[mode] = dsets["npy"].persist(client=cl)
     lt_run = None if a.no_libertem else libertem_runner(paths, scan, k)
     if lt_run is None and not a.no_libertem:
         print("LiberTEM not importable: its column is left empty")
@@ -338,8 +349,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for row in wanted:
             fmt, com = rows[row]
             for mode, cl in clients.items():
-                ds = persisted[mode] if row == "persisted" else dsets[fmt]
-                wall, timing = run_qf(ds, com, k, cl)
+                ds = persisted[mode.removesuffix("_whole")] if row == "persisted" else dsets[fmt]
+                whole = mode.endswith("_whole")
+                with qf.config.set(stream_piece_mib=0) if whole else contextlib.nullcontext():
+                    wall, timing = run_qf(ds, com, k, cl)
                 add(f"{row}/{mode}", wall)
                 timings[f"{row}/{mode}"] = timing
             if lt_run is not None and row != "persisted":
@@ -388,7 +401,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.json is not None:
         a.json.write_text(json.dumps(out, indent=1, default=str))
     for mode, cl in clients.items():
-        if mode not in ("default", "process"):
+        if mode not in ("default", "process", "default_whole", "process_whole"):
             cl.close()
     for cluster in extra:
         cluster.close()

@@ -103,7 +103,16 @@ def test_streamed_views_raw_and_arrays_match(rng: np.random.Generator, tmp_path:
         frame_header_bytes=head,
         chunk_rows=5,
     )
+    import h5py
+
+    with h5py.File(tmp_path / "c.h5", "w") as f:
+        f.create_dataset("data", data=data)  # contiguous
+        f.create_dataset("frames", data=data.reshape(-1, *DET), chunks=(1, *DET))
     views = {
+        "hdf5 contiguous": qf.open(tmp_path / "c.h5", dataset_path="/data", chunk_rows=4),
+        "hdf5 one frame per chunk": qf.open(
+            tmp_path / "c.h5", dataset_path="/frames", scan_shape=SCAN, chunk_rows=4
+        ),
         "raw": raw,
         "raw cropped and binned": raw.crop_scan((1, 8, 2, 13))
         .crop_detector((1, 15, 0, 12))
@@ -183,6 +192,10 @@ def test_sources_that_decode_larger_units_are_loaded_whole(
     ds = qf.open(tmp_path / "d.h5", dataset_path="/data", chunk_rows=9)
     why = why_not_streamed(ds, (0, 9), 1024)
     assert why is not None and "streams_blocks is False" in why
+    with h5py.File(tmp_path / "z.h5", "w") as f:
+        f.create_dataset("data", data=data.reshape(-1, *DET), chunks=(1, *DET), compression="gzip")
+    zipped = qf.open(tmp_path / "z.h5", dataset_path="/data", scan_shape=SCAN, chunk_rows=9)
+    assert not zipped.source.streams_blocks  # compressed: long runs of chunks read fastest
     np.save(tmp_path / "f.npy", np.asfortranarray(data))
     fortran = qf.open(tmp_path / "f.npy", chunk_rows=9)
     assert not fortran.source.streams_blocks

@@ -293,6 +293,21 @@ class Hdf5Source(FrameSource):
             )
 
     @property
+    def streams_blocks(self) -> bool:
+        """Uncompressed datasets, contiguous or in chunks of one frame (or part of one).
+
+        Any block of those reads only its own bytes; a chunk spanning several
+        frames would be read once per piece that touches it.  Compressed
+        datasets say no: their reads are cheapest in long runs of chunks
+        (bitshuffle + LZ4 in 2 MiB pieces measured 1.35x slower than whole
+        chunks; docs/streamed-pass.md).
+        """
+        if self._layout.get("filters"):
+            return False
+        chunks = self._layout.get("chunks")
+        return not chunks or all(int(c) == 1 for c in chunks[: len(self._stored_shape) - 2])
+
+    @property
     def integrity(self) -> tuple[bool, str]:
         """Fletcher32 checksums (HDF5 filter 3), verified by HDF5 on every read, if present."""
         return layout_integrity(self._layout, f"dataset {self._dataset_path!r}")
