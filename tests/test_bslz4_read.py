@@ -204,3 +204,26 @@ def test_runs_of_frames_decoded_as_one_stream_equal_h5py(
         out, expected = _read(path, [(3, 94), (0, 64), (0, 64)], threads)
         np.testing.assert_array_equal(out, expected)
     assert calls  # the grouped path was taken
+
+
+def test_the_in_place_decoder_equals_the_binding() -> None:
+    """``bshuf_decompress_lz4`` through ctypes: the binding's values, written in place.
+
+    (Streams are checked before this decoder sees them; corrupt chunks are
+    tests/test_corrupt_bitshuffle.py's.)
+    """
+    import bitshuffle
+
+    from quantem_flow.io.bslz4_read import decode_lz4_into
+
+    into = decode_lz4_into()
+    assert into is not None, "the bitshuffle build exports bshuf_decompress_lz4"
+    rng = np.random.default_rng(4)
+    values = rng.poisson(3.0, size=3 * 64 * 64).astype(np.uint16)
+    stream = bitshuffle.compress_lz4(values, 0)
+    out = np.zeros_like(values)
+    assert into(stream.ctypes.data, out.ctypes.data, values.size, 2, 0) == stream.size
+    np.testing.assert_array_equal(out, values)
+    np.testing.assert_array_equal(
+        out, bitshuffle.decompress_lz4(stream, values.shape, values.dtype, 0)
+    )
