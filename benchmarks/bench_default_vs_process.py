@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import statistics
 import threading
 import time
@@ -342,22 +343,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     def add(key: str, seconds: float) -> None:
         samples.setdefault(key, []).append(seconds)
 
+    rng = random.Random(14)
     for rep in range(a.repeats):
         add("ceiling_1", ceiling(paths["npy"], 1, nbytes))
         add("ceiling_2", ceiling(paths["npy"], 2, nbytes))
         add("h5py_decode", h5py_decode(paths["bslz4"]))
         for row in wanted:
             fmt, com = rows[row]
-            for mode, cl in clients.items():
+            # every mode and LiberTEM once, in an order shuffled per row and repeat: a run
+            # right after LiberTEM's pass (its own cluster) measured slower here
+            order: list[str] = list(clients) + (
+                ["libertem"] if lt_run is not None and row != "persisted" else []
+            )
+            rng.shuffle(order)
+            for mode in order:
+                if mode == "libertem":
+                    for name, secs in lt_run(fmt, com).items():
+                        add(f"{row}/libertem_{name}", secs)
+                    continue
+                cl = clients[mode]
                 ds = persisted[mode.removesuffix("_whole")] if row == "persisted" else dsets[fmt]
                 whole = mode.endswith("_whole")
                 with qf.config.set(stream_piece_mib=0) if whole else contextlib.nullcontext():
                     wall, timing = run_qf(ds, com, k, cl)
                 add(f"{row}/{mode}", wall)
                 timings[f"{row}/{mode}"] = timing
-            if lt_run is not None and row != "persisted":
-                for name, secs in lt_run(fmt, com).items():
-                    add(f"{row}/libertem_{name}", secs)
         print(f"repeat {rep + 1}/{a.repeats} done")
 
     gb = nbytes / 1e9
