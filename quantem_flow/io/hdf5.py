@@ -500,6 +500,14 @@ class Hdf5Source(FrameSource):
         from .fileio import PositionalFile
 
         if self._handle_pfile is None:
+            # the dataset is opened through HDF5 once per process (as every other read does):
+            # it must still be there, at the offset found when the file was opened
+            if contiguous_offset(self._dset()) != self._contiguous_at:
+                raise FormatError(
+                    f"dataset {self._dataset_path!r} in {str(self._path)!r} changed or damaged "
+                    f"since it was opened (its values no longer start at byte "
+                    f"{self._contiguous_at}); open the file again"
+                )
             self._handle_pfile = PositionalFile(self._path)
         return self._handle_pfile
 
