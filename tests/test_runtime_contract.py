@@ -205,12 +205,16 @@ def test_persisted_chunks_are_put_once_and_released_with_the_dataset(
 def test_dask_forgetting_a_resident_chunk_releases_it(
     counting: type[CountingRuntime], rng: np.random.Generator
 ) -> None:
+    import psutil
     from distributed import Client, LocalCluster
 
     from quantem_flow.graphs.worker import worker_options
 
     data = probe_data(rng, scan=(8, 5), det=(18, 24))
-    opts = worker_options(runtimes=["cpu", "counting"], memory_limit="2 GiB")
+    # an in-process worker counts this whole test process (its RSS grows over a long
+    # session) against memory_limit: give tasks 2 GiB beyond what the process holds
+    rss = int(psutil.Process().memory_info().rss)
+    opts = worker_options(runtimes=["cpu", "counting"], memory_limit=int(rss / 0.8) + (2 << 30))
     with (
         LocalCluster(
             n_workers=1,

@@ -297,3 +297,16 @@ def test_per_frame_values_do_not_depend_on_the_split(dtype: str, structured: boo
             np.testing.assert_array_equal(
                 run(frames[start:stop]), whole[start:stop], err_msg=f"frames {start}:{stop}"
             )
+
+
+def test_frames_of_another_width_than_the_weights_are_refused() -> None:
+    """The pass is sized by its weights: narrower or wider frames are a ShapeError, not a
+    pattern of the weights' width (or a write past a zero-width pattern)."""
+    from quantem_flow.errors import ShapeError
+    from quantem_flow.runtimes.cpu import CpuRuntime
+
+    for weights in (np.zeros((0, 5)), np.zeros((0, 0)), np.ones((2, 4))):
+        with pytest.raises(ShapeError, match="pixels per frame"):
+            CpuRuntime().frame_pass(
+                np.ones((2, 3), dtype=np.uint16), weights, want_sum=True, want_max=True
+            )

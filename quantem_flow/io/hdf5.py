@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -499,17 +500,24 @@ class Hdf5Source(FrameSource):
     def _pfile(self) -> Any:
         from .fileio import PositionalFile
 
-        if self._handle_pfile is None:
-            # the dataset is opened through HDF5 once per process (as every other read does):
-            # it must still be there, at the offset found when the file was opened
-            if contiguous_offset(self._dset()) != self._contiguous_at:
-                raise FormatError(
-                    f"dataset {self._dataset_path!r} in {str(self._path)!r} changed or damaged "
-                    f"since it was opened (its values no longer start at byte "
-                    f"{self._contiguous_at}); open the file again"
-                )
-            self._handle_pfile = PositionalFile(self._path)
-        return self._handle_pfile
+        with _PFILE_LOCK:
+            if self._handle_pfile is None:
+                # the dataset is opened through HDF5 once per process (as every other read
+                # does): it must still be there, same type and shape, at the same offset
+                dset = self._dset()
+                if (
+                    contiguous_offset(dset) != self._contiguous_at
+                    or dset.dtype != self._stored_dtype
+                    or tuple(dset.shape) != self._stored_shape
+                ):
+                    raise FormatError(
+                        f"dataset {self._dataset_path!r} in {str(self._path)!r} changed or "
+                        f"damaged since it was opened (now {dset.dtype} {tuple(dset.shape)}, "
+                        f"was {self._stored_dtype} {self._stored_shape} at byte "
+                        f"{self._contiguous_at}); open the file again"
+                    )
+                self._handle_pfile = PositionalFile(self._path)
+            return self._handle_pfile
 
     def _read(self, selection: tuple[slice, ...], what: str) -> np.ndarray:
         if self._contiguous_at is not None:
@@ -594,6 +602,10 @@ class Hdf5Source(FrameSource):
         self._handle_pfile = None
 
 
+#: Guards the first positional handle of a source in a process (two threads reading at once).
+_PFILE_LOCK = threading.Lock()
+
+
 def contiguous_offset(dset: Any) -> int | None:
     """Byte offset of a contiguous, unfiltered, fully written dataset's values, else ``None``.
 
@@ -610,6 +622,10 @@ def contiguous_offset(dset: Any) -> int | None:
             return None
         plist = dset.id.get_create_plist()
         if plist.get_layout() != h5py.h5d.CONTIGUOUS or plist.get_nfilters():
+            return None
+        # the stored type must be the standard one of the NumPy dtype h5py reads it as (a
+        # reduced precision or bit offset, or a custom float, is converted by HDF5)
+        if not dset.id.get_type().equal(h5py.h5t.py_create(dset.dtype)):
             return None
         offset = dset.id.get_offset()
         expected = int(np.prod(dset.shape)) * int(dset.dtype.itemsize)

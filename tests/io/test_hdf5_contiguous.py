@@ -83,3 +83,30 @@ def test_two_threads_read_a_contiguous_file_in_parallel_and_right(tmp_path: Path
     for t in threads:
         t.join()
     np.testing.assert_array_equal(np.concatenate([got[i] for i in range(16)]), data)
+
+
+def test_stored_types_hdf5_converts_are_read_through_hdf5(tmp_path: Path) -> None:
+    """A reduced precision or bit offset is HDF5's to convert, not raw bytes to take."""
+    tid = h5py.h5t.STD_U16LE.copy()
+    tid.set_precision(12)
+    tid.set_offset(4)
+    with h5py.File(tmp_path / "p.h5", "w") as f:
+        space = h5py.h5s.create_simple((1, 2, 2, 2))
+        dset = h5py.Dataset(h5py.h5d.create(f.id, b"data", tid, space))
+        dset[...] = np.arange(8, dtype=np.uint16).reshape(1, 2, 2, 2)
+    src = Hdf5Source(tmp_path / "p.h5", dataset_path="/data")
+    assert src._contiguous_at is None
+    np.testing.assert_array_equal(src.read((0, 1), (0, 2)).ravel(), np.arange(8))
+
+
+def test_a_dataset_rewritten_in_place_with_another_type_is_refused(tmp_path: Path) -> None:
+    from quantem_flow.errors import FormatError
+
+    data = np.arange(1, 2 * 3 * 4 * 4 + 1, dtype="<u2").reshape(2, 3, 4, 4)
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f.create_dataset("data", data=data)
+    src = Hdf5Source(tmp_path / "d.h5", dataset_path="/data")
+    with h5py.File(tmp_path / "d.h5", "w") as f:  # same shape and offset, big-endian now
+        f.create_dataset("data", data=data.astype(">u2"))
+    with pytest.raises(FormatError, match="changed or damaged"):
+        src.read((0, 1), (0, 3))

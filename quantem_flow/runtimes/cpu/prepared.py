@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import ShapeError
 from .kernels import _fused, skip_zero_weights, sum_dtype
 
 __all__ = ["PreparedFramePass"]
@@ -106,6 +107,11 @@ class PreparedFramePass:
         if frames.dtype == np.float16:
             frames = frames.astype(np.float32)
         n = frames.shape[0]
+        if frames.ndim != 2 or frames.shape[1] != self._padded.shape[1]:
+            raise ShapeError(
+                f"frames of shape {frames.shape} fed to a pass prepared for "
+                f"{self._padded.shape[1]} pixels per frame (weights {self._padded.shape[1]} wide)"
+            )
         if self._pos + n > self._out.shape[0]:
             raise ValueError(
                 f"{self._pos + n} frames fed to a pass prepared for {self._out.shape[0]}"
