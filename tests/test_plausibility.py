@@ -230,3 +230,17 @@ def test_the_check_reads_no_data(
     with pytest.raises(ImplausibleParameterError):
         qf.compute(qf.virtual_bf(ds, radius=500, center=(30, 40)), **SYNC)
     assert read == []
+
+
+def test_on_detector_fraction_fast_path_and_cache_equal_the_polar_grid() -> None:
+    """Regions inside the detector are 1 without the grid; others are the grid's value."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        shape = (int(rng.integers(8, 200)), int(rng.integers(8, 200)))
+        center = (float(rng.uniform(-10, shape[0] + 10)), float(rng.uniform(-10, shape[1] + 10)))
+        scale = (float(rng.uniform(0.1, 2)), float(rng.uniform(0.1, 2)))
+        inner = float(rng.uniform(0, 50))
+        outer = inner + float(rng.uniform(0.1, 80)) if rng.random() < 0.8 else math.inf
+        grid = geometry._polar_fraction.__wrapped__(shape, center, scale, inner, outer)
+        assert geometry.on_detector_fraction(shape, center, scale, inner, outer) == grid
+        assert geometry.on_detector_fraction(shape, center, scale, inner, outer) == grid  # cached
