@@ -105,6 +105,8 @@ def test_streamed_views_raw_and_arrays_match(rng: np.random.Generator, tmp_path:
     )
     import h5py
 
+    from tests.io.writers_mrc import write_mrc
+
     with h5py.File(tmp_path / "c.h5", "w") as f:
         f.create_dataset("data", data=data)  # contiguous
         f.create_dataset("frames", data=data.reshape(-1, *DET), chunks=(1, *DET))
@@ -113,6 +115,7 @@ def test_streamed_views_raw_and_arrays_match(rng: np.random.Generator, tmp_path:
         "hdf5 one frame per chunk": qf.open(
             tmp_path / "c.h5", dataset_path="/frames", scan_shape=SCAN, chunk_rows=4
         ),
+        "mrc": qf.open(write_mrc(tmp_path / "d.mrc", data.reshape(-1, *DET)), scan_shape=SCAN),
         "raw": raw,
         "raw cropped and binned": raw.crop_scan((1, 8, 2, 13))
         .crop_detector((1, 15, 0, 12))
