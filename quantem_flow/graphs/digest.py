@@ -101,10 +101,9 @@ def payload_digests(representation: str, payload: Any, rows: tuple[int, int]) ->
             raise ValueError(
                 f"a dense payload of {block.shape[0]} scan rows cannot cover rows {rows}"
             )
-        return [
-            (r0 + i, r0 + i + 1, str(xxhash.xxh3_128_hexdigest(_array_bytes(block[i]))))
-            for i in range(r1 - r0)
-        ]
+        rows_digests = DenseRowDigests(block.shape[1])
+        rows_digests.update((r0, r1), (0, block.shape[1]), block)
+        return rows_digests.units
     h = xxhash.xxh3_128()
     fields = DIGESTED_FIELDS.get(representation)
     if fields is None:

@@ -456,14 +456,18 @@ class Hdf5Source(FrameSource):
 
         if not needs_bitshuffle_guard(self._layout):
             return
-        sel = selection if isinstance(selection, tuple) else (selection,)
-        bounds = []
-        for axis, n in enumerate(self._stored_shape):
-            s = sel[axis] if axis < len(sel) else slice(None)
-            start, stop, _ = s.indices(n)
-            bounds.append((start, stop))
+        bounds = self._bounds(selection, len(self._stored_shape))
         where = f"dataset {self._dataset_path!r} of {str(self._path)!r}"
         check_bitshuffle_chunks(self._dset(), bounds, where)
+
+    def _bounds(self, selection: Any, axes: int) -> list[tuple[int, int]]:
+        """Half-open ``(start, stop)`` of a slice selection on the first ``axes`` stored axes."""
+        sel = selection if isinstance(selection, tuple) else (selection,)
+        bounds = []
+        for axis, n in enumerate(self._stored_shape[:axes]):
+            start, stop, _ = (sel[axis] if axis < len(sel) else slice(None)).indices(n)
+            bounds.append((start, stop))
+        return bounds
 
     def _pread(self, out: np.ndarray | None, selection: Any, what: str) -> np.ndarray:
         """Read a selection of a contiguous, unfiltered dataset with ``pread`` at its offset.
@@ -473,12 +477,8 @@ class Hdf5Source(FrameSource):
         are where ``H5Dget_offset`` says, in the stored byte order.
         """
         assert self._contiguous_at is not None
-        sel = selection if isinstance(selection, tuple) else (selection,)
         lead = self._stored_shape[:-2]
-        bounds = []
-        for axis, n in enumerate(lead):
-            start, stop, _ = (sel[axis] if axis < len(sel) else slice(None)).indices(n)
-            bounds.append((start, stop))
+        bounds = self._bounds(selection, len(lead))
         frame_bytes = int(np.prod(self._stored_shape[-2:])) * self._stored_dtype.itemsize
         shape = (*(b - a for a, b in bounds), *self._stored_shape[-2:])
         target = out if out is not None else np.empty(shape, dtype=self._dtype)
