@@ -108,13 +108,6 @@ def _fused(frames, weights, out, acc_sum, acc_max, do_sum, do_max):  # type: ign
             if i + 3 < n:
                 out[i + 3, j] = d0
                 out[i + 3, j + 1] = d1
-    _patterns(frames, acc_sum, acc_max, do_sum, do_max)
-
-
-@_jit
-def _patterns(frames, acc_sum, acc_max, do_sum, do_max):  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
-    # The sum and max patterns over the frames, pixel by pixel.
-    n, k = frames.shape
     if do_sum:
         for i in range(n):
             row = frames[i]

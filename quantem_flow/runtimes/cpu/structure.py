@@ -95,7 +95,7 @@ from typing import Any
 
 import numpy as np
 
-from .kernels import _fused, _jit, _patterns
+from .kernels import _fused, _jit
 
 __all__ = [
     "MAX_CELLS",
@@ -1016,23 +1016,24 @@ def _structured_segments(  # type: ignore[no-untyped-def]  # pragma: no cover - 
                 _cells_real(block, start, length, cell, rrow, rcol, a, moments)
             _combine(a, kind, offset, ptr, cells, outcol, out[f0:f1])
         nb = f1 - f0
-        if ng or do_sum or do_max:
-            # a short group of general rows goes through the fused kernel as a full group
-            # padded with zero frames: general rows then get the same values whatever the
-            # split of the frames into calls or chunks (the fused kernel compiled inside this
-            # one rounds a short group differently from a full one); the patterns then run
-            # on the real frames only.  One call site of the fused kernel: each one inlined
-            # here costs seconds of first compilation.
-            pad = ng > 0 and nb % 4 != 0
-            nb4 = nb + (4 - nb % 4 if pad else 0)
-            scratch = np.zeros((nb4 if pad else 0, frames.shape[1]), dtype=frames.dtype)
-            if pad:
-                scratch[:nb] = block  # a variable of its own: frames may be read-only
-            src = scratch if pad else block
-            go = np.empty((nb4, gout.shape[1]), dtype=np.float64) if pad else gout[:nb]
-            _fused(src, gweights, go, acc_sum, acc_max, do_sum and not pad, do_max and not pad)
-            if pad:
-                _patterns(block, acc_sum, acc_max, do_sum, do_max)
+        if ng and nb % 4:
+            # a short group goes through the fused kernel as a full group padded with zero
+            # frames: general rows then get the same values whatever the split of the frames
+            # into calls or chunks (the fused kernel compiled inside this one rounds a short
+            # group differently from a full one); the patterns run on the real frames only
+            nb4 = nb + 4 - nb % 4
+            padded = np.zeros((nb4, frames.shape[1]), dtype=frames.dtype)
+            padded[:nb] = block
+            go = np.empty((nb4, gout.shape[1]), dtype=np.float64)
+            _fused(padded, gweights, go, acc_sum, acc_max, False, False)
+            if do_sum or do_max:
+                _fused(block, gweights[:0], gout[:nb, :0], acc_sum, acc_max, do_sum, do_max)
+            for i in range(nb):
+                for j in range(ng):
+                    out[f0 + i, general[j]] = go[i, j]
+        elif ng or do_sum or do_max:
+            go = gout[:nb]
+            _fused(block, gweights, go, acc_sum, acc_max, do_sum, do_max)
             for i in range(nb):
                 for j in range(ng):
                     out[f0 + i, general[j]] = go[i, j]
