@@ -188,10 +188,10 @@ def test_supports_only_bitshuffle_lz4_or_zstd(tmp_path: Path) -> None:
 def test_runs_of_frames_decoded_as_one_stream_equal_h5py(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """64 x 64 uint16 frames hold whole bitshuffle blocks: runs are decoded in groups."""
+    """64 x 64 uint16 frames hold whole bitshuffle blocks: Zstandard runs decode in groups."""
     monkeypatch.setattr(bslz4_read, "GROUP_BYTES", 10 * 64 * 64 * 2)  # groups of 10 frames
     data = np.random.default_rng(6).poisson(2, size=(95, 64, 64)).astype(np.uint16)
-    path = _write(tmp_path / "g.h5", data, (1, 64, 64))
+    path = _write(tmp_path / "g.h5", data, (1, 64, 64), cname="zstd")
     calls: list[int] = []
     real = bslz4_read._bodies
 
@@ -227,3 +227,70 @@ def test_the_in_place_decoder_equals_the_binding() -> None:
     np.testing.assert_array_equal(
         out, bitshuffle.decompress_lz4(stream, values.shape, values.dtype, 0)
     )
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    ("shape", "bounds"),
+    [
+        ((95, 32, 32), [(3, 94), (0, 32), (0, 32)]),
+        ((7, 9, 32, 32), [(1, 6), (2, 9), (0, 32), (0, 32)]),
+        ((7, 9, 32, 32), [(2, 3), (0, 5), (0, 32), (0, 32)]),
+    ],
+)
+def test_lz4_frames_decode_in_one_compiled_call_per_run(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    shape: tuple[int, ...],
+    bounds: list[tuple[int, int]],
+    threads: int,
+) -> None:
+    """One-frame LZ4 chunks (3-D or 4-D) are checked and decoded without Python per frame.
+
+    Runs are read across the few bytes of chunk index HDF5 writes between
+    them (``GAP_BYTES``); values equal h5py's for 3-D and 4-D selections.
+    """
+    data = np.random.default_rng(8).poisson(3, size=shape).astype(np.uint16)
+    path = _write(tmp_path / "f.h5", data, (1,) * (len(shape) - 2) + shape[-2:])
+    calls: list[int] = []
+    real = bslz4_read._decode_span
+
+    def spy(*args: Any) -> Any:
+        calls.append(int(args[2].shape[0]))
+        return real(*args)
+
+    monkeypatch.setattr(bslz4_read, "_decode_span", spy)
+    out, expected = _read(path, bounds, threads)
+    np.testing.assert_array_equal(out, expected)
+    assert sum(calls) == int(np.prod([b - a for a, b in bounds[:-2]]))
+
+
+def test_a_chunk_index_gap_inside_a_run_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks apart by a few bytes are read in one call and decoded from their own offsets."""
+    monkeypatch.setattr(bslz4_read, "GAP_BYTES", 0)
+    data = np.random.default_rng(9).poisson(3, size=(300, 16, 16)).astype(np.uint16)
+    path = _write(tmp_path / "gap.h5", data, (1, 16, 16))
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        index = bslz4_read.chunk_index(f["data"])
+    ends = index.byte_offset[:-1] + index.size[:-1]
+    gaps = index.byte_offset[1:] - ends
+    assert (gaps > 0).any(), "HDF5 wrote chunk-index nodes between chunks"
+    reads: list[int] = []
+    real = bslz4_read.os.preadv
+
+    def counting(fd: int, buffers: Any, offset: int) -> int:
+        reads.append(offset)
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(bslz4_read.os, "preadv", counting)
+    exact, _ = _read(path, [(0, 300), (0, 16), (0, 16)], 1)
+    apart = len(reads)
+    monkeypatch.setattr(bslz4_read, "GAP_BYTES", 64 << 10)
+    merged, expected = _read(path, [(0, 300), (0, 16), (0, 16)], 1)
+    np.testing.assert_array_equal(exact, expected)
+    np.testing.assert_array_equal(merged, expected)
+    assert len(reads) - apart < apart, (apart, len(reads) - apart)

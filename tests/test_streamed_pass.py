@@ -104,13 +104,34 @@ def test_streamed_views_raw_and_arrays_match(rng: np.random.Generator, tmp_path:
         chunk_rows=5,
     )
     import h5py
+    import hdf5plugin
 
+    from tests.io.writers import write_dectris
     from tests.io.writers_mrc import write_mrc
 
     with h5py.File(tmp_path / "c.h5", "w") as f:
         f.create_dataset("data", data=data)  # contiguous
         f.create_dataset("frames", data=data.reshape(-1, *DET), chunks=(1, *DET))
+        # bitshuffle + LZ4, one frame per chunk: the Dectris layout (3-D) and 4-D
+        f.create_dataset(
+            "bslz4",
+            data=data.reshape(-1, *DET),
+            chunks=(1, *DET),
+            **hdf5plugin.Bitshuffle(cname="lz4"),
+        )
+        f.create_dataset(
+            "bslz4_4d", data=data, chunks=(1, 1, *DET), **hdf5plugin.Bitshuffle(cname="lz4")
+        )
     views = {
+        "hdf5 bitshuffle+lz4 frames": qf.open(
+            tmp_path / "c.h5", dataset_path="/bslz4", scan_shape=SCAN, chunk_rows=4
+        ),
+        "hdf5 bitshuffle+lz4 4-D": qf.open(tmp_path / "c.h5", dataset_path="/bslz4_4d"),
+        "dectris (data files of 40 frames)": qf.open(
+            write_dectris(tmp_path, "acq", data.reshape(-1, *DET), frames_per_file=40),
+            scan_shape=SCAN,
+            chunk_rows=5,
+        ),
         "hdf5 contiguous": qf.open(tmp_path / "c.h5", dataset_path="/data", chunk_rows=4),
         "hdf5 one frame per chunk": qf.open(
             tmp_path / "c.h5", dataset_path="/frames", scan_shape=SCAN, chunk_rows=4

@@ -179,9 +179,10 @@ class Source(abc.ABC):
 
         ``True`` lets a chunk pass read its chunk in cache-sized pieces
         (docs/streamed-pass.md): formats storing frames as flat records
-        (``.npy``, raw) or in memory.  ``False`` (the default) for formats
-        whose stored units (compressed or chunked HDF5/Zarr, Dectris) would
-        be decoded once per piece.
+        (``.npy``, raw), in memory, or compressed one frame per stored
+        chunk (bitshuffle HDF5).  ``False`` (the default) for formats whose
+        stored units (chunks of several frames) would be decoded once per
+        piece.
         """
         return False
 

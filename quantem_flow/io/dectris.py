@@ -242,6 +242,19 @@ class DectrisSource(FrameSource):
             "external link to a data file"
         )
 
+    @property
+    def streams_blocks(self) -> bool:
+        """True when every data file stores bitshuffle frames one per chunk (the usual layout).
+
+        A block of frames then decodes only its own chunks, so a chunk pass
+        reads it in cache-sized pieces (docs/streamed-pass.md).
+        """
+        from .bslz4_read import decodes_whole_frames
+
+        return bool(self._layouts) and all(
+            decodes_whole_frames(layout, (1, *self._frame_shape)) for layout in self._layouts
+        )
+
     # -- native encoded reads ---------------------------------------------------
     @property
     def integrity(self) -> tuple[bool, str]:
