@@ -334,3 +334,35 @@ def test_frames_of_another_width_than_the_weights_are_refused() -> None:
             CpuRuntime().frame_pass(
                 np.ones((2, 3), dtype=np.uint16), weights, want_sum=True, want_max=True
             )
+
+
+def test_bitshuffle_streams_only_one_whole_frame_per_chunk(
+    rng: np.random.Generator, tmp_path: Path
+) -> None:
+    """A piece decodes only its own chunks: one whole frame per chunk streams, others not."""
+    import h5py
+    import hdf5plugin
+
+    from tests.io.writers import write_dectris
+
+    frames = _frames(rng, "uint16").reshape(-1, *DET)
+    layouts = {
+        "one frame, lz4": ((1, *DET), "lz4", True),
+        "one frame, zstd": ((1, *DET), "zstd", True),
+        "two frames": ((2, *DET), "lz4", False),
+        "half a frame": ((1, DET[0] // 2, DET[1]), "lz4", False),
+    }
+    with h5py.File(tmp_path / "b.h5", "w") as f:
+        for name, (chunks, cname, _) in layouts.items():
+            f.create_dataset(name, data=frames, chunks=chunks, **hdf5plugin.Bitshuffle(cname=cname))
+    for name, (_, _, streams) in layouts.items():
+        ds = qf.open(tmp_path / "b.h5", dataset_path=name, scan_shape=SCAN)
+        assert ds.source.streams_blocks is streams, name
+    packed = write_dectris(tmp_path, "c", frames, frames_per_file=50)
+    plain = write_dectris(tmp_path, "u", frames, frames_per_file=50, compression=False)
+    assert qf.open(packed, scan_shape=SCAN).source.streams_blocks
+    assert not qf.open(plain, scan_shape=SCAN).source.streams_blocks
+    ds = qf.open(tmp_path / "b.h5", dataset_path="one frame, zstd", scan_shape=SCAN)
+    whole, streamed = _run(ds, 0), _run(ds, 6 * DET[0] * DET[1] * 2 / (1 << 20))
+    _same(whole, streamed)
+    assert all(r["made"] == "dense read, streamed" for r in _chunks(streamed[0]))

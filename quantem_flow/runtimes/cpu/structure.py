@@ -1023,7 +1023,11 @@ def _structured_segments(  # type: ignore[no-untyped-def]  # pragma: no cover - 
             # group differently from a full one); the patterns run on the real frames only
             nb4 = nb + 4 - nb % 4
             padded = np.zeros((nb4, frames.shape[1]), dtype=frames.dtype)
-            padded[:nb] = block
+            # copied element by element: an array-to-array slice assignment compiles numba's
+            # shape-mismatch error formatting (~4-6 s of first JIT, string code included)
+            for i in range(nb):
+                for p in range(frames.shape[1]):
+                    padded[i, p] = block[i, p]
             go = np.empty((nb4, gout.shape[1]), dtype=np.float64)
             _fused(padded, gweights, go, acc_sum, acc_max, False, False)
             if do_sum or do_max:
