@@ -378,6 +378,8 @@ def read_bitshuffle(
     for r, g in zip(ranges, index.grid, strict=True):
         linear = (linear[:, None] * g + np.arange(r.start, r.stop, dtype=np.int64)).ravel()
     n = max(1, min(int(threads or config.get("decode_threads")), len(linear)))
+    if n == 1 and _lz4_frames(plan, bounds, linear, out):
+        return out
     job = _Job(dset, plan, bounds, out, linear, where)
     if n == 1:
         job.run(0, len(linear))
@@ -400,6 +402,69 @@ def read_bitshuffle(
     if errors:
         raise errors[0]
     return out
+
+
+def _whole_frames(
+    chunks: Sequence[int], bounds: Sequence[tuple[int, int]], shape: Sequence[int]
+) -> bool:
+    """One whole frame per chunk, frames selected whole: chunk k of the selection is frame k."""
+    frame_axes = len(chunks) - 2
+    return (
+        frame_axes >= 1
+        and all(c == 1 for c in chunks[:frame_axes])
+        and all(
+            (a, b) == (0, c) and c == n
+            for (a, b), c, n in zip(
+                bounds[frame_axes:], chunks[frame_axes:], shape[frame_axes:], strict=True
+            )
+        )
+    )
+
+
+def _lz4_frames(
+    plan: _Plan, bounds: Sequence[tuple[int, int]], linear: np.ndarray, out: np.ndarray
+) -> bool:
+    """Read and decode one-frame LZ4 chunks with little Python per call (False: not done).
+
+    The common case of a streamed pass's piece (tens of frames, every chunk
+    stored and filtered): the runs of chunks found in one compiled call, one
+    ``preadv`` and one :func:`_decode_span` per run. Anything else (a chunk
+    never written or stored unfiltered, a short read, a chunk that does not
+    check out) returns False, and :class:`_Job` reads the selection again,
+    naming any problem.
+    """
+    into = decode_lz4_into()
+    index = plan.index
+    if (
+        into is None
+        or plan.comp != "lz4"
+        or not index.direct
+        or out.dtype != plan.stored
+        or not _whole_frames(index.chunks, bounds, plan.shape)
+    ):
+        return False
+    offsets = index.byte_offset[linear]
+    sizes = index.size[linear]
+    if int(offsets.min()) < 0 or bool((index.mask[linear] & 1).any()):
+        return False
+    n_elem = int(np.prod(index.chunks))
+    frames = out.reshape(len(linear), n_elem).view(np.uint8)
+    fd = os.open(index.path, os.O_RDONLY)
+    try:
+        a = 0
+        for b in _run_ends(offsets, sizes, GAP_BYTES, SPAN_BYTES).tolist():
+            first = int(offsets[a])
+            nbytes = int(offsets[b - 1] + sizes[b - 1]) - first
+            buf = _span_buffer(nbytes)
+            if os.preadv(fd, [memoryview(buf)[:nbytes]], first) != nbytes:
+                return False
+            span = np.frombuffer(buf, dtype=np.uint8, count=nbytes)
+            if _decode_span(into, span, offsets[a:b] - first, sizes[a:b], n_elem, frames[a:b]) >= 0:
+                return False
+            a = b
+    finally:
+        os.close(fd)
+    return True
 
 
 def _filter_values(dset: Any) -> list[int]:
@@ -445,20 +510,7 @@ class _Job:
         # chunks of one whole frame each (the Dectris layout, or (1, 1, k_r, k_c)), frames
         # read whole: the fast path. The selection's chunks in C order are then its frames
         # in C order, so chunk k of the selection is frame k of ``out``.
-        frame_axes = len(index.chunks) - 2
-        self.fast = (
-            frame_axes >= 1
-            and all(c == 1 for c in index.chunks[:frame_axes])
-            and all(
-                (a, b) == (0, c) and c == n
-                for (a, b), c, n in zip(
-                    self.bounds[frame_axes:],
-                    index.chunks[frame_axes:],
-                    plan.shape[frame_axes:],
-                    strict=True,
-                )
-            )
-        )
+        self.fast = _whole_frames(index.chunks, self.bounds, plan.shape)
         if self.fast:
             self.frames = out.reshape(-1, self.n_elem)
         # per selected chunk, as Python ints (cheaper to index than NumPy scalars)
@@ -826,6 +878,30 @@ def _decode_span(into, buf, rel, sizes, n_elem, frames):  # type: ignore[no-unty
         if used != n - 12:
             return c
     return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _run_ends(offsets, sizes, gap, limit):  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
+    """End (exclusive) of each run of chunks read with one call, as :meth:`_Job.run` cuts them.
+
+    A run goes on while the next chunk starts at most ``gap`` bytes after
+    the previous one ends and the run stays within ``limit`` bytes.
+    """
+    n = offsets.shape[0]
+    ends = np.empty(n, dtype=np.int64)
+    m = 0
+    i = 0
+    while i < n:
+        first = offsets[i]
+        end = first + sizes[i]
+        j = i + 1
+        while j < n and end <= offsets[j] <= end + gap and offsets[j] + sizes[j] - first <= limit:
+            end = offsets[j] + sizes[j]
+            j += 1
+        ends[m] = j
+        m += 1
+        i = j
+    return ends[:m]
 
 
 @numba.njit(cache=True, nogil=True)
