@@ -598,9 +598,8 @@ class _Job:
         into = decode_lz4_into() if self.comp == "lz4" else None
         frames = self.frames[i:j]
         if into is not None and frames.dtype == self.stored:
-            # checked and decoded chunk by chunk in one compiled call without the GIL: two
-            # task threads decoding small runs no longer wait for each other's Python between
-            # codec calls (2 MiB pieces: 3.3 vs 1.5 GB/s on two threads, benchmarks/RESULTS.md)
+            # checked and decoded chunk by chunk in one compiled call without the GIL: no
+            # Python between codec calls (benchmarks/RESULTS.md, "Bitshuffle frames streamed")
             bad = _decode_span(into, span, rel, sizes, self.n_elem, frames.view(np.uint8))
             if bad < 0:
                 return True

@@ -306,8 +306,9 @@ class Hdf5Source(FrameSource):
         spanning several frames would be decoded once per piece that touches
         it, so other compressed layouts say no.  Bitshuffle frames decode a
         piece's run of chunks in one compiled call without the GIL
-        (io/bslz4_read.py): in 2 MiB pieces 1.2-1.3x faster than whole chunks
-        on the embedded default (docs/streamed-pass.md).
+        (io/bslz4_read.py): as fast as whole chunks on the embedded default
+        (within this VM's noise), holding one 2 MiB piece per task instead
+        of the whole chunk (docs/streamed-pass.md).
         """
         chunks = self._layout.get("chunks")
         if self._layout.get("filters"):
