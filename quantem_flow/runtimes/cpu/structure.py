@@ -965,82 +965,104 @@ def _combine(acc, kind, offset, ptr, cells, outcol, out):  # type: ignore[no-unt
                 out[i, outcol[q]] = np.float64(mom) - offset[q] * np.float64(s)
 
 
-@_jit
-def _structured_segments(  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
-    frames,
-    integer,
-    start,
-    length,
-    cell,
-    rrow,
-    rcol,
-    moments,
-    kind,
-    offset,
-    ptr,
-    cells,
-    outcol,
-    general,
-    gweights,
-    out,
-    acc,
-    gout,
-    acc_sum,
-    acc_max,
-    do_sum,
-    do_max,
-    seg,
-):
-    # integer == 3: 8/16-bit integers with moment rows over the segments ``seg``
-    # (WeightPlan.seg_arrays); otherwise ``seg`` is not read.
-    n = frames.shape[0]
-    g = acc.shape[0]
-    ng = general.shape[0]
-    for f0 in range(0, n, g):
-        f1 = min(f0 + g, n)
-        block = frames[f0:f1]
-        a = acc[: f1 - f0]
-        if kind.shape[0]:
-            if integer == 3:
-                _cells_small_segments(
-                    block, seg[0], seg[1], seg[2], seg[3], seg[4], seg[5], seg[6], seg[7],
-                    seg[8], seg[9], a,
-                )  # fmt: skip
-            elif integer == 2 and moments:
-                _cells_small_moments(block, start, length, cell, rrow, rcol, a)
-            elif integer == 2:
-                _cells_small_sums(block, start, length, cell, a)
-            elif integer == 1:
-                _cells_int(block, start, length, cell, rrow, rcol, a, moments)
-            else:
-                _cells_real(block, start, length, cell, rrow, rcol, a, moments)
-            _combine(a, kind, offset, ptr, cells, outcol, out[f0:f1])
-        nb = f1 - f0
-        if ng and nb % 4:
-            # a short group goes through the fused kernel as a full group padded with zero
-            # frames: general rows then get the same values whatever the split of the frames
-            # into calls or chunks (the fused kernel compiled inside this one rounds a short
-            # group differently from a full one); the patterns run on the real frames only
-            nb4 = nb + 4 - nb % 4
-            padded = np.zeros((nb4, frames.shape[1]), dtype=frames.dtype)
-            # copied element by element: an array-to-array slice assignment compiles numba's
-            # shape-mismatch error formatting (~4-6 s of first JIT, string code included)
-            for i in range(nb):
-                for p in range(frames.shape[1]):
-                    padded[i, p] = block[i, p]
-            go = np.empty((nb4, gout.shape[1]), dtype=np.float64)
-            _fused(padded, gweights, go, acc_sum, acc_max, False, False)
-            if do_sum or do_max:
-                _fused(block, gweights[:0], gout[:nb, :0], acc_sum, acc_max, do_sum, do_max)
-            for i in range(nb):
-                for j in range(ng):
-                    out[f0 + i, general[j]] = go[i, j]
-        elif ng or do_sum or do_max:
-            go = gout[:nb]
-            _fused(block, gweights, go, acc_sum, acc_max, do_sum, do_max)
-            for i in range(nb):
-                for j in range(ng):
-                    out[f0 + i, general[j]] = go[i, j]
+def _make_structured_segments(integer: int, moments: bool) -> Any:
+    """The structured group loop compiled for one cell kernel (``integer`` mode, ``moments``).
+
+    One function per mode instead of one taking the mode as an argument: Numba
+    prunes the other modes' branches (closure constants) before typing, so a
+    first pass compiles one cell kernel, not all five (first compute on a
+    fresh install: benchmarks/RESULTS.md, "First use of the CPU kernels").
+    """
+
+    @_jit
+    def structured_segments(  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
+        frames,
+        start,
+        length,
+        cell,
+        rrow,
+        rcol,
+        kind,
+        offset,
+        ptr,
+        cells,
+        outcol,
+        general,
+        gweights,
+        out,
+        acc,
+        gout,
+        acc_sum,
+        acc_max,
+        do_sum,
+        do_max,
+        seg,
+    ):
+        # integer == 3: 8/16-bit integers with moment rows over the segments ``seg``
+        # (WeightPlan.seg_arrays); otherwise ``seg`` is not read. ``integer`` and
+        # ``moments`` are this closure's constants: the branches of other modes are pruned
+        # before typing, so only the cell kernel this mode runs is compiled.
+        n = frames.shape[0]
+        g = acc.shape[0]
+        ng = general.shape[0]
+        for f0 in range(0, n, g):
+            f1 = min(f0 + g, n)
+            block = frames[f0:f1]
+            a = acc[: f1 - f0]
+            if kind.shape[0]:
+                if integer == 3:
+                    _cells_small_segments(
+                        block, seg[0], seg[1], seg[2], seg[3], seg[4], seg[5], seg[6], seg[7],
+                        seg[8], seg[9], a,
+                    )  # fmt: skip
+                elif integer == 2 and moments:
+                    _cells_small_moments(block, start, length, cell, rrow, rcol, a)
+                elif integer == 2:
+                    _cells_small_sums(block, start, length, cell, a)
+                elif integer == 1:
+                    _cells_int(block, start, length, cell, rrow, rcol, a, moments)
+                else:
+                    _cells_real(block, start, length, cell, rrow, rcol, a, moments)
+                _combine(a, kind, offset, ptr, cells, outcol, out[f0:f1])
+            nb = f1 - f0
+            if ng and nb % 4:
+                # a short group goes through the fused kernel as a full group padded with zero
+                # frames: general rows then get the same values whatever the split of the frames
+                # into calls or chunks (the fused kernel compiled inside this one rounds a short
+                # group differently from a full one); the patterns run on the real frames only
+                nb4 = nb + 4 - nb % 4
+                padded = np.zeros((nb4, frames.shape[1]), dtype=frames.dtype)
+                # copied element by element: an array-to-array slice assignment compiles numba's
+                # shape-mismatch error formatting (~4-6 s of first JIT, string code included)
+                for i in range(nb):
+                    for p in range(frames.shape[1]):
+                        padded[i, p] = block[i, p]
+                go = np.empty((nb4, gout.shape[1]), dtype=np.float64)
+                _fused(padded, gweights, go, acc_sum, acc_max, False, False)
+                if do_sum or do_max:
+                    _fused(block, gweights[:0], gout[:nb, :0], acc_sum, acc_max, do_sum, do_max)
+                for i in range(nb):
+                    for j in range(ng):
+                        out[f0 + i, general[j]] = go[i, j]
+            elif ng or do_sum or do_max:
+                go = gout[:nb]
+                _fused(block, gweights, go, acc_sum, acc_max, do_sum, do_max)
+                for i in range(nb):
+                    for j in range(ng):
+                        out[f0 + i, general[j]] = go[i, j]
+
+    return structured_segments
+
+
+#: The structured group loop per ``(integer mode, moments)`` (compiled on first use of each).
+_SEGMENTS = {
+    (mode, moments): _make_structured_segments(mode, moments)
+    for mode in range(4)
+    for moments in (False, True)
+}
+_seg0f, _seg0t = _SEGMENTS[(0, False)], _SEGMENTS[(0, True)]
+_seg1f, _seg1t = _SEGMENTS[(1, False)], _SEGMENTS[(1, True)]
+_seg2f, _seg2t = _SEGMENTS[(2, False)], _SEGMENTS[(2, True)]
 
 
 @_jit
@@ -1068,13 +1090,39 @@ def _structured(  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
     do_sum,
     do_max,
 ):
-    # _structured_segments on the cell runs only (integer modes 0-2)
+    # the structured group loop on the cell runs only (integer modes 0-2)
     e = np.zeros(0, dtype=np.int64)
-    _structured_segments(
-        frames, min(integer, 2), start, length, cell, rrow, rcol, moments, kind, offset,
-        ptr, cells, outcol, general, gweights, out, acc, gout, acc_sum, acc_max, do_sum,
-        do_max, (e, e, e, e, e, e, e, e, e, e),
-    )  # fmt: skip
+    seg = (e, e, e, e, e, e, e, e, e, e)
+    if integer == 0 and moments:
+        _seg0t(
+            frames, start, length, cell, rrow, rcol, kind, offset, ptr, cells, outcol, general,
+            gweights, out, acc, gout, acc_sum, acc_max, do_sum, do_max, seg,
+        )  # fmt: skip
+    elif integer == 0:
+        _seg0f(
+            frames, start, length, cell, rrow, rcol, kind, offset, ptr, cells, outcol, general,
+            gweights, out, acc, gout, acc_sum, acc_max, do_sum, do_max, seg,
+        )  # fmt: skip
+    elif integer == 1 and moments:
+        _seg1t(
+            frames, start, length, cell, rrow, rcol, kind, offset, ptr, cells, outcol, general,
+            gweights, out, acc, gout, acc_sum, acc_max, do_sum, do_max, seg,
+        )  # fmt: skip
+    elif integer == 1:
+        _seg1f(
+            frames, start, length, cell, rrow, rcol, kind, offset, ptr, cells, outcol, general,
+            gweights, out, acc, gout, acc_sum, acc_max, do_sum, do_max, seg,
+        )  # fmt: skip
+    elif moments:
+        _seg2t(
+            frames, start, length, cell, rrow, rcol, kind, offset, ptr, cells, outcol, general,
+            gweights, out, acc, gout, acc_sum, acc_max, do_sum, do_max, seg,
+        )  # fmt: skip
+    else:
+        _seg2f(
+            frames, start, length, cell, rrow, rcol, kind, offset, ptr, cells, outcol, general,
+            gweights, out, acc, gout, acc_sum, acc_max, do_sum, do_max, seg,
+        )  # fmt: skip
 
 
 def plan_arrays(plan: WeightPlan) -> tuple[Any, ...]:
@@ -1150,10 +1198,12 @@ def structured_pass(
     acc = np.empty((g, 3, max(plan.n_cells, 1)), dtype=np.int64 if integer else np.float64)
     gout = np.empty((g, max(plan.general_weights.shape[0], 1)), dtype=np.float64)
     e = np.zeros(0, dtype=np.int64)
-    _structured_segments(
+    arrays = plan_arrays(plan)
+    run = _SEGMENTS[(integer, bool(plan.need_moments))]
+    run(
         frames,
-        integer,
-        *plan_arrays(plan),
+        *arrays[:5],
+        *arrays[6:],
         plan.general_weights,
         out,
         acc,
