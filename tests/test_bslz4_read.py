@@ -294,3 +294,79 @@ def test_a_chunk_index_gap_inside_a_run_is_skipped(
     np.testing.assert_array_equal(exact, expected)
     np.testing.assert_array_equal(merged, expected)
     assert len(reads) - apart < apart, (apart, len(reads) - apart)
+
+
+def test_bounds_outside_the_dataset_are_refused(tmp_path: Path) -> None:
+    """Bounds beyond the shape name the shape, instead of reading other chunks."""
+    import h5py
+
+    from quantem_flow.errors import ShapeError
+
+    data = np.random.default_rng(10).poisson(3, size=(5, 7, 16, 16)).astype(np.uint16)
+    path = _write(tmp_path / "b.h5", data, (1, 1, 16, 16))
+    with h5py.File(path, "r") as f:
+        out = np.empty((1, 2, 16, 16), dtype=np.uint16)
+        with pytest.raises(ShapeError, match=r"\(5, 7, 16, 16\)"):
+            bslz4_read.read_bitshuffle(
+                f["data"], [(1, 2), (6, 8), (0, 16), (0, 16)], out, where="t"
+            )
+        with pytest.raises(ShapeError, match="within"):
+            bslz4_read.read_bitshuffle(
+                f["data"], [(-1, 0), (0, 2), (0, 16), (0, 16)], out, where="t"
+            )
+
+
+def test_every_decoding_thread_runs_the_codec_on_one_openmp_thread(tmp_path: Path) -> None:
+    """The library splits each call over OpenMP threads unless told not to, per thread.
+
+    A task thread's first read must set it (a team per call in every thread
+    but the first measured 5-50x slower).
+    """
+    import threading
+
+    import h5py
+
+    from quantem_flow.representations import encoded
+
+    data = np.random.default_rng(11).poisson(3, size=(40, 16, 16)).astype(np.uint16)
+    path = _write(tmp_path / "t.h5", data, (1, 16, 16))
+    seen: list[bool] = []
+    with h5py.File(path, "r") as f:
+
+        def read() -> None:
+            out = np.empty((40, 16, 16), dtype=np.uint16)
+            bslz4_read.read_bitshuffle(f["data"], [(0, 40), (0, 16), (0, 16)], out, where="t")
+            np.testing.assert_array_equal(out, data)
+            seen.append(bool(getattr(encoded._OPENMP, "done", False)))
+
+        read()  # the codec loaded in this thread first, as in a worker
+        for _ in range(3):  # then each new task thread's first read
+            t = threading.Thread(target=read)
+            t.start()
+            t.join()
+    assert seen == [True, True, True, True]
+
+
+def test_a_rewritten_file_is_read_anew(tmp_path: Path) -> None:
+    """The per-dataset plan is checked against the file on every read."""
+    import os
+
+    import h5py
+
+    first = np.random.default_rng(12).poisson(3, size=(20, 16, 16)).astype(np.uint16)
+    path = _write(tmp_path / "r.h5", first, (1, 16, 16))
+    a, _ = _read(path, [(0, 20), (0, 16), (0, 16)], 1)
+    second = first[::-1].copy() + 1
+    _write(tmp_path / "r.h5", second, (1, 16, 16))
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    b, _ = _read(path, [(0, 20), (0, 16), (0, 16)], 1)
+    np.testing.assert_array_equal(a, first)
+    np.testing.assert_array_equal(b, second)
+    with h5py.File(path, "r") as f:
+        d = f["data"]
+        out = np.empty((20, 16, 16), dtype=np.uint16)
+        bslz4_read.read_bitshuffle(d, [(0, 20), (0, 16), (0, 16)], out, where="t")
+        f.close()
+        with pytest.raises((ValueError, RuntimeError, OSError)):
+            bslz4_read.read_bitshuffle(d, [(0, 20), (0, 16), (0, 16)], out, where="t")

@@ -123,6 +123,9 @@ class ChunkIndex:
     direct
         Whether the byte offsets may be read with ``os.preadv`` (checked
         against ``read_direct_chunk`` on the first stored chunk).
+    stamp
+        The file's ``(mtime_ns, size, inode)`` taken before the index was
+        walked (empty if it could not be taken).
     """
 
     path: str
@@ -132,6 +135,7 @@ class ChunkIndex:
     size: np.ndarray
     mask: np.ndarray
     direct: bool
+    stamp: tuple[Any, ...] = ()
 
 
 _cache: OrderedDict[tuple[Any, ...], ChunkIndex] = OrderedDict()
@@ -194,7 +198,7 @@ def chunk_index(dset: Any) -> ChunkIndex:
             "file may be truncated or its chunk index damaged; restore the file"
         ) from exc
     direct = _offsets_usable(dset, path, byte_offset, size, chunks, strides)
-    index = ChunkIndex(path, chunks, grid, byte_offset, size, mask, direct)
+    index = ChunkIndex(path, chunks, grid, byte_offset, size, mask, direct, stamp)
     with _cache_lock:
         _cache[key] = index
         while len(_cache) > INDEX_CACHE:
@@ -268,14 +272,19 @@ def _plan(dset: Any) -> _Plan:
     try:
         with _plans_lock:
             found = _plans.get(dset.id)
-    except TypeError:  # an id that cannot be hashed (closed): no caching
+    except TypeError:  # an id that cannot be hashed: no caching
         found = None
-    if found is not None and found.stamp and _stamp(found.path) == found.stamp:
+    if (
+        found is not None
+        and found.stamp
+        and _stamp(found.path) == found.stamp
+        and dset.id.valid  # a closed handle reads nothing (h5py then says why)
+    ):
         return found
     index = chunk_index(dset)
     plan = _Plan(
         path=index.path,
-        stamp=_stamp(index.path),
+        stamp=index.stamp,  # taken before the index was walked
         index=index,
         comp=_BSHUF_COMPRESSION[int(dict(enumerate(_filter_values(dset))).get(4, 2))],
         fill=dset.fillvalue,
@@ -370,6 +379,13 @@ def read_bitshuffle(
     if out.size == 0:
         return out
     plan = _plan(dset)
+    if len(bounds) != len(plan.shape) or any(
+        not 0 <= int(a) <= int(b) <= n for (a, b), n in zip(bounds, plan.shape, strict=False)
+    ):
+        raise ShapeError(
+            f"read_bitshuffle bounds {[(int(a), int(b)) for a, b in bounds]} do not lie within "
+            f"the shape {plan.shape} of {where}; pass 0 <= start <= stop <= size per axis"
+        )
     index = plan.index
     chunks = index.chunks
     ranges = [range(int(a) // c, -(-int(b) // c)) for (a, b), c in zip(bounds, chunks, strict=True)]
@@ -433,6 +449,9 @@ def _lz4_frames(
     check out) returns False, and :class:`_Job` reads the selection again,
     naming any problem.
     """
+    from ..representations.encoded import _bitshuffle
+
+    _bitshuffle()  # the library's OpenMP set to one thread in this thread (as _Job.run does)
     into = decode_lz4_into()
     index = plan.index
     if (
