@@ -31,7 +31,17 @@ from ...errors import ParameterError, ShapeError
 from ...representations.packed import PackedPayload, unpack_frames
 from ..base import FramePassResult
 from .kernels import _fused, sum_dtype
-from .structure import _structured, analyse_weights, integer_mode, plan_arrays
+from .structure import (
+    _seg0f,
+    _seg0t,
+    _seg1f,
+    _seg1t,
+    _seg2f,
+    _seg2t,
+    analyse_weights,
+    integer_mode,
+    plan_arrays,
+)
 
 __all__ = ["GROUP_BYTES", "frame_pass_packed", "group_frames"]
 
@@ -50,54 +60,71 @@ def _packed_pass(  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
         _fused(buf[: f1 - f0], weights, out[f0:f1], acc_sum, acc_max, do_sum, do_max)
 
 
-@numba.njit(cache=bool(config.get("numba_cache")), nogil=True)
-def _packed_structured(  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
-    data,
-    widths,
-    offsets,
-    bv,
-    n,
-    buf,
-    mode,
-    p,
-    gweights,
-    out,
-    acc,
-    gout,
-    acc_sum,
-    acc_max,
-    do_sum,
-    do_max,
-):
-    # p: the plan's kernel arrays (structure.plan_arrays); same groups as _packed_pass
-    g = buf.shape[0]
-    for f0 in range(0, n, g):
-        f1 = min(f0 + g, n)
-        unpack_frames(data, widths, offsets, bv, f0, f1, buf)
-        _structured(
-            buf[: f1 - f0],
-            mode,
-            p[0],
-            p[1],
-            p[2],
-            p[3],
-            p[4],
-            p[5],
-            p[6],
-            p[7],
-            p[8],
-            p[9],
-            p[10],
-            p[11],
-            gweights,
-            out[f0:f1],
-            acc,
-            gout,
-            acc_sum,
-            acc_max,
-            do_sum,
-            do_max,
-        )
+def _make_packed_structured(integer: int, moments: bool) -> Any:
+    """The packed structured pass for one cell kernel (``integer`` mode 0-2, ``moments``).
+
+    The mode is a closure constant, so Numba prunes the other branches and
+    compiles one dense group loop
+    (:func:`~quantem_flow.runtimes.cpu.structure._make_structured_segments`),
+    called by its module-level name so the pass stays cached on disk (a
+    dispatcher held in the closure or passed as an argument is compiled
+    again in every process).
+    """
+
+    @numba.njit(cache=bool(config.get("numba_cache")), nogil=True)
+    def packed_structured(  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
+        data, widths, offsets, bv, n, buf, p, gweights, out, acc, gout, acc_sum, acc_max, do_sum,
+        do_max,
+    ):  # fmt: skip
+        # p: the plan's kernel arrays (structure.plan_arrays); same groups as _packed_pass
+        e = np.zeros(0, dtype=np.int64)
+        seg = (e, e, e, e, e, e, e, e, e, e)  # no segments in modes 0-2
+        g = buf.shape[0]
+        for f0 in range(0, n, g):
+            f1 = min(f0 + g, n)
+            unpack_frames(data, widths, offsets, bv, f0, f1, buf)
+            block = buf[: f1 - f0]
+            part = out[f0:f1]
+            if integer == 0 and moments:
+                _seg0t(
+                    block, p[0], p[1], p[2], p[3], p[4], p[6], p[7], p[8], p[9], p[10], p[11],
+                    gweights, part, acc, gout, acc_sum, acc_max, do_sum, do_max, seg,
+                )  # fmt: skip
+            elif integer == 0:
+                _seg0f(
+                    block, p[0], p[1], p[2], p[3], p[4], p[6], p[7], p[8], p[9], p[10], p[11],
+                    gweights, part, acc, gout, acc_sum, acc_max, do_sum, do_max, seg,
+                )  # fmt: skip
+            elif integer == 1 and moments:
+                _seg1t(
+                    block, p[0], p[1], p[2], p[3], p[4], p[6], p[7], p[8], p[9], p[10], p[11],
+                    gweights, part, acc, gout, acc_sum, acc_max, do_sum, do_max, seg,
+                )  # fmt: skip
+            elif integer == 1:
+                _seg1f(
+                    block, p[0], p[1], p[2], p[3], p[4], p[6], p[7], p[8], p[9], p[10], p[11],
+                    gweights, part, acc, gout, acc_sum, acc_max, do_sum, do_max, seg,
+                )  # fmt: skip
+            elif moments:
+                _seg2t(
+                    block, p[0], p[1], p[2], p[3], p[4], p[6], p[7], p[8], p[9], p[10], p[11],
+                    gweights, part, acc, gout, acc_sum, acc_max, do_sum, do_max, seg,
+                )  # fmt: skip
+            else:
+                _seg2f(
+                    block, p[0], p[1], p[2], p[3], p[4], p[6], p[7], p[8], p[9], p[10], p[11],
+                    gweights, part, acc, gout, acc_sum, acc_max, do_sum, do_max, seg,
+                )  # fmt: skip
+
+    return packed_structured
+
+
+#: The packed structured pass per ``(integer mode, moments)``, modes 0-2.
+_PACKED_STRUCTURED = {
+    (mode, moments): _make_packed_structured(mode, moments)
+    for mode in range(3)
+    for moments in (False, True)
+}
 
 
 def group_frames(frame_size: int, itemsize: int) -> int:
@@ -158,14 +185,13 @@ def frame_pass_packed(
     if n and plan is not None and variant["variant"] == "structured":
         buf = np.empty((min(group_frames(k, vdt.itemsize), n), k), dtype=vdt)
         g = buf.shape[0]
-        _packed_structured(
+        _PACKED_STRUCTURED[(min(integer_mode(vdt), 2), bool(plan.need_moments))](
             payload.data,
             payload.widths,
             payload.offsets,
             payload.block_values,
             n,
             buf,
-            integer_mode(vdt),
             plan_arrays(plan),
             plan.general_weights,
             out,

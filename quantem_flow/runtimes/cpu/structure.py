@@ -1060,73 +1060,14 @@ _SEGMENTS = {
     for mode in range(4)
     for moments in (False, True)
 }
+# by name, for compiled callers choosing among them with constants (packed_kernels)
 _seg0f, _seg0t = _SEGMENTS[(0, False)], _SEGMENTS[(0, True)]
 _seg1f, _seg1t = _SEGMENTS[(1, False)], _SEGMENTS[(1, True)]
 _seg2f, _seg2t = _SEGMENTS[(2, False)], _SEGMENTS[(2, True)]
 
 
-@_jit
-def _structured(  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
-    frames,
-    integer,
-    start,
-    length,
-    cell,
-    rrow,
-    rcol,
-    moments,
-    kind,
-    offset,
-    ptr,
-    cells,
-    outcol,
-    general,
-    gweights,
-    out,
-    acc,
-    gout,
-    acc_sum,
-    acc_max,
-    do_sum,
-    do_max,
-):
-    # the structured group loop on the cell runs only (integer modes 0-2)
-    e = np.zeros(0, dtype=np.int64)
-    seg = (e, e, e, e, e, e, e, e, e, e)
-    if integer == 0 and moments:
-        _seg0t(
-            frames, start, length, cell, rrow, rcol, kind, offset, ptr, cells, outcol, general,
-            gweights, out, acc, gout, acc_sum, acc_max, do_sum, do_max, seg,
-        )  # fmt: skip
-    elif integer == 0:
-        _seg0f(
-            frames, start, length, cell, rrow, rcol, kind, offset, ptr, cells, outcol, general,
-            gweights, out, acc, gout, acc_sum, acc_max, do_sum, do_max, seg,
-        )  # fmt: skip
-    elif integer == 1 and moments:
-        _seg1t(
-            frames, start, length, cell, rrow, rcol, kind, offset, ptr, cells, outcol, general,
-            gweights, out, acc, gout, acc_sum, acc_max, do_sum, do_max, seg,
-        )  # fmt: skip
-    elif integer == 1:
-        _seg1f(
-            frames, start, length, cell, rrow, rcol, kind, offset, ptr, cells, outcol, general,
-            gweights, out, acc, gout, acc_sum, acc_max, do_sum, do_max, seg,
-        )  # fmt: skip
-    elif moments:
-        _seg2t(
-            frames, start, length, cell, rrow, rcol, kind, offset, ptr, cells, outcol, general,
-            gweights, out, acc, gout, acc_sum, acc_max, do_sum, do_max, seg,
-        )  # fmt: skip
-    else:
-        _seg2f(
-            frames, start, length, cell, rrow, rcol, kind, offset, ptr, cells, outcol, general,
-            gweights, out, acc, gout, acc_sum, acc_max, do_sum, do_max, seg,
-        )  # fmt: skip
-
-
 def plan_arrays(plan: WeightPlan) -> tuple[Any, ...]:
-    """The kernel arguments of ``plan`` after ``integer``, in :func:`_structured`'s order."""
+    """The plan's arrays the group loop takes after the frames (``moments`` among them)."""
     return (
         plan.run_start,
         plan.run_length,
