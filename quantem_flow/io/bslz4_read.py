@@ -99,10 +99,16 @@ def decodes_whole_frames(layout: dict[str, Any], shape: Sequence[int]) -> bool:
     Any block of frames of such a dataset decodes only its own chunks, so a
     chunk pass may read it in cache-sized pieces (docs/streamed-pass.md).
     """
-    chunks = [int(c) for c in layout.get("chunks") or ()]
-    if not supports(layout) or len(chunks) != len(shape) or len(shape) < 3:
-        return False
-    return all(c == 1 for c in chunks[:-2]) and chunks[-2:] == [int(n) for n in shape[-2:]]
+    return supports(layout) and _one_frame_chunks(layout.get("chunks") or (), shape)
+
+
+def _one_frame_chunks(chunks: Sequence[int], shape: Sequence[int]) -> bool:
+    """Chunks of one whole frame each: 1 along every axis but the last two, which are whole."""
+    return (
+        len(chunks) == len(shape) >= 3
+        and all(int(c) == 1 for c in chunks[:-2])
+        and [int(c) for c in chunks[-2:]] == [int(n) for n in shape[-2:]]
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +144,15 @@ class ChunkIndex:
     stamp: tuple[Any, ...] = ()
 
 
+def _stamp(path: str) -> tuple[Any, ...]:
+    """The file's ``(mtime_ns, size, inode)``, or ``()`` if it cannot be taken."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ()
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
 _cache: OrderedDict[tuple[Any, ...], ChunkIndex] = OrderedDict()
 _cache_lock = threading.Lock()
 
@@ -161,11 +176,7 @@ def chunk_index(dset: Any) -> ChunkIndex:
         If HDF5 cannot walk the chunk index (a damaged file).
     """
     path = os.path.realpath(dset.file.filename)
-    try:
-        st = os.stat(path)
-        stamp: tuple[Any, ...] = (st.st_mtime_ns, st.st_size, st.st_ino)
-    except OSError:
-        stamp = ()
+    stamp = _stamp(path)
     key = (path, dset.name, *stamp)
     with _cache_lock:
         found = _cache.get(key)
@@ -251,14 +262,6 @@ class _Plan:
 
 _plans: weakref.WeakKeyDictionary[Any, _Plan] = weakref.WeakKeyDictionary()
 _plans_lock = threading.Lock()
-
-
-def _stamp(path: str) -> tuple[Any, ...]:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return ()
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 def _plan(dset: Any) -> _Plan:
@@ -424,16 +427,8 @@ def _whole_frames(
     chunks: Sequence[int], bounds: Sequence[tuple[int, int]], shape: Sequence[int]
 ) -> bool:
     """One whole frame per chunk, frames selected whole: chunk k of the selection is frame k."""
-    frame_axes = len(chunks) - 2
-    return (
-        frame_axes >= 1
-        and all(c == 1 for c in chunks[:frame_axes])
-        and all(
-            (a, b) == (0, c) and c == n
-            for (a, b), c, n in zip(
-                bounds[frame_axes:], chunks[frame_axes:], shape[frame_axes:], strict=True
-            )
-        )
+    return _one_frame_chunks(chunks, shape) and all(
+        (int(a), int(b)) == (0, int(n)) for (a, b), n in zip(bounds[-2:], shape[-2:], strict=True)
     )
 
 
