@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import threading
 import time
 import urllib.request
@@ -89,27 +88,82 @@ def _queries(ds: Dataset4D) -> list[Any]:
     return [qf.virtual_bf(ds, radius=4.5, center=CENTER), qf.center_of_mass(ds, center=CENTER)]
 
 
+#: Reads the length of a column of a named model of the page's Bokeh document (-1: absent).
+_COLUMN_JS = """([name, col]) => {
+  const d = window.Bokeh && window.Bokeh.documents && window.Bokeh.documents[0];
+  const m = d && d.get_model_by_name(name);
+  if (!m) return -1;
+  const v = m.data instanceof Map ? m.data.get(col) : m.data[col];
+  return v ? v.length : -1;
+}"""
+
+
 def _browser(url: str, shot: Path) -> dict[str, Any]:
-    node = shutil.which("node")
-    assert node is not None, (
-        "node is not on PATH; install Node.js 20 (scripts/install-toolchains.sh)"
-    )
-    assert (ROOT / "web" / "node_modules" / "playwright-core").is_dir(), (
-        "web/node_modules/playwright-core is missing: run `bash scripts/install-toolchains.sh`"
-    )
+    """Load the page in Debian's Chromium through Playwright for Python; screenshot it.
+
+    Returns what the page showed: status, errors (console, page, failed requests,
+    HTTP >= 400), title, navigation links and the lengths of the charts' columns.
+    """
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import sync_playwright
+
     chromium = os.environ.get("QF_CHROMIUM") or shutil.which("chromium")
     assert chromium, "no chromium on PATH; install it (apt-get install chromium)"
-    run = subprocess.run(
-        [node, str(ROOT / "tests" / "dashboard_browser.cjs"), url, str(shot)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "QF_CHROMIUM": chromium},
-        check=False,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    out: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
-    return out
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=chromium,
+            args=[
+                "--no-sandbox",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on(
+                "console",
+                lambda m: errors.append("console: " + m.text) if m.type == "error" else None,
+            )
+            page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+            page.on("requestfailed", lambda r: errors.append("request failed: " + r.url))
+            page.on(
+                "response",
+                lambda r: errors.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None,
+            )
+            resp = page.goto(url, wait_until="load", timeout=30000)
+            assert resp is not None
+            try:
+                page.wait_for_function(
+                    f"() => ({_COLUMN_JS})(['qf-scan-map', 'chunk']) > 0", timeout=30000
+                )
+            except PlaywrightError as exc:
+                errors.append(f"the scan map never had data: {str(exc).splitlines()[0]}")
+            page.wait_for_timeout(2000)  # a few refreshes; let the canvases paint
+
+            def column(name: str, col: str) -> int:
+                return int(page.evaluate(_COLUMN_JS, [name, col]))
+
+            info = {
+                "status": resp.status,
+                "errors": errors,
+                "title": page.title(),
+                "throughput": column("qf-throughput", "xs"),
+                "map": column("qf-scan-map", "chunk"),
+                "resident": column("qf-resident", "y"),
+                "progress": column("qf-progress", "y"),
+                "log": column("qf-log", "event"),
+                "lost": column("qf-lost", "worker"),
+                "navbar": page.eval_on_selector_all(
+                    ".navbar a", "els => els.map(a => a.getAttribute('href'))"
+                ),
+            }
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    return info
 
 
 @pytest.mark.cluster

@@ -4,8 +4,9 @@ The cases are those :mod:`quantem_flow.testing` makes for every declared
 ``(operation, representation, dtype)``; they reach the workers only through
 the payload contract (put, run_frame_pass, run_gather, release), over
 ``qf-worker/1``.  ``webgpu`` needs Node and ``web/dist`` (``cd web && npm ci
-&& npm run build``), ``webgpu-browser`` also Chromium; when they are missing
-the cases skip and say why (a skip is not evidence).
+&& npm run build``), ``webgpu-browser`` also Chromium.  A missing ``web/dist``
+skips only where the npm registry cannot be reached (:mod:`tests.npm_registry`);
+anywhere else it fails, as does a worker that does not start.
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ testing = pytest.importorskip(
 )
 
 from quantem_flow.runtimes.external.spec import register_requested  # noqa: E402
+from quantem_flow.runtimes.external.workers import (  # noqa: E402
+    WebGpuBrowserRuntime,
+    web_dist,
+)
 from quantem_flow.runtimes.registry import unregister_runtime  # noqa: E402
+from tests.npm_registry import require_web_build  # noqa: E402
 
 _EXTERNAL = ["external-reference", "webgpu", "webgpu-browser"]
 # The cases are made at collection; the runtimes are registered only while this module
@@ -44,7 +50,8 @@ def test_reference_worker_conforms(case: object) -> None:
 
 @pytest.mark.parametrize("case", _NODE_CASES)
 def test_webgpu_node_conforms(case: object) -> None:
-    testing.run_case(case)
+    require_web_build(web_dist() / "node-worker.js", what="the Node WebGPU worker")
+    testing.run_case(case, skip_unavailable=False)
 
 
 #: The same source runs in the page; SwiftShader takes ~35 s a case on 2 cores, so the
@@ -68,4 +75,5 @@ _BROWSER = {
     ],
 )
 def test_webgpu_browser_conforms(case: object) -> None:
-    testing.run_case(case)
+    require_web_build(WebGpuBrowserRuntime.page_dir() / "index.html", what="the WebGPU page")
+    testing.run_case(case, skip_unavailable=False)

@@ -84,10 +84,14 @@ def test_person_opens_the_printed_url(
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_local_cluster_with_a_webgpu_worker(rng: np.random.Generator) -> None:
-    ok, why = WebGpuNodeRuntime.available()
-    if not ok:
-        pytest.skip(why)
     from distributed import Client
+
+    from quantem_flow.runtimes.external.workers import web_dist
+    from tests.npm_registry import require_web_build
+
+    require_web_build(web_dist() / "node-worker.js", what="the Node WebGPU worker")
+    ok, why = WebGpuNodeRuntime.available()
+    assert ok, why
 
     from quantem_flow.graphs.cluster import start_local_cluster
 

@@ -165,13 +165,14 @@ def test_bridge_runtime_over_websocket(rng: np.random.Generator) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian chromium is not installed")
 def test_webgpu_browser_in_headless_chromium(rng: np.random.Generator) -> None:
+    assert shutil.which("chromium"), "Debian chromium is not installed: apt-get install chromium"
     from quantem_flow.runtimes.external.workers import WebGpuBrowserRuntime
+    from tests.npm_registry import require_web_build
 
+    require_web_build(WebGpuBrowserRuntime.page_dir() / "index.html", what="the WebGPU page")
     ok, why = WebGpuBrowserRuntime.available()
-    if not ok:
-        pytest.skip(why)
+    assert ok, why
     rt = WebGpuBrowserRuntime(hello_timeout=120)
     try:
         info = rt.start()

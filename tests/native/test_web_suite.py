@@ -1,8 +1,10 @@
 """The web/ worker's own suites (node's test runner) and linters, run as part of the pytest suite.
 
 CI installs Node's packages with ``scripts/install-toolchains.sh`` (``npm ci``); a
-missing install is a failure that says how to install, not a skip: the WebGPU
-worker runs on this machine kind (Dawn on Mesa GLES, Chromium's SwiftShader).
+missing install is a failure that says how to install: the WebGPU worker runs on
+this machine kind (Dawn on Mesa GLES, Chromium's SwiftShader).  The one exception
+is a machine that cannot reach the npm registry: the tests skip with that reason
+(:mod:`tests.npm_registry`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.npm_registry import require_web_build
+
 WEB = Path(__file__).resolve().parents[2] / "web"
 
 pytestmark = pytest.mark.slow
@@ -22,9 +26,7 @@ pytestmark = pytest.mark.slow
 def _npm(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     npm = shutil.which("npm")
     assert npm is not None, "npm is not on PATH; install Node.js 20 and npm"
-    assert (WEB / "node_modules").is_dir(), (
-        "web/node_modules is missing: run `bash scripts/install-toolchains.sh` (npm ci in web/)"
-    )
+    require_web_build(WEB / "node_modules", what="web/'s npm packages")
     return subprocess.run(
         [npm, *args], cwd=WEB, capture_output=True, text=True, timeout=timeout, check=False
     )
