@@ -383,9 +383,14 @@ def _check_entries(workers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
                 available = available_runtimes()
             missing = [r for r in runtimes if r not in available]
             if missing:
+                from ..runtimes.registry import unregistered_reason
+
+                reasons = "".join(
+                    f" ({r}: {unregistered_reason(r)})" for r in missing if unregistered_reason(r)
+                )
                 raise RuntimeUnavailableError(
                     f"workers[{i}] asks for runtime(s) {missing}, not available on this "
-                    f"machine; available: {sorted(available)}. Ask for some of those"
+                    f"machine{reasons}; available: {sorted(available)}. Ask for some of those"
                 )
         name = str(entry.get("name") or f"qf-{i}-{'+'.join(runtimes or ['all'])}")
         if name in names:

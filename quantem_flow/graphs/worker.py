@@ -97,9 +97,14 @@ def _check_runtime_names(runtimes: Sequence[str] | str | None) -> tuple[str, ...
     unknown = [n for n in names if n not in registered]
     if unknown:
         from ..runtimes import available_runtimes, entry_point_errors
+        from ..runtimes.registry import unregistered_reason
 
         broken = entry_point_errors()
-        why = "".join(f" ({broken[n]})" for n in unknown if n in broken)
+        why = "".join(
+            f" ({broken.get(n) or unregistered_reason(n)})"
+            for n in unknown
+            if n in broken or unregistered_reason(n)
+        )
         raise RuntimeUnavailableError(
             f"runtime(s) {unknown} requested but no runtime of that name is registered"
             f"{why} (registered: {sorted(registered)}); available on this machine: "

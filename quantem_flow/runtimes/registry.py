@@ -71,6 +71,7 @@ __all__ = [
     "register_runtime",
     "runtime_specs",
     "unregister_runtime",
+    "unregistered_reason",
 ]
 
 logger = logging.getLogger(__name__)
@@ -92,6 +93,9 @@ BUILTIN_SPECS = (
 #: Like :data:`BUILTIN_SPECS` and the entry points, these are read by name: the
 #: registry never imports the external layer (``tests/test_layers.py``).
 ON_REQUEST = ("quantem_flow.runtimes.external.spec:register_requested",)
+#: ``"module:function"`` of the same providers' reasons, ``reason(name) -> str | None``:
+#: why a runtime that was asked for could not be registered (its worker is not built...).
+ON_REQUEST_REASONS = ("quantem_flow.runtimes.external.spec:why_not_registered",)
 
 #: Operations the engine drives, and what each kernel computes.
 OPERATIONS: dict[str, str] = {
@@ -532,6 +536,11 @@ def get_spec(name: str) -> RuntimeSpec:
             continue
         if name in registered:
             return runtime_specs()[name]
+    why = unregistered_reason(name) if isinstance(name, str) else None
+    if why:
+        raise RuntimeUnavailableError(
+            f"runtime {name!r} is not registered: {why}. Registered runtimes: {sorted(specs)}"
+        )
     broken = entry_point_errors().get(name) if isinstance(name, str) else None
     if broken:
         raise RuntimeUnavailableError(
@@ -542,6 +551,24 @@ def get_spec(name: str) -> RuntimeSpec:
         f"that provides it (entry-point group {ENTRY_POINT_GROUP!r}) or register it with "
         "quantem_flow.runtimes.register_runtime()"
     )
+
+
+def unregistered_reason(name: str) -> str | None:
+    """Why runtime ``name`` was asked for but could not be registered (``None``: no reason known).
+
+    The providers of :data:`ON_REQUEST` say it (an external worker that is not
+    built, a toolchain that is missing); a broken entry point's error is
+    :func:`entry_point_errors`'.
+    """
+    for target in ON_REQUEST_REASONS:
+        try:
+            why = load_attribute(target)(name)
+        except ImportError as exc:  # pragma: no cover - a broken installation
+            logger.warning("quantem-flow: runtime provider %s does not import: %s", target, exc)
+            continue
+        if why:
+            return str(why)
+    return None
 
 
 def register_runtime(spec: RuntimeSpec, *, replace: bool = False) -> RuntimeSpec:

@@ -15,6 +15,7 @@ from ..registry import RuntimeSpec
 
 __all__ = [
     "EXTERNAL_SPECS",
+    "HELLO_DECLARED",
     "KERNELS",
     "REFERENCE_SPEC",
     "VULKAN_KERNELS",
@@ -23,6 +24,7 @@ __all__ = [
     "WEBGPU_SPEC",
     "kernel_triples",
     "register_requested",
+    "why_not_registered",
 ]
 
 
@@ -103,6 +105,34 @@ EXTERNAL_SPECS = {
 }
 
 
+#: Runtimes declared from their worker's own ``hello``, not from a table kept here: name ->
+#: ``"module:function"`` returning the ``RuntimeSpec`` (the worker asked once per build), or
+#: raising ``RuntimeUnavailableError`` saying why it cannot be declared (not built...).
+HELLO_DECLARED = {"swift": "quantem_flow.runtimes.external.swift:swift_spec"}
+
+#: Why a runtime of :data:`HELLO_DECLARED` was named but could not be registered.
+_NOT_REGISTERED: dict[str, str] = {}
+
+
+def why_not_registered(name: str) -> str | None:
+    """Why runtime ``name``, asked for, is not registered (``None`` if it is, or is unknown)."""
+    return _NOT_REGISTERED.get(name)
+
+
+def _register_from_hello(name: str) -> bool:
+    from ...errors import RuntimeUnavailableError
+    from ..registry import load_attribute, register_runtime
+
+    try:
+        spec = load_attribute(HELLO_DECLARED[name])()
+    except RuntimeUnavailableError as exc:
+        _NOT_REGISTERED[name] = str(exc)
+        return False
+    _NOT_REGISTERED.pop(name, None)
+    register_runtime(spec)
+    return True
+
+
 def register_requested(names: object) -> list[str]:
     """Register the external runtimes among ``names`` (idempotent); return those registered.
 
@@ -110,7 +140,10 @@ def register_requested(names: object) -> list[str]:
     not among the runtimes a worker advertises by default: they join the
     registry when asked for by name (``quantem-flow worker --runtime webgpu``,
     ``start_local_cluster(workers=[{"runtimes": ["webgpu"]}])``,
-    ``QuantemFlowWorkerPlugin(runtimes=["webgpu"])``).
+    ``QuantemFlowWorkerPlugin(runtimes=["webgpu"])``).  Those of
+    :data:`HELLO_DECLARED` are declared from their built worker's ``hello``;
+    one that cannot be (not built) is left out, and :func:`why_not_registered`
+    says why.
 
     Parameters
     ----------
@@ -127,6 +160,10 @@ def register_requested(names: object) -> list[str]:
     done = []
     for raw in names:
         name = raw.strip() if isinstance(raw, str) else raw
+        if isinstance(name, str) and name in HELLO_DECLARED:
+            if name in runtime_specs() or _register_from_hello(name):
+                done.append(name)
+            continue
         spec = EXTERNAL_SPECS.get(name) if isinstance(name, str) else None
         if spec is None:
             continue
