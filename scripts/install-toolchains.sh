@@ -41,6 +41,10 @@ if [ -f android/CMakeLists.txt ]; then
   cmake --build android/build-fuzz -j2 --target qfv-fuzz-protocol
 fi
 
+# native/: the Swift worker (release for this CPU, the tests, ASan, the fuzz target) where
+# swift is installed; where it is not, one line says so (the Swift tests then skip).
+bash scripts/build-native.sh
+
 # web/: npm ci && npm run build where the npm registry answers; where it cannot be reached,
 # one line says so and the set-up goes on (the web/ tests then skip with that reason).
 bash scripts/build-web.sh web

@@ -54,7 +54,9 @@ public struct ByteView: Sendable {
   /// The `index`-th little-endian value of type `T` (no alignment needed).
   @inline(__always)
   public func load<T: FixedWidthInteger>(_ index: Int, as: T.Type) -> T {
-    withUnsafeBytes { T(littleEndian: $0.loadUnaligned(fromByteOffset: index * MemoryLayout<T>.size, as: T.self)) }
+    withUnsafeBytes {
+      T(littleEndian: $0.loadUnaligned(fromByteOffset: index * MemoryLayout<T>.size, as: T.self))
+    }
   }
 }
 
@@ -197,19 +199,33 @@ public struct FrameDecoder {
   /// Whether bytes of an incomplete frame are pending.
   public var inFrame: Bool { !head.isEmpty || frame != nil }
 
-  /// Consume `data`; return the messages it completes, or the first error.
+  /// Consume `data`; return the messages it completes, or the first error (messages that
+  /// `data` completed before the error are dropped: see `feedAll` to keep them).
   public mutating func feed(_ data: UnsafeRawBufferPointer) -> Result<[Message], ProtocolError> {
+    let (messages, error) = feedAll(data)
+    if let error { return .failure(error) }
+    return .success(messages)
+  }
+
+  /// Consume `data`; return the messages it completes and, if a frame failed after them, the
+  /// error (a transport answers the messages, then sends the error and closes).
+  public mutating func feedAll(_ data: UnsafeRawBufferPointer) -> (
+    messages: [Message], error: ProtocolError?
+  ) {
     if let failed {
-      return .failure(
+      return (
+        [],
         ProtocolError(
-          failed.code, "the stream already failed (\(failed.message)); it cannot be resynchronised"
-        ))
+          failed.code, "the stream already failed (\(failed.message)); it cannot be resynchronised")
+      )
     }
+    var out: [Message] = []
     do throws(ProtocolError) {
-      return .success(try consume(data))
+      try consume(data, into: &out)
+      return (out, nil)
     } catch {
       failed = error
-      return .failure(error)
+      return (out, error)
     }
   }
 
@@ -224,8 +240,9 @@ public struct FrameDecoder {
     return .failure(error)
   }
 
-  private mutating func consume(_ data: UnsafeRawBufferPointer) throws(ProtocolError) -> [Message] {
-    var out: [Message] = []
+  private mutating func consume(_ data: UnsafeRawBufferPointer, into out: inout [Message])
+    throws(ProtocolError)
+  {
     var pos = 0
     let end = data.count
     while pos < end {
@@ -253,20 +270,24 @@ public struct FrameDecoder {
       }
       if let message { out.append(message) }
     }
-    return out
   }
 
   private func checkMagicStart() throws(ProtocolError) {
     let n = min(head.count, 4)
     if Array(head[0..<n]) != Array(Frame.magic[0..<n]) {
       let shown = head[0..<n].map { String($0, radix: 16) }.joined(separator: " ")
-      throw .frame("frame magic starts with bytes [\(shown)], expected \"QFW1\": not a qf-worker frame")
+      throw .frame(
+        "frame magic starts with bytes [\(shown)], expected \"QFW1\": not a qf-worker frame")
     }
   }
 
   private mutating func startFrame() throws(ProtocolError) {
-    let h = head.withUnsafeBytes { Int(UInt32(littleEndian: $0.loadUnaligned(fromByteOffset: 4, as: UInt32.self))) }
-    let b = head.withUnsafeBytes { UInt64(littleEndian: $0.loadUnaligned(fromByteOffset: 8, as: UInt64.self)) }
+    let h = head.withUnsafeBytes {
+      Int(UInt32(littleEndian: $0.loadUnaligned(fromByteOffset: 4, as: UInt32.self)))
+    }
+    let b = head.withUnsafeBytes {
+      UInt64(littleEndian: $0.loadUnaligned(fromByteOffset: 8, as: UInt64.self))
+    }
     guard h <= maxHeaderBytes else {
       throw .frame("header_length \(h) exceeds the limit of \(maxHeaderBytes) bytes")
     }
@@ -288,7 +309,9 @@ public struct FrameDecoder {
   private mutating func headerDone() throws(ProtocolError) -> Message? {
     let headEnd = pad8(Frame.prefixBytes + headerLength)
     let parsed = head.withUnsafeBytes { all in
-      JSONParser.parse(UnsafeRawBufferPointer(rebasing: all[Frame.prefixBytes..<(Frame.prefixBytes + headerLength)]))
+      JSONParser.parse(
+        UnsafeRawBufferPointer(
+          rebasing: all[Frame.prefixBytes..<(Frame.prefixBytes + headerLength)]))
     }
     let value: JSONValue
     switch parsed {
@@ -342,7 +365,9 @@ public struct FrameDecoder {
     // only now, with a header whose buffers agree with body_length, allocate the frame
     var storage = [UInt8](unsafeUninitializedCapacity: total) { _, count in count = total }
     storage.withUnsafeMutableBytes { dst in
-      head.withUnsafeBytes { src in dst.baseAddress!.copyMemory(from: src.baseAddress!, byteCount: headEnd) }
+      head.withUnsafeBytes { src in
+        dst.baseAddress!.copyMemory(from: src.baseAddress!, byteCount: headEnd)
+      }
     }
     frame = storage
     filled = headEnd

@@ -234,9 +234,15 @@ public enum JSONParser {
       case UInt8(ascii: "{"): return try object(depth: depth + 1)
       case UInt8(ascii: "["): return try array(depth: depth + 1)
       case UInt8(ascii: "\""): return .string(try string())
-      case UInt8(ascii: "t"): try literal("true"); return .bool(true)
-      case UInt8(ascii: "f"): try literal("false"); return .bool(false)
-      case UInt8(ascii: "n"): try literal("null"); return .null
+      case UInt8(ascii: "t"):
+        try literal("true")
+        return .bool(true)
+      case UInt8(ascii: "f"):
+        try literal("false")
+        return .bool(false)
+      case UInt8(ascii: "n"):
+        try literal("null")
+        return .null
       case UInt8(ascii: "N"), UInt8(ascii: "I"):
         throw .frame("header holds NaN or Infinity, which is not JSON (numbers are integers only)")
       case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"): return .int(try number())
@@ -408,7 +414,8 @@ public enum JSONParser {
       if pos < bytes.count && (bytes[pos] == UInt8(ascii: "e") || bytes[pos] == UInt8(ascii: "E")) {
         integral = false
         pos += 1
-        if pos < bytes.count && (bytes[pos] == UInt8(ascii: "+") || bytes[pos] == UInt8(ascii: "-")) {
+        if pos < bytes.count && (bytes[pos] == UInt8(ascii: "+") || bytes[pos] == UInt8(ascii: "-"))
+        {
           pos += 1
         }
         guard pos < bytes.count, isDigit(bytes[pos]) else { throw fail("a digit expected") }

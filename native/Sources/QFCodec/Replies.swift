@@ -59,7 +59,9 @@ public enum Reply {
   }
 
   /// The reply to `put` and `put_weights` (`integerWeights` only for the latter).
-  public static func stored(id: Int64, handle: Int64, residentBytes: Int, integerWeights: Bool? = nil)
+  public static func stored(
+    id: Int64, handle: Int64, residentBytes: Int, integerWeights: Bool? = nil
+  )
     -> Message
   {
     var members: [String: JSONValue] = [

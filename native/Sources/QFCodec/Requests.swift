@@ -86,13 +86,14 @@ struct RequestParser {
     .bad("\(kind): \(text)", handle: handle)
   }
 
-  func int(_ key: String, in object: [String: JSONValue]? = nil, minimum: Int64 = 0) throws(
-    ProtocolError
-  ) -> Int64 {
+  func int(_ key: String, in object: [String: JSONValue]? = nil, minimum: Int64 = 0)
+    throws(ProtocolError) -> Int64
+  {
     let value = (object ?? h)[key]
     guard let v = value?.int, v >= minimum else {
       throw bad(
-        "member '\(key)' must be an integer >= \(minimum), got \(value?.shortDescription ?? "none")")
+        "member '\(key)' must be an integer >= \(minimum), got \(value?.shortDescription ?? "none")"
+      )
     }
     return v
   }
@@ -225,7 +226,8 @@ struct RequestParser {
     let dtype = DType(rawValue: try string("dtype", choices: DType.allCases.map(\.rawValue)))!
     let s = try ints("shape", length: 4)
     let slice = h["scan_slice"]?.array?.compactMap { $0.array?.compactMap { $0.int } }
-    guard let slice, slice.count == 2, slice.allSatisfy({ $0.count == 2 && $0[0] >= 0 && $0[0] <= $0[1] }),
+    guard let slice, slice.count == 2,
+      slice.allSatisfy({ $0.count == 2 && $0[0] >= 0 && $0[0] <= $0[1] }),
       h["scan_slice"]!.array!.allSatisfy({ ($0.array?.count ?? 0) == 2 })
     else {
       throw bad(
@@ -238,7 +240,9 @@ struct RequestParser {
           + "positions but shape is \(s)", handle: handle)
     }
     // Sizes the arithmetic below can hold: a frame of 2**40 values is beyond any worker.
-    guard s.allSatisfy({ $0 < (1 << 31) }) else { throw bad("shape \(s) is too large", handle: handle) }
+    guard s.allSatisfy({ $0 < (1 << 31) }) else {
+      throw bad("shape \(s) is too large", handle: handle)
+    }
     let shape = ChunkShape(
       rows: Int(s[0]), cols: Int(s[1]), detectorRows: Int(s[2]), detectorCols: Int(s[3]))
     guard shape.frames.multipliedReportingOverflow(by: shape.pixels).overflow == false,

@@ -75,7 +75,8 @@ public final class CPUBackend: ComputeBackend {
     case .float32: return .success(pass(Float.self, payload, w, wantSum, wantMax))
     default:
       return .failure(
-        ProtocolError(.unsupported, "dtype \(payload.dtype.rawValue) is not offered by the CPU backend"))
+        ProtocolError(
+          .unsupported, "dtype \(payload.dtype.rawValue) is not offered by the CPU backend"))
     }
   }
 
@@ -131,7 +132,8 @@ public final class CPUBackend: ComputeBackend {
     case .float32: return .success(gatherValues(Float.self, payload, indices))
     default:
       return .failure(
-        ProtocolError(.unsupported, "dtype \(payload.dtype.rawValue) is not offered by the CPU backend"))
+        ProtocolError(
+          .unsupported, "dtype \(payload.dtype.rawValue) is not offered by the CPU backend"))
     }
   }
 

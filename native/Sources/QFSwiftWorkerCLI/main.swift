@@ -1,18 +1,20 @@
 // qf-swift-worker: the Swift worker on stdin/stdout (docs/protocol.md, "Transports: pipes").
 //
 // Frames arrive on stdin and replies leave on stdout; nothing else is written to stdout
-// (logs go to stderr).  EOF on stdin is `bye` (exit 0).  A frame that cannot be parsed is
-// answered with an unsolicited `error` and ends the process (exit 2); a `version` error
-// ends it with exit 3; bad options or a backend that cannot start exit 1.
+// (logs go to stderr).  EOF on stdin is `bye` (exit 0).  A frame that cannot be parsed, or
+// a stream that ends inside a frame, is answered with an unsolicited `error` (`frame`,
+// `too_large`, `truncated`) and ends the process (exit 2); a `version` error ends it with
+// exit 3; bad options or a backend that cannot start exit 1.
+
+import QFCodec
+import QFDevice
+import QFWorker
 
 #if canImport(Glibc)
   import Glibc
 #elseif canImport(Darwin)
   import Darwin
 #endif
-import QFCodec
-import QFDevice
-import QFWorker
 
 let usage = """
   usage: qf-swift-worker [--device auto|cpu|metal] [--budget-bytes N] [--threads N]
@@ -77,7 +79,9 @@ func parseOptions(_ args: [String]) -> Options {
     case "--hello": o.printHello = true
     case "--run-delay":
       let text = value(a)
-      guard let v = Double(text), v >= 0 else { fail("--run-delay takes seconds >= 0, got '\(text)'") }
+      guard let v = Double(text), v >= 0 else {
+        fail("--run-delay takes seconds >= 0, got '\(text)'")
+      }
       o.runDelay = v
     case "--crash-file": o.crashFile = value(a)
     case "--version":
@@ -147,26 +151,30 @@ let buffer = UnsafeMutableRawPointer.allocate(byteCount: chunkBytes, alignment: 
 while true {
   let n = read(0, buffer, chunkBytes)
   if n < 0 && errno == EINTR { continue }
-  if n <= 0 {
-    exit(0)  // EOF (or a closed pipe): bye
+  if n <= 0 {  // EOF (or a closed pipe) is bye; inside a frame it is `truncated`
+    if case .failure(let error) = decoder.finish() {
+      log("\(error)")
+      _ = send(Reply.error(id: nil, error))
+      exit(2)
+    }
+    exit(0)
   }
-  switch decoder.feed(UnsafeRawBufferPointer(start: buffer, count: n)) {
-  case .failure(let error):
+  let (messages, error) = decoder.feedAll(UnsafeRawBufferPointer(start: buffer, count: n))
+  for message in messages {
+    if message.type == "run" {
+      if let path = options.crashFile, access(path, F_OK) == 0 {
+        unlink(path)
+        kill(getpid(), SIGKILL)
+      }
+      if options.runDelay > 0 { usleep(UInt32(options.runDelay * 1e6)) }
+    }
+    let reply = worker.handle(message)
+    if !send(reply) { exit(0) }
+    if worker.closing { exit(reply.type == "bye" ? 0 : 3) }
+  }
+  if let error {
     log("\(error)")
     _ = send(Reply.error(id: nil, error))
     exit(2)
-  case .success(let messages):
-    for message in messages {
-      if message.type == "run" {
-        if let path = options.crashFile, access(path, F_OK) == 0 {
-          unlink(path)
-          kill(getpid(), SIGKILL)
-        }
-        if options.runDelay > 0 { usleep(UInt32(options.runDelay * 1e6)) }
-      }
-      let reply = worker.handle(message)
-      if !send(reply) { exit(0) }
-      if worker.closing { exit(reply.type == "bye" ? 0 : 3) }
-    }
   }
 }

@@ -130,7 +130,8 @@ public final class Worker {
     case .run(let id, let run): return try self.run(id, run)
     case .release(let id, let handles):
       var freed: [Int64] = []
-      for h in handles where chunks.removeValue(forKey: h) != nil || weights.removeValue(forKey: h) != nil {
+      for h in handles
+      where chunks.removeValue(forKey: h) != nil || weights.removeValue(forKey: h) != nil {
         freed.append(h)
       }
       return Reply.released(id: id, handles: freed, residentBytes: totalBytes)
@@ -249,7 +250,9 @@ public final class Worker {
       return Reply.result(
         id: id,
         outputs: [
-          .init(name: "values", dtype: payload.dtype, shape: [n, indices.count], bytes: ByteView(values))
+          .init(
+            name: "values", dtype: payload.dtype, shape: [n, indices.count], bytes: ByteView(values)
+          )
         ], accumulation: nil)
     case .framePass(_, let wh, let wantSum, let wantMax):
       guard let w = weights[wh] else {
@@ -265,17 +268,22 @@ public final class Worker {
       }
       let out = try backend.framePass(stored, weights: w, wantSum: wantSum, wantMax: wantMax).get()
       var outputs: [Reply.Output] = [
-        .init(name: "per_frame", dtype: .float64, shape: [n, w.rows], bytes: ByteView(values: out.perFrame))
+        .init(
+          name: "per_frame", dtype: .float64, shape: [n, w.rows],
+          bytes: ByteView(values: out.perFrame))
       ]
       switch out.patternSum {
       case .integer(let s)?:
-        outputs.append(.init(name: "pattern_sum", dtype: .int64, shape: [k], bytes: ByteView(values: s)))
+        outputs.append(
+          .init(name: "pattern_sum", dtype: .int64, shape: [k], bytes: ByteView(values: s)))
       case .real(let s)?:
-        outputs.append(.init(name: "pattern_sum", dtype: .float64, shape: [k], bytes: ByteView(values: s)))
+        outputs.append(
+          .init(name: "pattern_sum", dtype: .float64, shape: [k], bytes: ByteView(values: s)))
       case nil: break
       }
       if let mx = out.patternMax {
-        outputs.append(.init(name: "pattern_max", dtype: payload.dtype, shape: [k], bytes: ByteView(mx)))
+        outputs.append(
+          .init(name: "pattern_max", dtype: payload.dtype, shape: [k], bytes: ByteView(mx)))
       }
       return Reply.result(id: id, outputs: outputs, accumulation: out.accumulation)
     }
