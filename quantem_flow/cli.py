@@ -888,8 +888,8 @@ def _parser() -> argparse.ArgumentParser:
         dest="runtimes",
         metavar="NAMES",
         help="comma-separated runtimes to advertise, e.g. cpu,mps (default: every available "
-        "built-in one); the external webgpu and webgpu-browser runtimes are advertised only "
-        "when named",
+        "built-in one); the external runtimes (webgpu, webgpu-browser, vulkan, swift) are "
+        "advertised only when named",
     )
     p.add_argument(
         "--no-launch",
