@@ -141,3 +141,41 @@ def test_every_target_treats_warnings_as_errors() -> None:
     assert all("swiftSettings: strict" in b for b in blocks), "a target without warnings as errors"
     assert "treatAllWarnings(as: .error)" in manifest
     assert ".package(" not in manifest, "native/ depends on nothing outside the toolchain"
+
+
+def test_metal_kernel_source_is_well_formed_cpp_under_a_stand_in_header(tmp_path: Path) -> None:
+    """A syntax and name check of the MSL source on Linux, with g++ and a stand-in header.
+
+    Linux has no Metal: this cannot say that the kernels compile or run on a GPU (the
+    macOS workflow, .github/workflows/native-macos.yml, does that on Apple hardware).  It
+    catches what C++ catches: syntax, undeclared names, type mismatches in the shared code.
+    """
+    gxx = shutil.which("g++")
+    assert gxx is not None, "g++ is not installed (apt-get install g++)"
+    swift = (NATIVE / "Sources" / "QFDevice" / "MetalKernels.swift").read_text()
+    start = swift.index('static let source = """') + len('static let source = """')
+    source = swift[start : swift.index('"""', start)]
+    assert "kernel void frame_dot" in source and "function_constant(0)" in source
+    assert source.count("#include <metal_stdlib>") == 1
+    cpp = tmp_path / "kernels.cpp"
+    cpp.write_text(source.replace("#include <metal_stdlib>", '#include "msl-syntax-shim.h"'))
+    run = subprocess.run(
+        [
+            gxx,
+            "-std=c++17",
+            "-fsyntax-only",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-Wno-attributes",
+            "-Wno-unused-parameter",
+            "-I",
+            str(NATIVE / "Tests"),
+            str(cpp),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]

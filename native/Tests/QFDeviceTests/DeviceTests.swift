@@ -55,6 +55,19 @@ struct Frames {
   }
 }
 
+/// `sum_p |x[p] w[p]|` per (frame, row): the scale of the float tolerances.
+func scales(_ f: Frames, _ w: [Double], rows m: Int) -> [Double] {
+  var out = [Double](repeating: 0, count: f.n * m)
+  for i in 0..<f.n {
+    for j in 0..<m {
+      for p in 0..<f.k where w[j * f.k + p] != 0 && f.values[i * f.k + p].isFinite {
+        out[i * m + j] += abs(f.values[i * f.k + p] * w[j * f.k + p])
+      }
+    }
+  }
+  return out
+}
+
 /// The reference: plain loops, float64 or exact integers, zero weights skipped.
 func reference(_ f: Frames, _ w: [Double], rows m: Int) -> ([Double], [Double], [Double]) {
   var per = [Double](repeating: 0, count: f.n * m)
@@ -176,14 +189,46 @@ func values(_ bytes: [UInt8], _ dtype: DType) -> [Double] {
 
 func same(_ a: Double, _ b: Double) -> Bool { a == b || (a.isNaN && b.isNaN) }
 
-struct Case: CustomTestStringConvertible, Sendable {
-  let rep: Representation
-  let dtype: DType
-  var testDescription: String { "\(rep.rawValue) \(dtype.rawValue)" }
+/// A backend under test: the CPU backend everywhere, and Metal where this build and machine
+/// have it (an Apple platform with a Metal device).
+struct Target: CustomTestStringConvertible, Sendable {
+  let name: String
+  let make: @Sendable (Int) -> any ComputeBackend
+  var testDescription: String { name }
 }
 
-let cases: [Case] = CPUBackend.kernels.filter { $0.operation == "frame_pass" }.map {
-  Case(rep: $0.representation, dtype: $0.dtype)
+let targets: [Target] = {
+  var out = [Target(name: "cpu") { CPUBackend(threads: $0) }]
+  #if canImport(Metal)
+    if case .success = makeBackend(.metal) {
+      out.append(Target(name: "metal") { _ in try! makeBackend(.metal).get() })
+    }
+  #endif
+  return out
+}()
+
+struct Case: CustomTestStringConvertible, Sendable {
+  let target: Target
+  let rep: Representation
+  let dtype: DType
+  var testDescription: String { "\(target.name) \(rep.rawValue) \(dtype.rawValue)" }
+}
+
+let cases: [Case] = targets.flatMap { t in
+  CPUBackend.kernels.filter { $0.operation == "frame_pass" }.map {
+    Case(target: t, rep: $0.representation, dtype: $0.dtype)
+  }
+}
+
+/// Within the tolerance of the accumulation used: exact for integer paths, the conformance
+/// suite's bounds for float64 (1e-12) and float32 ((K + 2) u) relative to `sum|x w|`.
+func close(_ got: Double, _ want: Double, scale: Double, accumulation: String, terms: Int) -> Bool {
+  if same(got, want) { return true }
+  switch accumulation {
+  case "float64": return abs(got - want) <= 1e-12 * scale
+  case "float32": return abs(got - want) <= Double(terms + 2) * 0x1p-24 * scale
+  default: return false
+  }
 }
 
 @Suite("CPU backend kernels")
@@ -206,7 +251,7 @@ struct KernelTests {
       (0, 5, 3, 1), (1, 7, 2, 2), (7, 37, 4, 2), (13, 130, 5, 3), (33, 16, 1, 4), (3, 1, 2, 2),
       (9, 300, 0, 2),
     ].enumerated() {
-      let backend = CPUBackend(threads: threads)
+      let backend = c.target.make(threads)
       let f = Frames.random(c.dtype, n: n, k: k, sparse: c.rep != .dense, &rng)
       let stored = try backend.store(payload(c, f, variant: variant)).get()
       for kind in ["binary", "integer", "real"] {
@@ -222,12 +267,15 @@ struct KernelTests {
         let out = try backend.framePass(stored, weights: weights, wantSum: true, wantMax: true)
           .get()
         let (per, sum, mx) = reference(f, w, rows: m)
+        let scale = scales(f, w, rows: m)
+        let info = backend.info
         let exact = c.dtype != .float32 && (kind != "real" || m == 0)  // no rows: integer
-        #expect(out.accumulation == (exact ? "int64" : "float64"), "\(c) \(kind)")
+        let acc = exact ? info.integerAccumulation : info.realAccumulation
+        #expect(out.accumulation == acc, "\(c) \(kind)")
         for i in per.indices {
-          let tol = exact ? 0 : 1e-12 * (abs(per[i]) + Double(k) * 3000)
           #expect(
-            abs(out.perFrame[i] - per[i]) <= tol, "\(c) n=\(n) k=\(k) \(kind) per_frame[\(i)]")
+            close(out.perFrame[i], per[i], scale: scale[i], accumulation: acc, terms: k),
+            "\(c) n=\(n) k=\(k) \(kind) per_frame[\(i)] \(out.perFrame[i]) vs \(per[i])")
         }
         switch out.patternSum {
         case .integer(let s)?:
@@ -236,7 +284,10 @@ struct KernelTests {
         case .real(let s)?:
           #expect(c.dtype == .float32)
           for p in 0..<k {
-            #expect(abs(s[p] - sum[p]) <= 1e-12 * Double(max(n, 1)) * 1000, "\(c) pattern_sum")
+            let scale = (0..<n).reduce(0.0) { $0 + abs(f.values[$1 * k + p]) }
+            #expect(
+              close(s[p], sum[p], scale: scale, accumulation: info.realAccumulation, terms: n),
+              "\(c) pattern_sum")
           }
         case nil: Issue.record("no pattern_sum")
         }
@@ -249,7 +300,7 @@ struct KernelTests {
   @Test("gather returns the chosen pixels exactly", arguments: cases)
   func gather(_ c: Case) throws {
     var rng = Rand(99)
-    let backend = CPUBackend(threads: 2)
+    let backend = c.target.make(2)
     for (variant, (n, k)) in [(0, 3), (4, 70), (11, 33)].enumerated() {
       let f = Frames.random(c.dtype, n: n, k: k, sparse: c.rep != .dense, &rng)
       let stored = try backend.store(payload(c, f, variant: variant)).get()
@@ -261,8 +312,9 @@ struct KernelTests {
     }
   }
 
-  @Test func nanAndInfinityOutsideARowsSupportLeaveItFinite() throws {
-    let backend = CPUBackend(threads: 2)
+  @Test(arguments: targets)
+  func nanAndInfinityOutsideARowsSupportLeaveItFinite(_ target: Target) throws {
+    let backend = target.make(2)
     let k = 40
     var f = Frames(dtype: .float32, n: 6, k: k, values: (0..<240).map { Double($0 % 17) })
     f.values[0 * k + 3] = .nan
@@ -289,7 +341,10 @@ struct KernelTests {
     #expect(per[2 * 4 + 2] == -.infinity)
     #expect(per[2 * 4 + 3] == .infinity && per[4 * 4 + 3] == -.infinity && per[5 * 4 + 3].isNaN)
     let (ref, _, mx) = reference(f, w, rows: 4)
-    #expect(zip(per, ref).allSatisfy { same($0, $1) || abs($0 - $1) < 1e-9 })
+    let scale = scales(f, w, rows: 4)
+    for i in per.indices {
+      #expect(close(per[i], ref[i], scale: scale[i], accumulation: out.accumulation, terms: k))
+    }
     #expect(zip(values(out.patternMax!, .float32), mx).allSatisfy(same))
     guard case .real(let s)? = out.patternSum else {
       Issue.record("no real sum")
@@ -300,7 +355,7 @@ struct KernelTests {
 
   @Test("an empty chunk gives empty rows, zero sums and the least value", arguments: cases)
   func emptyChunk(_ c: Case) throws {
-    let backend = CPUBackend(threads: 2)
+    let backend = c.target.make(2)
     let f = Frames(dtype: c.dtype, n: 0, k: 9, values: [])
     let stored = try backend.store(payload(c, f, variant: 0)).get()
     let weights = try backend.store(
@@ -318,10 +373,11 @@ struct KernelTests {
     #expect(try backend.gather(stored, indices: [0, 8]).get().isEmpty)
   }
 
-  @Test func integerSumsBeyond32BitsAreExact() throws {
+  @Test(arguments: targets)
+  func integerSumsBeyond32BitsAreExact(_ target: Target) throws {
     // 5000 frames of uint32 maxima: pattern sums near 2**44, per-frame sums near 2**62
     let n = 5000
-    let backend = CPUBackend(threads: 2)
+    let backend = target.make(2)
     let f = Frames(
       dtype: .uint32, n: n, k: 3, values: [Double](repeating: 4_294_967_295, count: 3 * n))
     let stored = try backend.store(Encode.dense(f)).get()
@@ -330,7 +386,7 @@ struct KernelTests {
       weights: weightsView([big, big, 1, 1, 0, 0], rows: 2, pixels: 3)
     ).get()
     let out = try backend.framePass(stored, weights: weights, wantSum: true, wantMax: false).get()
-    #expect(out.accumulation == "int64")
+    #expect(out.accumulation == backend.info.integerAccumulation)
     let exact = Int64(4_294_967_295) * Int64(1 << 30) + 4_294_967_295  // 2 * 2**29 * x + x
     #expect(exact > Int64(1) << 61)  // far beyond float64's exact integers
     #expect(out.perFrame[0] == Double(exact))  // float64 of the exact int64 sum
