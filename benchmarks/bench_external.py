@@ -109,7 +109,9 @@ def main() -> int:
     ap.add_argument("--scan", type=int, default=32, help="scan rows = cols")
     ap.add_argument("--detector", type=int, default=128, help="detector rows = cols")
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--runtimes", default="cpu,external-reference,webgpu,webgpu-browser,vulkan")
+    ap.add_argument(
+        "--runtimes", default="cpu,external-reference,webgpu,webgpu-browser,vulkan,swift"
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 

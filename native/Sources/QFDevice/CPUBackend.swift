@@ -50,7 +50,7 @@ public final class CPUBackend: ComputeBackend {
   public func heldBytes(for payload: Payload) -> Int { payload.nbytes }
 
   public func heldBytes(for weights: WeightRows) -> Int {
-    CPUWeights.heldBytes(rows: weights.rows, pixels: weights.pixels, integer: true)
+    CPUWeights.heldBytes(rows: weights.rows, pixels: weights.pixels, int64: true, int32: true)
   }
 
   public func store(_ payload: Payload) -> Result<any ResidentPayload, ProtocolError> {

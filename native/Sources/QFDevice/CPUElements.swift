@@ -7,6 +7,8 @@ protocol FrameElement: BitwiseCopyable, Comparable {
   static var least: Self { get }
   /// Eight values from `p`, converted exactly to float64.
   static func load8(_ p: UnsafePointer<Self>) -> SIMD8<Double>
+  /// Eight values from `p` as int32 lanes (uint8 and uint16 only: exact there).
+  static func load8i(_ p: UnsafePointer<Self>) -> SIMD8<Int32>
   /// The value as float64 (exact for every dtype here).
   var double: Double { get }
   /// The value as an integer (integers only; floats are never asked).
@@ -27,6 +29,9 @@ extension UInt8: FrameElement {
   @inline(__always) static func load8(_ p: UnsafePointer<UInt8>) -> SIMD8<Double> {
     SIMD8<Double>(UnsafeRawPointer(p).loadUnaligned(as: SIMD8<UInt8>.self))
   }
+  @inline(__always) static func load8i(_ p: UnsafePointer<UInt8>) -> SIMD8<Int32> {
+    SIMD8<Int32>(truncatingIfNeeded: UnsafeRawPointer(p).loadUnaligned(as: SIMD8<UInt8>.self))
+  }
   var double: Double { Double(self) }
   var int64: Int64 { Int64(self) }
   @inline(__always) static func maximum(_ a: UInt8, _ b: UInt8) -> UInt8 { Swift.max(a, b) }
@@ -40,6 +45,9 @@ extension UInt16: FrameElement {
   static var least: UInt16 { 0 }
   @inline(__always) static func load8(_ p: UnsafePointer<UInt16>) -> SIMD8<Double> {
     SIMD8<Double>(UnsafeRawPointer(p).loadUnaligned(as: SIMD8<UInt16>.self))
+  }
+  @inline(__always) static func load8i(_ p: UnsafePointer<UInt16>) -> SIMD8<Int32> {
+    SIMD8<Int32>(truncatingIfNeeded: UnsafeRawPointer(p).loadUnaligned(as: SIMD8<UInt16>.self))
   }
   var double: Double { Double(self) }
   var int64: Int64 { Int64(self) }
@@ -55,6 +63,9 @@ extension UInt32: FrameElement {
   @inline(__always) static func load8(_ p: UnsafePointer<UInt32>) -> SIMD8<Double> {
     SIMD8<Double>(UnsafeRawPointer(p).loadUnaligned(as: SIMD8<UInt32>.self))
   }
+  static func load8i(_ p: UnsafePointer<UInt32>) -> SIMD8<Int32> {
+    preconditionFailure("UInt32 frames never take the int32-lane path")
+  }
   var double: Double { Double(self) }
   var int64: Int64 { Int64(self) }
   @inline(__always) static func maximum(_ a: UInt32, _ b: UInt32) -> UInt32 { Swift.max(a, b) }
@@ -68,6 +79,9 @@ extension Float: FrameElement {
   static var least: Float { -.infinity }
   @inline(__always) static func load8(_ p: UnsafePointer<Float>) -> SIMD8<Double> {
     SIMD8<Double>(UnsafeRawPointer(p).loadUnaligned(as: SIMD8<Float>.self))
+  }
+  static func load8i(_ p: UnsafePointer<Float>) -> SIMD8<Int32> {
+    preconditionFailure("Float frames never take the int32-lane path")
   }
   var double: Double { Double(self) }
   var int64: Int64 { Int64(self) }

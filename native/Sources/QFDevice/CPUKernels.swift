@@ -27,6 +27,171 @@ func dotDouble<T: FrameElement>(_ x: UnsafePointer<T>, _ w: UnsafePointer<Double
   return s
 }
 
+/// Four rows at once over pixels `[a, b)`: each frame value is read and converted once.
+@inline(__always)
+func dot4<T: FrameElement>(
+  _ x: UnsafePointer<T>, _ w0: UnsafePointer<Double>, _ w1: UnsafePointer<Double>,
+  _ w2: UnsafePointer<Double>, _ w3: UnsafePointer<Double>, _ a: Int, _ b: Int
+) -> SIMD4<Double> {
+  var s0 = SIMD8<Double>()
+  var s1 = SIMD8<Double>()
+  var s2 = SIMD8<Double>()
+  var s3 = SIMD8<Double>()
+  var p = a
+  while p + 8 <= b {
+    let v = T.load8(x + p)
+    s0 += v * UnsafeRawPointer(w0 + p).loadUnaligned(as: SIMD8<Double>.self)
+    s1 += v * UnsafeRawPointer(w1 + p).loadUnaligned(as: SIMD8<Double>.self)
+    s2 += v * UnsafeRawPointer(w2 + p).loadUnaligned(as: SIMD8<Double>.self)
+    s3 += v * UnsafeRawPointer(w3 + p).loadUnaligned(as: SIMD8<Double>.self)
+    p += 8
+  }
+  var out = SIMD4<Double>(s0.sum(), s1.sum(), s2.sum(), s3.sum())
+  while p < b {
+    let v = x[p].double
+    out += SIMD4(v * w0[p], v * w1[p], v * w2[p], v * w3[p])
+    p += 1
+  }
+  return out
+}
+
+/// Two rows at once over pixels `[a, b)`.
+@inline(__always)
+func dot2<T: FrameElement>(
+  _ x: UnsafePointer<T>, _ w0: UnsafePointer<Double>, _ w1: UnsafePointer<Double>, _ a: Int,
+  _ b: Int
+) -> SIMD2<Double> {
+  var s0 = SIMD8<Double>()
+  var s1 = SIMD8<Double>()
+  var p = a
+  while p + 8 <= b {
+    let v = T.load8(x + p)
+    s0 += v * UnsafeRawPointer(w0 + p).loadUnaligned(as: SIMD8<Double>.self)
+    s1 += v * UnsafeRawPointer(w1 + p).loadUnaligned(as: SIMD8<Double>.self)
+    p += 8
+  }
+  var out = SIMD2<Double>(s0.sum(), s1.sum())
+  while p < b {
+    let v = x[p].double
+    out += SIMD2(v * w0[p], v * w1[p])
+    p += 1
+  }
+  return out
+}
+
+/// The sums of one row group of a frame into `row` (per_frame of the frame), float64, over
+/// the group's runs (or the whole frame): four rows at a time, then two, then one.
+@inline(__always)
+func groupDots<T: FrameElement>(
+  _ x: UnsafePointer<T>, _ group: RowGroup, _ w: UnsafePointer<Double>, _ k: Int,
+  into row: UnsafeMutablePointer<Double>
+) {
+  let rows = group.rows
+  let whole = [(0, k)]
+  let runs = group.runs ?? whole
+  switch rows.count {
+  case 4, 3:  // three rows repeat the last (its sum is computed once more and dropped)
+    let j3 = rows[rows.count - 1]
+    var acc = SIMD4<Double>()
+    for (a, b) in runs {
+      acc += dot4(x, w + rows[0] * k, w + rows[1] * k, w + rows[2] * k, w + j3 * k, a, b)
+    }
+    for t in 0..<rows.count { row[rows[t]] = acc[t] }
+  case 2:
+    var acc = SIMD2<Double>()
+    for (a, b) in runs { acc += dot2(x, w + rows[0] * k, w + rows[1] * k, a, b) }
+    row[rows[0]] = acc[0]
+    row[rows[1]] = acc[1]
+  default:
+    var acc = 0.0
+    for (a, b) in runs { acc += dotDouble(x + a, w + rows[0] * k + a, b - a) }
+    row[rows[0]] = acc
+  }
+}
+
+/// Up to four rows at once over pixels `[a, b)` in int32 lanes (uint8/uint16 data): each
+/// product fits int32 (the path's bound), each lane's sum is kept in int64.
+@inline(__always)
+func dot4i<T: FrameElement>(
+  _ x: UnsafePointer<T>, _ w0: UnsafePointer<Int32>, _ w1: UnsafePointer<Int32>,
+  _ w2: UnsafePointer<Int32>, _ w3: UnsafePointer<Int32>, _ a: Int, _ b: Int
+) -> SIMD4<Int64> {
+  var s0 = SIMD8<Int64>()
+  var s1 = SIMD8<Int64>()
+  var s2 = SIMD8<Int64>()
+  var s3 = SIMD8<Int64>()
+  var p = a
+  while p + 8 <= b {
+    let v = T.load8i(x + p)
+    s0 &+= SIMD8<Int64>(
+      truncatingIfNeeded: v &* UnsafeRawPointer(w0 + p).loadUnaligned(as: SIMD8<Int32>.self))
+    s1 &+= SIMD8<Int64>(
+      truncatingIfNeeded: v &* UnsafeRawPointer(w1 + p).loadUnaligned(as: SIMD8<Int32>.self))
+    s2 &+= SIMD8<Int64>(
+      truncatingIfNeeded: v &* UnsafeRawPointer(w2 + p).loadUnaligned(as: SIMD8<Int32>.self))
+    s3 &+= SIMD8<Int64>(
+      truncatingIfNeeded: v &* UnsafeRawPointer(w3 + p).loadUnaligned(as: SIMD8<Int32>.self))
+    p += 8
+  }
+  var out = SIMD4<Int64>(s0.wrappedSum(), s1.wrappedSum(), s2.wrappedSum(), s3.wrappedSum())
+  while p < b {
+    let v = x[p].int64
+    out &+= SIMD4(v &* Int64(w0[p]), v &* Int64(w1[p]), v &* Int64(w2[p]), v &* Int64(w3[p]))
+    p += 1
+  }
+  return out
+}
+
+/// One row over pixels `[a, b)` in int32 lanes.
+@inline(__always)
+func dot1i<T: FrameElement>(
+  _ x: UnsafePointer<T>, _ w0: UnsafePointer<Int32>, _ a: Int, _ b: Int
+) -> Int64 {
+  var s0 = SIMD8<Int64>()
+  var s1 = SIMD8<Int64>()
+  var p = a
+  while p + 16 <= b {
+    s0 &+= SIMD8<Int64>(
+      truncatingIfNeeded: T.load8i(x + p)
+        &* UnsafeRawPointer(w0 + p).loadUnaligned(as: SIMD8<Int32>.self))
+    s1 &+= SIMD8<Int64>(
+      truncatingIfNeeded: T.load8i(x + p + 8)
+        &* UnsafeRawPointer(w0 + p + 8).loadUnaligned(as: SIMD8<Int32>.self))
+    p += 16
+  }
+  var out = (s0 &+ s1).wrappedSum()
+  while p < b {
+    out &+= x[p].int64 &* Int64(w0[p])
+    p += 1
+  }
+  return out
+}
+
+/// The exact int32-lane sums of one row group of a frame into `row`: four rows at a time
+/// (two or three rows repeat the last; its sum is computed again and dropped), one alone.
+@inline(__always)
+func groupDotsInt32<T: FrameElement>(
+  _ x: UnsafePointer<T>, _ group: RowGroup, _ w: UnsafePointer<Int32>, _ k: Int,
+  into row: UnsafeMutablePointer<Double>
+) {
+  let rows = group.rows
+  let runs = group.runs ?? [(0, k)]
+  if rows.count == 1 {
+    var acc: Int64 = 0
+    for (a, b) in runs { acc &+= dot1i(x, w + rows[0] * k, a, b) }
+    row[rows[0]] = Double(acc)
+    return
+  }
+  let last = rows.count - 1
+  var acc = SIMD4<Int64>()
+  for (a, b) in runs {
+    acc &+= dot4i(
+      x, w + rows[0] * k, w + rows[1] * k, w + rows[Swift.min(2, last)] * k, w + rows[last] * k,
+      a, b)
+  }
+  for t in 0..<rows.count { row[rows[t]] = Double(acc[t]) }
+}
+
 /// The same sum over the pixels with `w[p] != 0` only: a NaN or infinite pixel outside the
 /// row's support does not enter it (IEEE would make `0 * NaN` NaN).
 func supportedDot<T: FrameElement>(_ x: UnsafePointer<T>, _ w: UnsafePointer<Double>, _ k: Int)
@@ -138,26 +303,35 @@ func frameRowsPass<T: FrameElement>(
         patterns.maxes.withUnsafeMutableBufferPointer { maxes in
           w.values.withUnsafeBufferPointer { wd in
             (w.int64Values ?? []).withUnsafeBufferPointer { wi in
-              forEachPart(frames: n, parts: parts) { part, f0, f1 in
-                let scratch = UnsafeMutablePointer<T>.allocate(capacity: Swift.max(k, 1))
-                defer { scratch.deallocate() }
-                let iSum = intSums.isEmpty ? nil : intSums.baseAddress! + part * k
-                let rSum = realSums.isEmpty ? nil : realSums.baseAddress! + part * k
-                let mx = maxes.isEmpty ? nil : maxes.baseAddress! + part * k
-                for f in f0..<f1 {
-                  let x = frameAt(f, scratch)
-                  let row = out.baseAddress! + f * m
-                  for j in 0..<m {
+              (w.int32Values ?? []).withUnsafeBufferPointer { w32 in
+                forEachPart(frames: n, parts: parts) { part, f0, f1 in
+                  let scratch = UnsafeMutablePointer<T>.allocate(capacity: Swift.max(k, 1))
+                  defer { scratch.deallocate() }
+                  let iSum = intSums.isEmpty ? nil : intSums.baseAddress! + part * k
+                  let rSum = realSums.isEmpty ? nil : realSums.baseAddress! + part * k
+                  let mx = maxes.isEmpty ? nil : maxes.baseAddress! + part * k
+                  for f in f0..<f1 {
+                    let x = frameAt(f, scratch)
+                    let row = out.baseAddress! + f * m
                     if path == .int64 {
-                      row[j] = Double(dotInt64(x, wi.baseAddress! + j * k, k))
+                      for j in 0..<m { row[j] = Double(dotInt64(x, wi.baseAddress! + j * k, k)) }
+                    } else if path == .int32Lanes {
+                      for group in w.groups {
+                        groupDotsInt32(x, group, w32.baseAddress!, k, into: row)
+                      }
                     } else {
-                      let wj = wd.baseAddress! + j * k
-                      var v = dotDouble(x, wj, k)
-                      if repairNonFinite && !v.isFinite { v = supportedDot(x, wj, k) }
-                      row[j] = v
+                      for group in w.groups {
+                        groupDots(x, group, wd.baseAddress!, k, into: row)
+                        // zero weights inside the group's pixels multiplied them too
+                        if repairNonFinite {
+                          for j in group.rows where !row[j].isFinite {
+                            row[j] = supportedDot(x, wd.baseAddress! + j * k, k)
+                          }
+                        }
+                      }
                     }
+                    addPattern(x, k, intSums: iSum, realSums: rSum, maxes: mx)
                   }
-                  addPattern(x, k, intSums: iSum, realSums: rSum, maxes: mx)
                 }
               }
             }
