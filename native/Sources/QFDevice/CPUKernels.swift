@@ -435,7 +435,7 @@ struct PairedViews {
   }
 }
 
-/// The frame pass over paired events: O(events) per weight row.
+/// The frame pass over paired events: O(events x rows), each event read once.
 func pairedFramePass<T: FrameElement>(
   _: T.Type, _ v: PairedViews, frames n: Int, pixels k: Int, weights w: CPUWeights,
   wantSum: Bool, wantMax: Bool, threads: Int
@@ -447,41 +447,48 @@ func pairedFramePass<T: FrameElement>(
   var patterns = Patterns<T>(k: k, parts: parts, integer: true, wantSum: wantSum, wantMax: wantMax)
   if n > 0 { patterns.maxes = [T](repeating: T(packed: 0), count: patterns.maxes.count) }
   let anyNonFinite = w.nonfinitePerRow.contains { $0 > 0 }
+  let td = exact ? [] : w.transposed  // made here, before the threads
+  let ti = exact ? w.transposedInt64 : []
   perFrame.withUnsafeMutableBufferPointer { out in
     patterns.intSums.withUnsafeMutableBufferPointer { sums in
       patterns.maxes.withUnsafeMutableBufferPointer { maxes in
-        w.values.withUnsafeBufferPointer { wd in
-          (w.int64Values ?? []).withUnsafeBufferPointer { wi in
+        td.withUnsafeBufferPointer { wd in
+          ti.withUnsafeBufferPointer { wi in
             forEachPart(frames: n, parts: parts) { part, f0, f1 in
               let sum = sums.isEmpty ? nil : sums.baseAddress! + part * k
               let mx = maxes.isEmpty ? nil : maxes.baseAddress! + part * k
+              let accI = UnsafeMutablePointer<Int64>.allocate(capacity: Swift.max(m, 1))
+              let accD = UnsafeMutablePointer<Double>.allocate(capacity: Swift.max(m, 1))
+              let hits = UnsafeMutablePointer<Int>.allocate(capacity: Swift.max(m, 1))
+              defer {
+                accI.deallocate()
+                accD.deallocate()
+                hits.deallocate()
+              }
               for f in f0..<f1 {
-                let a = v.start(f)
-                let e = v.start(f + 1)
-                for j in 0..<m {
-                  if exact {
-                    let wj = wi.baseAddress! + j * k
-                    var s: Int64 = 0
-                    for q in a..<e { s &+= Int64(truncatingIfNeeded: v.count(q)) &* wj[v.index(q)] }
-                    out[f * m + j] = Double(s)
-                  } else {
-                    let wj = wd.baseAddress! + j * k
-                    var s = 0.0
-                    var hits = 0
-                    for q in a..<e {
-                      let p = v.index(q)
-                      s += Double(v.count(q)) * wj[p]
-                      if anyNonFinite && !wj[p].isFinite { hits += 1 }
-                    }
-                    // a pixel the frame misses holds 0, and 0 * inf is NaN, as in a dense pass
-                    out[f * m + j] = hits < w.nonfinitePerRow[j] ? .nan : s
-                  }
-                }
-                for q in a..<e {
+                accI.initialize(repeating: 0, count: m)
+                accD.initialize(repeating: 0, count: m)
+                hits.initialize(repeating: 0, count: m)
+                for q in v.start(f)..<v.start(f + 1) {
                   let p = v.index(q)
                   let c = v.count(q)
+                  if exact {
+                    let ci = Int64(truncatingIfNeeded: c)
+                    let wp = wi.baseAddress! + p * m
+                    for j in 0..<m { accI[j] &+= ci &* wp[j] }
+                  } else {
+                    let cd = Double(c)
+                    let wp = wd.baseAddress! + p * m
+                    for j in 0..<m { accD[j] += cd * wp[j] }
+                    if anyNonFinite { for j in 0..<m where !wp[j].isFinite { hits[j] += 1 } }
+                  }
                   sum?[p] &+= Int64(truncatingIfNeeded: c)
                   if let mx { mx[p] = T.maximum(mx[p], T(packed: UInt32(truncatingIfNeeded: c))) }
+                }
+                for j in 0..<m {
+                  // a pixel the frame misses holds 0, and 0 * inf is NaN, as in a dense pass
+                  out[f * m + j] =
+                    exact ? Double(accI[j]) : hits[j] < w.nonfinitePerRow[j] ? .nan : accD[j]
                 }
               }
             }

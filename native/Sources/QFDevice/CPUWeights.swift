@@ -22,6 +22,15 @@ final class CPUWeights: ResidentWeights {
   /// Rows grouped by support: rows whose nonzero weights lie on the same pixels (a CoM
   /// mask and its moments) share one read of each frame value.
   let groups: [RowGroup]
+  /// The weights pixel-major (`pixels x rows`): one event of a paired frame reads its rows
+  /// contiguously.  Made on the first paired pass (before its threads start), then kept.
+  private(set) lazy var transposed: [Double] = {
+    var t = [Double](repeating: 0, count: values.count)
+    for j in 0..<rows { for p in 0..<pixels { t[p * rows + j] = values[j * pixels + p] } }
+    return t
+  }()
+  /// `transposed` as int64 (integer weights only).
+  private(set) lazy var transposedInt64: [Int64] = transposed.map { Int64($0) }
 
   var residentBytes: Int {
     CPUWeights.heldBytes(
