@@ -297,3 +297,26 @@ extension Result {
     return false
   }
 }
+
+/// The in-process use native/README.md shows, as an app would write it.
+@Suite("in-process use")
+struct InProcessTests {
+  @Test func theReadmeExampleRuns() throws {
+    var options = WorkerOptions()
+    options.backend = .auto
+    options.budgetBytes = 2 << 30
+    let worker = try Worker.make(options).get()
+    let hello = worker.handle(Message(["type": "hello", "id": 0, "protocol": "qf-worker/1"]))
+    #expect(hello.type == "hello")
+    let bytes = Vectors.bytes("ping") + Vectors.bytes("stats") + Vectors.bytes("bad_magic")
+    var decoder = FrameDecoder(maxMessageBytes: worker.options.maxMessageBytes)
+    let (messages, error) = bytes.withUnsafeBytes { decoder.feedAll($0) }
+    var replies: [[UInt8]] = []
+    for message in messages {
+      let reply = worker.handle(message)
+      replies.append(try Frame.encode(reply).get())
+    }
+    #expect(replies.count == 2 && error?.code == .frame)
+    #expect(try Frame.decode(replies[1]).get().type == "stats")
+  }
+}
