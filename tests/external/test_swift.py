@@ -131,3 +131,26 @@ def test_without_the_build_swift_is_not_registered_and_says_how_to_build(
     if shutil.which("swift") is not None:
         assert register_requested(["swift"]) == ["swift"]
         assert unregistered_reason("swift") is None
+
+
+def test_quantem_flow_worker_runtime_swift(capsys: pytest.CaptureFixture[str]) -> None:
+    from quantem_flow.cli import main
+
+    require_swift_build()
+    assert main(["worker", "tcp://127.0.0.1:8786", "--runtime", "swift", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "--qf-runtimes swift" in out and "--host 127.0.0.1" in out
+
+
+def test_backend_swift_computes_in_one_process(rng: np.random.Generator) -> None:
+    import quantem_flow as qf
+    from tests.conftest import probe_data
+
+    require_swift_build()
+    ds = qf.open(probe_data(rng, scan=(6, 5)), chunk_rows=2)
+    queries = [qf.virtual_bf(ds, radius=4.5, center=(8.6, 14.2)), qf.center_of_mass(ds)]
+    got = qf.compute(*queries, client="synchronous", backend="swift")
+    ref = qf.compute(*queries, client="synchronous", backend="cpu")
+    np.testing.assert_array_equal(got[0].data, ref[0].data)
+    np.testing.assert_allclose(got[1].data, ref[1].data, rtol=1e-12)
+    assert {r["runtime"] for r in got[0].provenance.execution["chunks"]} == {"swift"}
