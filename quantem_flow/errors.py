@@ -7,6 +7,8 @@ say what was expected, what was given, and what to do about it.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AnnotationError",
     "CalibrationError",
@@ -37,7 +39,26 @@ __all__ = [
 
 
 class QuantemFlowError(Exception):
-    """Base class of every error raised by quantem-flow."""
+    """Base class of every error raised by quantem-flow.
+
+    Every error survives pickling (a cluster sends it from a worker to the
+    client) with its type, message and fields: it is rebuilt by calling the
+    class with its arguments, then its attributes are restored.  (Unpickling
+    through ``__new__`` alone fails for classes that mix two builtins with
+    different constructors, such as ``RuntimeError`` and ``TimeoutError``.)
+    """
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(
+    cls: type[QuantemFlowError], args: tuple[Any, ...], state: dict[str, Any]
+) -> QuantemFlowError:
+    """Rebuild a pickled error: ``cls(*args)`` with its attributes restored."""
+    error = cls(*args)
+    error.__dict__.update(state)
+    return error
 
 
 class ParameterError(QuantemFlowError, ValueError):
