@@ -324,3 +324,39 @@ def test_reference_worker_state_machine() -> None:
     assert r.header["accumulation"] == "float64"
     r = w.handle(pr.bye(id=7))
     assert r.type == "bye" and w.closing and w.total_bytes() == 0
+
+
+_NESTED_WORKER = """
+import struct, sys, time
+h = b'{"type":"hello","id":0,"x":' + b'[' * 100000 + b']' * 100000 + b'}'
+pad = (-(16 + len(h))) % 8
+sys.stdout.buffer.write(b'QFW1' + struct.pack('<IQ', len(h), 0) + h + bytes(pad))
+sys.stdout.flush()
+time.sleep(60)
+"""
+
+
+def test_a_deeply_nested_header_from_the_worker_fails_the_request_at_once(pipes: Start) -> None:
+    conn = pipes(argv=[sys.executable, "-c", _NESTED_WORKER])
+    t0 = time.monotonic()
+    with pytest.raises(ProtocolError) as info:
+        conn.recv(60, message_type="hello")
+    assert time.monotonic() - t0 < 10  # not the 60 s timeout
+    assert info.value.code == "frame" and "deep" in str(info.value)
+    assert not conn.alive  # stopped
+
+
+def test_any_failure_of_the_reader_thread_reaches_the_request_at_once(
+    pipes: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def explode(self: object, data: bytes) -> list[object]:
+        raise MemoryError("a decoder that cannot allocate")
+
+    monkeypatch.setattr(pr.FrameDecoder, "feed", explode)
+    conn = pipes()
+    t0 = time.monotonic()
+    with pytest.raises(ProtocolError) as info:
+        conn.send(pr.hello_request(client="t"))
+        conn.recv(60, message_type="hello")
+    assert time.monotonic() - t0 < 30
+    assert info.value.code == "frame" and "MemoryError" in str(info.value)

@@ -386,3 +386,19 @@ def test_error_and_replies() -> None:
         )
     )
     assert s.header["memory_budget_bytes"] == 5
+
+
+def test_nesting_is_bounded_and_reported_as_frame() -> None:
+    def frame(header: bytes) -> bytes:
+        pad = -(16 + len(header)) % 8
+        return b"QFW1" + struct.pack("<IQ", len(header), 0) + header + bytes(pad)
+
+    deep = b'{"type":"ping","id":1,"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with pytest.raises(ProtocolError) as info:
+        pr.decode(frame(deep))
+    assert info.value.code == "frame" and "100001 deep" in str(info.value)
+    at_limit = b'{"type":"ping","id":1,"x":' + b"[" * 255 + b"]" * 255 + b"}"
+    assert pr.decode(frame(at_limit)).type == "ping"
+    # brackets inside strings are text, not nesting
+    text = b'{"type":"ping","id":1,"s":"' + b"[{" * 400 + b'"}'
+    assert pr.decode(frame(text)).type == "ping"

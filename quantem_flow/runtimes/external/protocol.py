@@ -84,6 +84,9 @@ PREFIX_BYTES: Final = 16
 MAX_HEADER_BYTES: Final = 16 * 1024 * 1024
 #: Largest magnitude of an integer in a header (JavaScript's safe integers).
 MAX_INT: Final = 2**53 - 1
+#: Deepest nesting of arrays and objects a receiver accepts in a header (no message of
+#: qf-worker/1 nests beyond 4; the Swift worker's parser has the same bound).
+MAX_NESTING: Final = 256
 
 _PREFIX = struct.Struct("<4sIQ")
 
@@ -282,11 +285,36 @@ def _parse_constant(text: str) -> Any:
     raise _fail(f"header holds {text}, which is not JSON (numbers are integers only)")
 
 
+_BRACKETS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _nesting(raw: bytes) -> int:
+    """The deepest nesting of arrays and objects in JSON text (strings skipped)."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_NESTING:
+        return 0  # cannot be deeper than the bound: the common case, no scan
+    depth = deepest = 0
+    for m in _BRACKETS.finditer(raw):
+        token = m.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in (b"]", b"}"):
+            depth -= 1
+    return deepest
+
+
 def _parse_header(raw: bytes | memoryview) -> dict[str, Any]:
+    data = bytes(raw)
     try:
-        text = bytes(raw).decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise _fail(f"header is not valid UTF-8 ({exc}); emit UTF-8 (ASCII) JSON") from exc
+    depth = _nesting(data)
+    if depth > MAX_NESTING:
+        raise _fail(
+            f"header nests arrays and objects {depth} deep, beyond the {MAX_NESTING} a receiver "
+            "accepts; qf-worker/1 headers nest a few levels at most"
+        )
     try:
         header = json.loads(
             text,
@@ -296,6 +324,8 @@ def _parse_header(raw: bytes | memoryview) -> dict[str, Any]:
         )
     except ProtocolError:
         raise
+    except RecursionError as exc:  # a bound the scan above keeps us from, kept as a backstop
+        raise _fail(f"header nests too deeply for the parser ({exc})") from exc
     except ValueError as exc:
         raise _fail(f"header is not valid JSON ({exc})") from exc
     if not isinstance(header, dict):

@@ -184,6 +184,17 @@ class PipeConnection:
                     self._messages.put(message)
         except ProtocolError as exc:
             self._messages.put(_Ended("the worker wrote a malformed frame", exc))
+        except BaseException as exc:  # anything else reaches the waiting request at once
+            self._messages.put(
+                _Ended(
+                    "the bridge's reader failed",
+                    ProtocolError(
+                        f"reading the worker's frames failed: {type(exc).__name__}: {exc}",
+                        code="frame",
+                        worker=self.name,
+                    ),
+                )
+            )
 
     def _read_stderr(self) -> None:
         stderr = self.process.stderr
@@ -420,8 +431,17 @@ class WebSocketConnection:
     def _deliver(self, data: bytes) -> None:
         try:
             self._messages.put(decode(data, max_message_bytes=self._server.max_message_bytes))
-        except ProtocolError as exc:
-            self._messages.put(_Ended("the page sent a malformed frame", exc))
+        except Exception as exc:  # a malformed frame, or anything the decoder met
+            error = (
+                exc
+                if isinstance(exc, ProtocolError)
+                else ProtocolError(
+                    f"decoding the page's frame failed: {type(exc).__name__}: {exc}",
+                    code="frame",
+                    worker=self.name,
+                )
+            )
+            self._messages.put(_Ended("the page sent a malformed frame", error))
             self._server._call(self._handler.close, 1002, "malformed qf-worker frame")
 
     def _closed(self, reason: str) -> None:
