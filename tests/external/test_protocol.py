@@ -402,3 +402,36 @@ def test_nesting_is_bounded_and_reported_as_frame() -> None:
     # brackets inside strings are text, not nesting
     text = b'{"type":"ping","id":1,"s":"' + b"[{" * 400 + b'"}'
     assert pr.decode(frame(text)).type == "ping"
+
+
+def test_an_announced_body_is_allocated_as_it_arrives() -> None:
+    import tracemalloc
+
+    header = b'{"buffers":[1073741824],"id":1,"type":"result"}'
+    pad = -(16 + len(header)) % 8
+    prefix = b"QFW1" + struct.pack("<IQ", len(header), 1 << 30) + header + bytes(pad)
+    dec = pr.FrameDecoder(max_message_bytes=2 << 30)
+    tracemalloc.start()
+    try:
+        assert dec.feed(prefix) == []
+        assert dec.feed(bytes(4096)) == []  # a little of the "1 GiB" body
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * pr.FIRST_BODY_ALLOCATION, f"{peak} bytes for an announced 1 GiB body"
+    assert dec.in_frame and dec.pending == len(prefix) + 4096
+
+
+def test_a_body_in_uneven_pieces_across_buffer_growth_is_intact() -> None:
+    rng = np.random.default_rng(3)
+    values = rng.integers(0, 2**16, size=3_000_000, dtype=np.uint16)  # 6 MB: several doublings
+    frame = pr.encode(pr.Message({"type": "result", "id": 2}, [values]))
+    dec = pr.FrameDecoder()
+    out = []
+    pos = 0
+    while pos < len(frame):
+        step = int(rng.integers(1, 700_000))
+        out += dec.feed(frame[pos : pos + step])
+        pos += step
+    (message,) = out
+    np.testing.assert_array_equal(np.frombuffer(message.buffers[0], dtype=np.uint16), values)

@@ -84,6 +84,9 @@ PREFIX_BYTES: Final = 16
 MAX_HEADER_BYTES: Final = 16 * 1024 * 1024
 #: Largest magnitude of an integer in a header (JavaScript's safe integers).
 MAX_INT: Final = 2**53 - 1
+#: Bytes of a frame's body allocated when its header has been checked; the buffer then
+#: doubles as bytes arrive (a peer that announces a body and sends none costs this much).
+FIRST_BODY_ALLOCATION: Final = 1 << 20
 #: Deepest nesting of arrays and objects a receiver accepts in a header (no message of
 #: qf-worker/1 nests beyond 4; the Swift worker's parser has the same bound).
 MAX_NESTING: Final = 256
@@ -566,7 +569,10 @@ class FrameDecoder:
 
     Feed it pieces of any size; it returns every completed message.  After
     any error it refuses further input (a byte stream cannot be
-    resynchronised).  Each frame is copied once, into its own buffer.
+    resynchronised).  Each frame is copied into its own buffer, which is
+    allocated as the body arrives (:data:`FIRST_BODY_ALLOCATION`, then
+    doubling up to the announced size): a peer that announces a huge body
+    and sends little makes the receiver hold only what it sent.
 
     Parameters
     ----------
@@ -643,6 +649,8 @@ class FrameDecoder:
                     message = self._header_done()
                 else:
                     take = min(self._total - self._filled, end - pos)
+                    if self._filled + take > len(self._frame):
+                        self._grow(self._filled + take)
                     self._frame[self._filled : self._filled + take] = mv[pos : pos + take]
                     self._filled += take
                     pos += take
@@ -676,10 +684,18 @@ class FrameDecoder:
             self._reset()
             return message
         # only now, with a header whose buffers agree with body_length, allocate the frame
-        self._frame = bytearray(self._total)
+        # The buffer grows as the body arrives (doubling, up to the announced size), so a
+        # header that announces a huge body costs nothing until its bytes come.
+        self._frame = bytearray(min(self._total, head_end + FIRST_BODY_ALLOCATION))
         self._frame[:head_end] = head
         self._filled = head_end
         return None
+
+    def _grow(self, need: int) -> None:
+        assert self._frame is not None
+        bigger = bytearray(min(self._total, max(need, 2 * len(self._frame))))
+        bigger[: self._filled] = memoryview(self._frame)[: self._filled]
+        self._frame = bigger
 
     def _body_done(self) -> Message:
         assert self._frame is not None
