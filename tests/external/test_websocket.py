@@ -184,3 +184,36 @@ def test_webgpu_browser_in_headless_chromium(rng: np.random.Generator) -> None:
         np.testing.assert_array_equal(out.pattern_sum, block.reshape(6, 20).sum(axis=0))
     finally:
         rt.close()
+
+
+def test_refused_requests_do_not_spend_the_token(server: WebSocketServer) -> None:
+    """Another Origin, ``Origin: null`` and a GET without an upgrade are refused, token kept."""
+    import tornado.httpclient
+    import tornado.websocket
+
+    async def connect(origin: str) -> Any:
+        request = tornado.httpclient.HTTPRequest(server.socket_url, headers={"Origin": origin})
+        return await tornado.websocket.websocket_connect(request)
+
+    for origin in ("http://evil.example", "null"):
+        with pytest.raises(tornado.httpclient.HTTPClientError) as info:
+            asyncio.run(connect(origin))
+        assert info.value.code == 403, origin
+    plain = server.socket_url.replace("ws://", "http://")
+    assert _get(plain)[0] == 400  # no upgrade: refused by tornado
+    assert _get(plain, {"Origin": "null", "Upgrade": "websocket", "Connection": "Upgrade"})[0] in (
+        400,
+        403,
+    )
+    # the real page still connects with the same token, once
+    thread, result = _page(server.socket_url, ReferenceWorker())
+    conn = server.accept(30)
+    conn.send(pr.hello_request(client="t"))
+    assert conn.recv(10).type == "hello"
+    with pytest.raises(tornado.httpclient.HTTPClientError) as info:
+        asyncio.run(connect(f"http://127.0.0.1:{server.port}"))
+    assert info.value.code == 403  # now spent
+    conn.send(pr.bye(id=1))
+    assert conn.recv(10).type == "bye"
+    thread.join(10)
+    assert result == {"close": None}

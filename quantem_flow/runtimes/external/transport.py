@@ -612,10 +612,16 @@ class WebSocketServer:
                     self.set_status(403)
                     self.finish("403: wrong, missing or already used token")
                     return
-                server._spent = True  # one-time: before the upgrade completes
+                # tornado refuses a request of another Origin (403) or without an upgrade
+                # (400) here; such a refusal must not spend the token, so it is spent in
+                # open(), on an accepted upgrade only
                 await super().get(*args, **kwargs)
 
             def open(self, *args: Any, **kwargs: Any) -> None:
+                if server._spent:  # two upgrades raced past the check: the first one wins
+                    self.close(1008, "the token was already used")
+                    return
+                server._spent = True  # one-time: the first accepted upgrade spends it
                 self.set_nodelay(True)
                 self.connection = WebSocketConnection(server, self)
                 server._connections.put(self.connection)
