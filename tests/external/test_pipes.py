@@ -360,3 +360,41 @@ def test_any_failure_of_the_reader_thread_reaches_the_request_at_once(
         conn.recv(60, message_type="hello")
     assert time.monotonic() - t0 < 30
     assert info.value.code == "frame" and "MemoryError" in str(info.value)
+
+
+_WRONG_REPLY_WORKER = """
+import os, sys
+from quantem_flow.runtimes.external import protocol as pr
+from quantem_flow.runtimes.external.reference_worker import ReferenceWorker
+worker = ReferenceWorker()
+dec = pr.FrameDecoder()
+while True:
+    data = os.read(0, 1 << 16)
+    if not data:
+        break
+    for m in dec.feed(data):
+        reply = worker.handle(m)
+        if m.type == "ping":  # answers a ping with a stats reply of the same id
+            reply = pr.stats_reply(id=m.id, handles=0, resident_bytes={}, memory_budget_bytes=1)
+        sys.stdout.buffer.write(pr.encode(reply))
+        sys.stdout.buffer.flush()
+"""
+
+
+def test_a_reply_of_the_wrong_type_is_refused(pipes: Start) -> None:
+    s = ExternalSession(
+        lambda: pipes(argv=[sys.executable, "-c", _WRONG_REPLY_WORKER]),
+        name="ref-test",
+        timeout=20,
+        hello_timeout=60,
+    )
+    try:
+        s.start()
+        with pytest.raises(ProtocolError) as info:
+            s.ping()
+        assert info.value.code == "bad_request" and "'stats' reply, expected 'ping'" in str(
+            info.value
+        )
+        assert not s.connected  # stopped; the next request restarts it
+    finally:
+        s.close()

@@ -36,7 +36,7 @@ from ...errors import (
 from . import protocol as pr
 from .transport import Connection
 
-__all__ = ["ExternalSession", "error_from_reply"]
+__all__ = ["REPLY_TYPES", "ExternalSession", "error_from_reply"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,19 @@ logger = logging.getLogger(__name__)
 _PROTOCOL_CODES = ("version", "frame", "truncated", "too_large", "bad_request")
 #: Error codes after which the worker closes the connection.
 _FATAL_CODES = ("version", "frame", "truncated", "too_large")
+
+#: The reply type of every request (docs/protocol.md, "Messages"); an ``error`` may
+#: answer any of them.
+REPLY_TYPES = {
+    "hello": "hello",
+    "put": "result",
+    "put_weights": "result",
+    "run": "result",
+    "release": "result",
+    "stats": "stats",
+    "ping": "ping",
+    "bye": "bye",
+}
 
 
 def _client_name() -> str:
@@ -305,6 +318,19 @@ class ExternalSession:
                 raise ProtocolError(
                     f"external worker {self.name!r} answered {kind} id {rid} with a "
                     f"{reply.type} of id {reply.id}; the stream is out of step (restarted)",
+                    code="bad_request",
+                    worker=self.name,
+                    message_type=kind,
+                    handle=handle,
+                )
+            expected = REPLY_TYPES.get(kind)
+            if expected is not None and reply.type != expected:
+                self._drop()
+                raise ProtocolError(
+                    f"external worker {self.name!r} answered {kind} id {rid} with a "
+                    f"{reply.type!r} reply, expected {expected!r} (docs/protocol.md); the "
+                    "worker does not follow the protocol and was stopped (restarted by the "
+                    "next request)",
                     code="bad_request",
                     worker=self.name,
                     message_type=kind,
