@@ -132,6 +132,14 @@ public:
     const std::string &type = h.get("type")->s;
     Reply r;
     r.header["id"] = id_of(h);
+    // the reference's order: the type first (unsupported), then the id (bad_request)
+    static const char *const known[] = {"hello",       "ping", "bye",     "put",
+                                        "put_weights", "run",  "release", "stats"};
+    bool is_known = false;
+    for (const char *k : known) is_known = is_known || type == k;
+    if (!is_known)
+      perr("unsupported", "message type \"" + type + "\" is not spoken by this worker (qf-worker/1)");
+    get_int(h, "id"); // every request has an integer id >= 0
     if (type == "hello") return hello(h, r);
     if (type == "ping") {
       r.header["type"] = "ping";
@@ -142,11 +150,6 @@ public:
       done = true;
       return r;
     }
-    static const char *const known[] = {"put", "put_weights", "run", "release", "stats"};
-    bool is_known = false;
-    for (const char *k : known) is_known = is_known || type == k;
-    if (!is_known)
-      perr("unsupported", "message type \"" + type + "\" is not spoken by this worker (qf-worker/1)");
     if (!session_) perr(startup_code_, startup_error_);
     if (type == "put") return put(h, f.buffers, r);
     if (type == "put_weights") return put_weights(h, f.buffers, r);
