@@ -254,6 +254,7 @@ class WorkerProgram(ProcessInterface):  # type: ignore[misc]
                         address=getattr(self, "address", None),
                         restart=restart,
                         detail=detail,
+                        exits=self._exit_history(),
                     ),
                     10,
                 )
@@ -261,6 +262,13 @@ class WorkerProgram(ProcessInterface):  # type: ignore[misc]
             logging.getLogger("quantem_flow.cluster").info(
                 "could not report worker %r (%s) to the scheduler: %s", self.name, restart, exc
             )
+
+    def _exit_history(self) -> list[tuple[float, int | None]]:
+        """``[(wall time, exit status), ...]`` of this program's unexpected exits."""
+        import time
+
+        shift = time.time() - time.monotonic()
+        return [(t + shift, status) for t, status in self.exits]
 
     async def _spawn(self) -> None:
         if self._drain is not None:

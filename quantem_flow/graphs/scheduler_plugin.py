@@ -53,6 +53,7 @@ from .placement import (
     WorkerLeft,
     tasks_from_annotations,
 )
+from .stuck_tasks import StuckTasks
 
 try:  # distributed is a hard dependency; the guard keeps imports cheap to reason about
     from distributed.diagnostics.plugin import SchedulerPlugin
@@ -85,6 +86,8 @@ MAX_DEPARTURES = 500
 _ANNOUNCED = ("closing", "closing_gracefully", "closed")
 #: Roles of the tasks that process one chunk.
 _CHUNK_ROLES = ("pass", "kernel", "load")
+#: Seconds between checks for tasks that no worker can run (see stuck_tasks).
+STUCK_CHECK_S = 1.0
 logger = logging.getLogger("quantem_flow.placement")
 
 
@@ -119,6 +122,12 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
         self._reports: dict[str, dict[str, Any]] = {}
         self._names: dict[str, str] = {}
         self._log_stamped = 0
+        from .. import config
+
+        #: waiting tasks no worker can run: failed promptly, never left waiting forever
+        self.stuck = StuckTasks(float(config.get("no_worker_timeout_s")))
+        self._stuck_check: Any = None
+        self._queued_since: dict[Any, float] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self, scheduler: Any) -> None:
@@ -130,6 +139,10 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
         if isinstance(handlers, dict):
             handlers[REPORT_HANDLER] = self.report
         self._add_routes(scheduler)
+        from tornado.ioloop import PeriodicCallback
+
+        self._stuck_check = PeriodicCallback(self.check_stuck, STUCK_CHECK_S * 1000)
+        self._stuck_check.start()
 
     def _add_routes(self, scheduler: Any) -> None:
         app = getattr(scheduler, "http_application", None)
@@ -165,6 +178,8 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
     async def before_close(self) -> None:
         """The scheduler is closing: workers leaving now are not losses."""
         self._closing = True
+        if self._stuck_check is not None:
+            self._stuck_check.stop()
 
     def _add(self, address: str) -> None:
         ws = self.scheduler.workers.get(address)
@@ -179,6 +194,8 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
         )
         self._names[address] = str(ws.name)
         self._announced.discard(address)
+        self.stuck.joined(address, str(ws.name))
+        self._sample_memory(address, ws)
         self._apply(self._handle(WorkerJoined(caps)), stimulus_id="qf-worker-joined")
         self._restored(address, str(ws.name))
 
@@ -224,7 +241,10 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
                 f"will be recomputed; {held} resident chunk(s) re-placed"
             )
             if left == 0:
-                what_next += "; no worker is left: tasks wait until a worker joins"
+                what_next += (
+                    "; no worker is left: tasks wait for a restart, and fail with the workers' "
+                    "exit history if none comes (qf.config no_worker_timeout_s)"
+                )
         else:
             what_next = "it announced its departure (closed or retired)"
         record: dict[str, Any] = {
@@ -251,6 +271,7 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
         )
         if report is not None:
             record["restart"] = report
+        self.stuck.left(worker, name, lost=lost)
         self.departures.append(record)
         del self.departures[:-MAX_DEPARTURES]
         if lost:
@@ -301,6 +322,9 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
             ``"restarting"``, ``"gave-up"`` or ``"failed"``.
         detail
             What happened, in words (exit status, restarts within the window).
+        ignored
+            ``exits``: ``[(wall time, exit status), ...]`` of the worker program's
+            unexpected exits (its exit history); other members are ignored.
 
         Returns
         -------
@@ -308,6 +332,9 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
             ``"recorded"`` when the departure was known, ``"pending"`` otherwise.
         """
         info = {"restart": str(restart), "detail": str(detail), "time": time.time()}
+        exits = ignored.get("exits") or ()
+        who = str(name if name is not None else address)
+        self.stuck.report(who, str(restart), str(detail), exits)
         if restart in ("gave-up", "failed"):
             logger.error(
                 "quantem-flow: worker %s (name %r) will not be restored: %s",
@@ -322,6 +349,93 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
                 return "recorded"
         self._reports[str(address if address is not None else name)] = info
         return "pending"
+
+    # -- tasks no worker can run -----------------------------------------------------------
+    def check_stuck(self) -> None:
+        """Fail the waiting quantem-flow tasks no worker will run (every STUCK_CHECK_S)."""
+        sched = self.scheduler
+        if sched is None or self._closing:
+            return
+        try:
+            for address, ws in sched.workers.items():
+                self._sample_memory(address, ws)
+            ours = self.placement.tasks
+            waiting = {
+                ts.key: float(since) for ts, since in sched.unrunnable.items() if ts.key in ours
+            }
+            if not sched.workers:
+                # with no worker at all, the small tasks a pass depends on (its spec...) wait
+                # in the queue, and the pass behind them: they wait for the same worker
+                now = time.monotonic()
+                for ts in sched.queued:
+                    if ts.key in ours or any(d.key in ours for d in ts.dependents):
+                        waiting[ts.key] = self._queued_since.setdefault(ts.key, now)
+            stale = set(self._queued_since) - set(waiting)
+            for key in stale:
+                del self._queued_since[key]
+            if not waiting:
+                return
+            offered = {a: sorted(w.runtimes) for a, w in sorted(self.placement.workers.items())}
+            needs = {}
+            for key in waiting:
+                task = ours.get(key)
+                if task is None:
+                    needs[key] = "any worker"
+                    continue
+                need = f"runtime {task.runtime!r}"
+                if task.need:
+                    need += " and " + ", ".join(
+                        f"{n / 2**20:.0f} MiB of {pool}" for pool, n in sorted(task.need.items())
+                    )
+                needs[key] = need
+            verdicts = self.stuck.check(
+                waiting,
+                refused=self.placement.refused,
+                n_workers=len(sched.workers),
+                offered=f"runtimes {offered}",
+                needs=needs,
+                now=time.monotonic(),
+            )
+            for verdict in verdicts:
+                self.fail_waiting(verdict.keys, verdict.reason)
+        except Exception:  # never let the check break the scheduler; say so loudly
+            logger.exception("quantem-flow: the check for tasks no worker can run failed")
+
+    def _sample_memory(self, address: str, ws: Any) -> None:
+        """Keep the memory a worker reported last (at registration, then every check)."""
+        metrics = getattr(ws, "metrics", None)
+        memory = metrics.get("memory") if isinstance(metrics, dict) else None
+        self.stuck.heartbeat(address, memory, getattr(ws, "memory_limit", None) or None)
+
+    def fail_waiting(self, keys: Any, reason: str) -> list[Any]:
+        """Fail tasks waiting in ``no-worker`` or ``queued`` with :class:`PlacementError`.
+
+        Their dependents fail with them (Dask propagates the error), so the client's
+        compute raises ``reason`` at once.
+        """
+        import pickle
+
+        sched = self.scheduler
+        stimulus_id = f"qf-no-worker-can-run-{time.time()}"
+        exception = pickle.dumps(PlacementError(reason))
+        recommendations: dict[Any, Any] = {}
+        failed = []
+        for key in keys:
+            ts = sched.tasks.get(key)
+            if ts is None or ts.state not in ("no-worker", "queued"):
+                continue
+            recommendations.update(
+                sched.transition(
+                    key, "erred", exception=exception, cause=key, stimulus_id=stimulus_id
+                )
+            )
+            failed.append(key)
+        if failed:
+            logger.error(
+                "quantem-flow: %d task(s) failed, no worker can run them: %s", len(failed), reason
+            )
+            sched.transitions(recommendations, stimulus_id=stimulus_id)
+        return failed
 
     def departures_since(self, seq: int) -> list[dict[str, Any]]:
         """Departures recorded at or after sequence number ``seq``."""
