@@ -691,21 +691,41 @@ def _tls_argv(args: argparse.Namespace, address: str) -> list[str]:
     return argv
 
 
+def _settings(items: list[str]) -> list[tuple[str, str]]:
+    """``NAME=VALUE`` settings of ``--config``, checked."""
+    out = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ParameterError(
+                f"--config takes NAME=VALUE (a qf.config setting), got {item!r}; for example "
+                "--config external_timeout_s=60"
+            )
+        out.append((name.strip(), value.strip()))
+    return out
+
+
 def _worker(args: argparse.Namespace) -> int:
     import os
     import shlex
     import subprocess
 
+    from . import config
+
     cmd = _worker_command(args)
-    if args.dry_run:
-        prefix = "QF_WEBGPU_BROWSER_LAUNCH=0 " if getattr(args, "no_launch", False) else ""
-        _say(prefix + shlex.join(cmd))
-        return 0
+    settings = dict(_settings(args.config or []))
+    env = config.environment(settings)
     if getattr(args, "no_launch", False):
         # webgpu-browser prints its loopback URL (with a one-time token) instead of
-        # starting headless Chromium; the variable reaches the worker process (set only
-        # on the way to exec, so an in-process call leaves this process unchanged)
-        os.environ["QF_WEBGPU_BROWSER_LAUNCH"] = "0"
+        # starting headless Chromium
+        env["QF_WEBGPU_BROWSER_LAUNCH"] = "0"
+    if args.dry_run:
+        prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in sorted(env.items()))
+        _say(prefix + shlex.join(cmd))
+        return 0
+    # the variables reach the worker process (set only on the way to exec, so an
+    # in-process call leaves this process unchanged)
+    os.environ.update(env)
     _say(f"starting a quantem-flow worker for {args.scheduler} (Ctrl-C stops it)")
     if getattr(args, "no_launch", False):
         _say("webgpu-browser: the worker prints a loopback URL; open it in a browser with WebGPU")
@@ -927,6 +947,14 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=0.8,
         help="share of memory admitted for resident payloads (default 0.8)",
+    )
+    p.add_argument(
+        "--config",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a qf.config setting for the worker process (repeatable), e.g. "
+        "--config external_timeout_s=60 --config external_stall_grace_s=5 (the external "
+        "workers' timeouts) or --config no_worker_timeout_s=120",
     )
     p.add_argument("--dry-run", action="store_true", help="print the dask worker command and exit")
     p.set_defaults(func=_worker)

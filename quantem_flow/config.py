@@ -4,28 +4,42 @@ Every default can be read with :func:`get`, overridden for a block with
 :func:`set` and preset through an environment variable
 ``QUANTEM_FLOW_<NAME>`` (upper case), read once at import.
 
-========================  =========================================  ==========================
-name                      meaning                                    default
-========================  =========================================  ==========================
-``chunk_mib``             logical (decoded) MiB per chunk            128
-``local_workers``         worker processes of the embedded cluster   max(1, min(cores // 8, 4))
-``local_threads``         threads per embedded worker                min(cores, 8)
-``probe_sample_frames``   frames read to find the probe ("auto")     256
-``progress``              show a progress bar on long work           True
-``numba_cache``           cache compiled CPU kernels on disk         True
-``gather_memory_mib``     gathered pixels kept in memory, beyond     1024
-                          that a temporary file (SSB pass 1)
-``decode_threads``        threads decoding the bitshuffle chunks     1
-                          of one dense HDF5 read (parallelism
-                          comes from the worker's task threads)
-``stream_piece_mib``      MiB a streamed chunk pass reads, hashes    2
-                          and runs at a time (0: whole chunks;
-                          docs/streamed-pass.md)
-``no_worker_timeout_s``   seconds a task may wait for a worker that  60
-                          can run it while one may still come (a
-                          worker whose restarts gave up is not
-                          waited for: the compute fails at once)
-========================  =========================================  ==========================
+============================  =========================================  ==========================
+name                          meaning                                    default
+============================  =========================================  ==========================
+``chunk_mib``                 logical (decoded) MiB per chunk            128
+``local_workers``             worker processes of the embedded cluster   max(1, min(cores // 8, 4))
+``local_threads``             threads per embedded worker                min(cores, 8)
+``probe_sample_frames``       frames read to find the probe ("auto")     256
+``progress``                  show a progress bar on long work           True
+``numba_cache``               cache compiled CPU kernels on disk         True
+``gather_memory_mib``         gathered pixels kept in memory, beyond     1024
+                              that a temporary file (SSB pass 1)
+``decode_threads``            threads decoding the bitshuffle chunks     1
+                              of one dense HDF5 read (parallelism
+                              comes from the worker's task threads)
+``stream_piece_mib``          MiB a streamed chunk pass reads, hashes    2
+                              and runs at a time (0: whole chunks;
+                              docs/streamed-pass.md)
+``no_worker_timeout_s``       seconds a task may wait for a worker that  60
+                              can run it while one may still come (a
+                              worker whose restarts gave up is not
+                              waited for: the compute fails at once)
+``external_timeout_s``        seconds an external worker (webgpu,        30
+                              vulkan, swift...) may take to answer a
+                              request, plus the time its bytes need at
+                              ``external_min_mib_s``; past that it is
+                              stalled: killed, restarted, re-run once
+``external_min_mib_s``        the slowest rate, MiB/s, an external       1
+                              worker is allowed for the bytes of a
+                              request (its message and the chunk it
+                              runs on)
+``external_stall_grace_s``    seconds an external worker's process may   2
+                              stay stopped (SIGSTOP, a debugger) during
+                              a request before it counts as stalled
+``external_hello_timeout_s``  seconds an external worker may take to    60
+                              start and answer hello
+============================  =========================================  ==========================
 """
 
 from __future__ import annotations
@@ -37,7 +51,7 @@ from typing import Any
 
 from .errors import ParameterError
 
-__all__ = ["get", "set", "snapshot"]
+__all__ = ["environment", "get", "set", "snapshot"]
 
 _DEFAULTS: dict[str, Any] = {
     "chunk_mib": 128.0,
@@ -59,6 +73,12 @@ _DEFAULTS: dict[str, Any] = {
     # issue 23: a compute no worker can run fails instead of waiting forever; a worker being
     # restarted (the local cluster's supervisor, a Nanny) is back in a few seconds
     "no_worker_timeout_s": 60.0,
+    # issue 23: a stalled external worker (SIGSTOP, a hung driver) is detected well before the
+    # old fixed 300 s: a deadline scaled by the request's bytes, and a stopped-process check
+    "external_timeout_s": 30.0,
+    "external_min_mib_s": 1.0,
+    "external_stall_grace_s": 2.0,
+    "external_hello_timeout_s": 60.0,
 }
 
 
@@ -131,3 +151,31 @@ def set(**overrides: Any) -> Iterator[None]:
         yield
     finally:
         _values.update(old)
+
+
+def environment(overrides: dict[str, Any]) -> dict[str, str]:
+    """The ``QUANTEM_FLOW_<NAME>`` variables that give another process these settings.
+
+    Worker processes read them at import (``start_local_cluster(config=...)``,
+    ``quantem-flow worker --config NAME=VALUE``).
+
+    Raises
+    ------
+    ParameterError
+        An unknown name, or a value the setting's type cannot hold.
+    """
+    out: dict[str, str] = {}
+    for name, value in overrides.items():
+        if name not in _DEFAULTS:
+            raise ParameterError(
+                f"unknown quantem-flow setting {name!r}; known settings: {sorted(_DEFAULTS)}"
+            )
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        try:
+            _coerce(name, text)
+        except ValueError as exc:
+            raise ParameterError(
+                f"setting {name!r} takes a {type(_DEFAULTS[name]).__name__}, got {value!r}"
+            ) from exc
+        out[f"QUANTEM_FLOW_{name.upper()}"] = text
+    return out

@@ -23,7 +23,7 @@ from typing import Any
 
 from distributed.deploy.spec import ProcessInterface
 
-from .. import config
+from .. import config as qf_config
 from ..errors import ParameterError, RuntimeUnavailableError
 
 __all__ = [
@@ -417,6 +417,7 @@ def start_local_cluster(
     threads_per_worker: int | None = None,
     runtimes: Sequence[str] | None = None,
     budget_fraction: float = 0.8,
+    config: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> Any:
     """Start a ``distributed.LocalCluster`` of quantem-flow workers bound to 127.0.0.1.
@@ -444,6 +445,11 @@ def start_local_cluster(
     runtimes, budget_fraction
         What identical workers advertise (default every available runtime);
         see :func:`~quantem_flow.graphs.worker.probe_capabilities`.
+    config
+        ``qf.config`` settings for every worker process, e.g.
+        ``{"external_timeout_s": 60, "external_stall_grace_s": 5}`` (the
+        external workers' timeouts); passed as ``QUANTEM_FLOW_<NAME>``
+        variables (an entry's own ``env`` wins).  Needs worker processes.
     **kwargs
         Passed to :class:`distributed.LocalCluster` (and on to every worker);
         ``memory_limit`` is per worker, ``"auto"`` by default (RAM shared
@@ -470,18 +476,31 @@ def start_local_cluster(
             f"pass either workers= (one dict per worker) or n_workers=, not both; got "
             f"n_workers={n_workers!r} and {len(workers)} worker entries"
         )
+    settings_env = _config_env(config)
+    if settings_env and kwargs.get("processes", True) is False:
+        raise ParameterError(
+            "config= sets the settings of worker processes; with processes=False the workers "
+            "run in this process: use qf.config.set(...) here instead"
+        )
+    if workers is not None and settings_env:
+        workers = [
+            {**e, "env": {**settings_env, **dict(e.get("env") or {})}}
+            if isinstance(e, Mapping)
+            else e
+            for e in workers
+        ]
     entries = None if workers is None else _check_entries(workers)
     if entries is not None and kwargs.get("asynchronous"):
         raise ParameterError(
             "workers= starts the workers synchronously; call start_local_cluster without "
             "asynchronous=True, or build the worker_spec yourself in async code"
         )
-    n = int(n_workers if n_workers is not None else config.get("local_workers"))
+    n = int(n_workers if n_workers is not None else qf_config.get("local_workers"))
     if entries is not None:
         n = len(entries)
     threads = _positive_int(
         "threads_per_worker",
-        threads_per_worker if threads_per_worker is not None else config.get("local_threads"),
+        threads_per_worker if threads_per_worker is not None else qf_config.get("local_threads"),
     )
     memory_limit = kwargs.pop("memory_limit", "auto")
     share = _memory_share(memory_limit, threads, n)
@@ -494,6 +513,8 @@ def start_local_cluster(
             "runtimes": None if runtimes is None else list(runtimes),
             "budget_fraction": budget_fraction,
         }
+        if settings_env:
+            template["env"] = settings_env
     else:
         template = worker_options(
             runtimes=runtimes, budget_fraction=budget_fraction, memory_limit=share, nthreads=threads
@@ -526,6 +547,18 @@ def start_local_cluster(
         cluster.close()
         raise
     return cluster
+
+
+def _config_env(settings: Mapping[str, Any] | None) -> dict[str, str]:
+    """The worker processes' ``QUANTEM_FLOW_*`` variables for ``config=`` (checked)."""
+    if settings is None:
+        return {}
+    if not isinstance(settings, Mapping):
+        raise ParameterError(
+            f"config must map qf.config names to values, e.g. {{'external_timeout_s': 60}}, "
+            f"got {settings!r}"
+        )
+    return qf_config.environment(dict(settings))
 
 
 def _add_workers(

@@ -42,6 +42,7 @@ import numpy as np
 
 from ...errors import (
     ExternalWorkerLostError,
+    ExternalWorkerTimeoutError,
     ParameterError,
     RuntimeUnavailableError,
     StaleHandleError,
@@ -187,11 +188,18 @@ class ExternalRuntime(Runtime):
     name
         The runtime name (default: the class's :attr:`name`).
     timeout
-        Seconds to wait for a reply.
+        Seconds a reply may take beyond the time its bytes need (default
+        ``qf.config`` ``external_timeout_s``; :meth:`ExternalSession.deadline`).
     hello_timeout
-        Seconds to wait for the worker to start and answer ``hello``.
+        Seconds to wait for the worker to start and answer ``hello`` (default
+        ``external_hello_timeout_s``).
     weights_cache
         Distinct weight arrays kept resident (least recently used released).
+
+    A worker that stalls (no reply within its deadline, or its process stopped) is
+    handled as one that died: killed, restarted, the chunk re-placed and the request
+    re-run once; the stall is counted in :meth:`describe` (``stalls``) and
+    :attr:`events`.
     """
 
     name: ClassVar[str] = "external"
@@ -201,8 +209,8 @@ class ExternalRuntime(Runtime):
         *,
         connect: Callable[[], Connection] | None = None,
         name: str | None = None,
-        timeout: float = 300.0,
-        hello_timeout: float = 60.0,
+        timeout: float | None = None,
+        hello_timeout: float | None = None,
         weights_cache: int = 8,
     ) -> None:
         if name is not None:
@@ -223,6 +231,8 @@ class ExternalRuntime(Runtime):
         #: Restarts, losses and re-placements, oldest first (bounded).
         self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=256)
         self.replaced = 0
+        #: Requests whose worker stalled (killed, restarted, re-run).
+        self.stalls = 0
         self.last_accumulation: str | None = None
 
     # ---------------------------------------------------------------- subclass hooks
@@ -558,6 +568,18 @@ class ExternalRuntime(Runtime):
                         )
                         if attempt or h.reload is None:
                             raise
+                    except ExternalWorkerTimeoutError as exc:
+                        # a stall is a loss: the session killed the worker; restart, re-run
+                        self.stalls += 1
+                        self._event(
+                            "stalled",
+                            during=what,
+                            handle=h.handle,
+                            generation=h.generation,
+                            reason=str(exc)[:500],
+                        )
+                        if attempt or h.reload is None:
+                            raise
             finally:
                 if transient:
                     self._release_handle(h)
@@ -603,6 +625,7 @@ class ExternalRuntime(Runtime):
                 dtype=h.value_dtype,
                 want_sum=want_sum,
                 want_max=want_max,
+                work_bytes=h.nbytes,
             )
             self.last_accumulation = out.accumulation
             return FramePassResult(
@@ -633,6 +656,7 @@ class ExternalRuntime(Runtime):
                 indices=idx,
                 n_frames=h.n_frames,
                 dtype=h.value_dtype,
+                work_bytes=h.nbytes,
             )
 
         values: np.ndarray = self._with_replacement(chunk, op, "run gather")
@@ -678,6 +702,12 @@ class ExternalRuntime(Runtime):
             "generation": self.session.generation,
             "restarts": max(0, self.session.generation - 1),
             "re_placed_chunks": self.replaced,
+            "stalls": self.stalls,
+            "timeouts": {
+                "reply_s": self.session.timeout,
+                "min_mib_s": self.session.min_mib_s,
+                "hello_s": self.session.hello_timeout,
+            },
         }
         if self.last_accumulation is not None:
             out["last_run_accumulation"] = self.last_accumulation

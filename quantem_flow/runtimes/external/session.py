@@ -107,12 +107,16 @@ class ExternalSession:
     name
         Worker name used in errors.
     timeout
-        Default seconds to wait for a reply.
+        Seconds a reply may take beyond the time its bytes need (default
+        ``qf.config`` ``external_timeout_s``); see :meth:`deadline`.
     hello_timeout
         Seconds to wait for the ``hello`` reply (first kernel compilation,
-        a browser starting).
+        a browser starting; default ``external_hello_timeout_s``).
     expect_runtime
         If given, the runtime name the worker must announce.
+    min_mib_s
+        The slowest rate, MiB/s, allowed for the bytes of a request (default
+        ``external_min_mib_s``).
     """
 
     def __init__(
@@ -120,14 +124,20 @@ class ExternalSession:
         connect: Callable[[], Connection],
         *,
         name: str,
-        timeout: float = 300.0,
-        hello_timeout: float = 60.0,
+        timeout: float | None = None,
+        hello_timeout: float | None = None,
         expect_runtime: str | None = None,
+        min_mib_s: float | None = None,
     ) -> None:
+        from ... import config
+
         self._connect = connect
         self.name = name
-        self.timeout = float(timeout)
-        self.hello_timeout = float(hello_timeout)
+        self.timeout = float(config.get("external_timeout_s") if timeout is None else timeout)
+        self.hello_timeout = float(
+            config.get("external_hello_timeout_s") if hello_timeout is None else hello_timeout
+        )
+        self.min_mib_s = float(config.get("external_min_mib_s") if min_mib_s is None else min_mib_s)
         self.expect_runtime = expect_runtime
         self._lock = threading.RLock()
         self._conn: Connection | None = None
@@ -239,6 +249,14 @@ class ExternalSession:
             self._drop()
 
     # ---------------------------------------------------------------- requests
+    def deadline(self, nbytes: int) -> float:
+        """Seconds a request over ``nbytes`` bytes may take.
+
+        :attr:`timeout` plus their time at :attr:`min_mib_s`: a stalled worker is found
+        well before a fixed long timeout, a slow device still has the time its bytes need.
+        """
+        return self.timeout + max(0, int(nbytes)) / (self.min_mib_s * 2**20)
+
     def request(
         self,
         build: Callable[[int], pr.Message],
@@ -246,6 +264,7 @@ class ExternalSession:
         handle: int | None = None,
         timeout: float | None = None,
         generation: int | None = None,
+        work_bytes: int = 0,
     ) -> pr.Message:
         """Send one request and return its reply (not an ``error``).
 
@@ -256,7 +275,10 @@ class ExternalSession:
         handle
             The handle concerned (named in errors).
         timeout
-            Seconds to wait for the reply (default :attr:`timeout`).
+            Seconds to wait for the reply (default :meth:`deadline` of the message's
+            bytes plus ``work_bytes``).
+        work_bytes
+            Bytes the worker works through for this request (the chunk a run reads).
         generation
             If given, the generation the request belongs to: the request is
             refused (``ExternalWorkerLostError``) when the worker has been
@@ -274,7 +296,6 @@ class ExternalSession:
             No reply in time; the worker is stopped (a late reply would
             desynchronise the stream) and restarted by the next request.
         """
-        wait = self.timeout if timeout is None else float(timeout)
         with self._lock:
             self.start()
             if generation is not None and generation != self.generation:
@@ -290,6 +311,7 @@ class ExternalSession:
             message = build(rid)
             kind = message.type
             self._check_limits(message, handle)
+            wait = self.deadline(message.nbytes + work_bytes) if timeout is None else float(timeout)
             t0 = time.monotonic()
             try:
                 conn.send(message, timeout=wait, handle=handle)
@@ -427,6 +449,7 @@ class ExternalSession:
         want_sum: bool,
         want_max: bool,
         timeout: float | None = None,
+        work_bytes: int = 0,
     ) -> pr.FramePassOutputs:
         """Run the fused pass on a resident chunk with resident weights."""
         reply = self.request(
@@ -436,6 +459,7 @@ class ExternalSession:
             handle=chunk,
             timeout=timeout,
             generation=generation,
+            work_bytes=work_bytes,
         )
         try:
             return pr.parse_frame_pass_result(
@@ -459,6 +483,7 @@ class ExternalSession:
         n_frames: int,
         dtype: Any,
         timeout: float | None = None,
+        work_bytes: int = 0,
     ) -> np.ndarray:
         """Gather flat detector pixels of a resident chunk: ``(n_frames, len(indices))``."""
         idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
@@ -467,6 +492,7 @@ class ExternalSession:
             handle=chunk,
             timeout=timeout,
             generation=generation,
+            work_bytes=work_bytes,
         )
         try:
             return pr.parse_gather_result(reply, n_frames=n_frames, n_indices=idx.size, dtype=dtype)

@@ -110,6 +110,10 @@ class PipeConnection:
         Refuse larger frames from the worker (``too_large``).
     stderr_lines
         Lines of the child's stderr kept for error reports.
+    stall_grace_s
+        Seconds the child may stay stopped (state ``T``: SIGSTOP, a debugger) while
+        a reply is awaited before :meth:`recv` reports it stalled (default
+        ``qf.config`` ``external_stall_grace_s``; Linux, where ``/proc`` says it).
     """
 
     def __init__(
@@ -121,8 +125,14 @@ class PipeConnection:
         cwd: str | os.PathLike[str] | None = None,
         max_message_bytes: int = DEFAULT_MAX_RECEIVE,
         stderr_lines: int = 200,
+        stall_grace_s: float | None = None,
     ) -> None:
+        from ... import config
+
         self.name = name
+        self.stall_grace_s = float(
+            config.get("external_stall_grace_s") if stall_grace_s is None else stall_grace_s
+        )
         self.argv = [str(a) for a in argv]
         full_env = {**os.environ, **(env or {})}
         try:
@@ -319,10 +329,31 @@ class PipeConnection:
             Nothing arrived in time (the child is still running).
         """
         deadline = time.monotonic() + timeout
+        stopped_since: float | None = None
         while True:
             try:
                 item = self._messages.get(timeout=max(0.0, min(0.25, deadline - time.monotonic())))
             except queue.Empty:
+                if self._stopped():  # a liveness check while the request runs
+                    now = time.monotonic()
+                    stopped_since = stopped_since or now
+                    if now - stopped_since >= self.stall_grace_s:
+                        pid = self.pid
+                        self._kill()
+                        raise ExternalWorkerTimeoutError(
+                            f"external worker {self.name!r} (pid {pid}) stalled: its process "
+                            f"was stopped (SIGSTOP or a debugger) for {self.stall_grace_s:g} s "
+                            f"during {message_type or 'a request'}"
+                            + (f" on handle {handle}" if handle is not None else "")
+                            + "; it was killed (the runtime restarts it and re-runs the request "
+                            "once)",
+                            code="stalled",
+                            worker=self.name,
+                            message_type=message_type,
+                            handle=handle,
+                        ) from None
+                else:
+                    stopped_since = None
                 if not self.alive and self._messages.empty():
                     self._reader.join(timeout=1.0)
                     if self._messages.empty():
@@ -331,11 +362,17 @@ class PipeConnection:
                         ) from None
                     continue
                 if time.monotonic() >= deadline:
+                    pid = self.pid
+                    self._kill()  # a late reply would put the stream out of step
                     raise ExternalWorkerTimeoutError(
-                        f"external worker {self.name!r} (pid {self.pid}) did not answer "
+                        f"external worker {self.name!r} (pid {pid}) did not answer "
                         f"{message_type or 'a request'}"
                         + (f" on handle {handle}" if handle is not None else "")
-                        + f" within {timeout} s; raise the timeout or check the worker",
+                        + f" within {timeout:.1f} s (its deadline: qf.config "
+                        "external_timeout_s, or external_hello_timeout_s for hello, plus the "
+                        "request's bytes at external_min_mib_s); it was killed. Raise those "
+                        "settings for a slow device, or check the worker",
+                        code="timeout",
                         worker=self.name,
                         message_type=message_type,
                         handle=handle,
@@ -360,6 +397,16 @@ class PipeConnection:
                 message_type=message_type,
                 handle=handle,
             )
+
+    def _stopped(self) -> bool:
+        """Whether the child is stopped (``/proc/<pid>/stat`` state ``T`` or ``t``; Linux)."""
+        try:
+            with open(f"/proc/{self.process.pid}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            return False
+        end = stat.rfind(b")")
+        return end >= 0 and stat[end + 2 : end + 3] in (b"T", b"t")
 
     def _kill(self) -> None:
         if self.alive:
