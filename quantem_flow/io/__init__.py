@@ -193,6 +193,9 @@ def open_source_explained(
         return reader_class("memory")(path_or_array, **options), "in-memory array"
     fmt: str | None = format
     how = f"given (format={format!r})"
+    from .base import check_regular
+
+    check_regular(path_or_array, what="input")  # a FIFO would block the detection's read
     try:
         if fmt is None:
             from .registry import detect

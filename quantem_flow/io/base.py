@@ -25,7 +25,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..calibration import Calibration
-from ..errors import ParameterError, ScanShapeError, ShapeError, SourceNotFoundError
+from ..errors import (
+    DtypeError,
+    FormatError,
+    ParameterError,
+    ScanShapeError,
+    ShapeError,
+    SourceNotFoundError,
+)
 
 __all__ = [
     "FrameSource",
@@ -99,7 +106,11 @@ def path_size(path: str | os.PathLike[str]) -> int:
 
 
 def check_exists(path: str | os.PathLike[str], *, what: str = "input file") -> Path:
-    """Return ``path`` as an absolute :class:`Path` or raise a clear error."""
+    """Return ``path`` as an absolute :class:`Path` or raise a clear error.
+
+    A path that exists but is neither a regular file nor a directory (a FIFO, a
+    socket, a device) is refused at once: reading one blocks or never ends.
+    """
     p = Path(path).expanduser()
     if not p.exists():
         parent = p.parent if str(p.parent) else Path(".")
@@ -109,7 +120,53 @@ def check_exists(path: str | os.PathLike[str], *, what: str = "input file") -> P
             if near:
                 hint = f"; similar names in {parent}: {near}"
         raise SourceNotFoundError(f"{what} {str(p)!r} does not exist{hint}")
+    check_regular(p, what=what)
     return p.resolve()
+
+
+def check_regular(path: str | os.PathLike[str], *, what: str = "input file") -> None:
+    """Refuse a path that is not a regular file or a directory (a FIFO, socket, device).
+
+    Raises
+    ------
+    FormatError
+        Naming what the path is and what to do.
+    """
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # a missing path is the caller's error to give
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return
+    kind = (
+        "a FIFO (named pipe)"
+        if stat.S_ISFIFO(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "a character device"
+        if stat.S_ISCHR(mode)
+        else "a block device"
+        if stat.S_ISBLK(mode)
+        else "not a regular file"
+    )
+    raise FormatError(
+        f"{what} {os.fspath(path)!r} is {kind}; quantem-flow reads regular files and "
+        "directories (readers seek and read chunks again). Write the data to a file first"
+    )
+
+
+def as_dtype(value: Any, *, what: str) -> np.dtype[Any]:
+    """``np.dtype(value)``, or the project's :class:`DtypeError` naming ``what``."""
+    try:
+        dtype: np.dtype[Any] = np.dtype(value)
+    except (TypeError, ValueError) as exc:
+        raise DtypeError(
+            f"{what} must be a NumPy dtype such as 'uint16', '<u2' or 'float32', got {value!r} "
+            f"({exc})"
+        ) from exc
+    return dtype
 
 
 class Source(abc.ABC):

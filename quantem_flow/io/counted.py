@@ -101,6 +101,11 @@ class _PositionIndex:
     entries: np.ndarray  # int64 entry ids grouped by position, in file order within one
 
 
+#: Scan positions beyond this many times the frame entries are a damaged header, not a
+#: sparse acquisition (opening one would allocate per declared position).
+GROSS_FILL_FACTOR = 16
+
+
 def _shape_from_attrs(
     attrs: dict[str, Any], pair_key: str, what: str, where: str
 ) -> tuple[int, int] | None:
@@ -269,6 +274,14 @@ class CountedSource(FrameSource):
         n_ent = self._n_entries
         where = str(self._path)
         per_entry = 1
+        if n_pos > GROSS_FILL_FACTOR * max(n_ent, 1) and n_pos - n_ent > 65536:
+            raise FormatError(
+                f"{where!r} declares {n_pos} scan positions but holds {n_ent} frame entries: "
+                f"more than {GROSS_FILL_FACTOR}x as many positions as frames, which no real "
+                "acquisition has; the scan shape attributes (Nx/Ny or scan_dimensions of "
+                f"{COUNTED_POSITIONS}) are damaged. Repair them, or copy the frames into a file "
+                "with the right scan shape"
+            )
         if positions is None:
             if n_ent != n_pos:
                 raise FormatError(

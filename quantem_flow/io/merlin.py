@@ -354,8 +354,13 @@ class MerlinSource(FrameSource):
             probe = f.read(_PROBE_BYTES)
         self._header = parse_mib_header(probe, self._path)
         head = int(self._header["header_bytes"])
-        self._first_header = probe[:head]
         rows, cols = int(self._header["height"]), int(self._header["width"])
+        if head < 1 or rows < 1 or cols < 1:
+            raise FormatError(
+                f"{str(self._path)!r}: its MQ1 header declares a {head}-byte header and "
+                f"{rows} x {cols} pixel frames; expected positive sizes. The header is damaged"
+            )
+        self._first_header = probe[:head]
         self._counter_depth: int | None = None
         self._quad = False
         if self._header["pixel_depth"] == "R64":

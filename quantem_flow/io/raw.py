@@ -10,7 +10,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import DtypeError, FormatError, ParameterError, ShapeError
-from .base import FrameSource, SourceIdentity, check_exists, header_digest, path_size
+from .base import (
+    FrameSource,
+    SourceIdentity,
+    as_dtype,
+    check_exists,
+    header_digest,
+    path_size,
+)
 from .fileio import PositionalFile
 
 __all__ = ["RawSource"]
@@ -61,7 +68,7 @@ class RawSource(FrameSource):
     ):
         self._path = check_exists(path)
         self._handle_file: PositionalFile | None = None
-        self._file_dtype = np.dtype(dtype)
+        self._file_dtype = as_dtype(dtype, what="raw dtype=")
         if self._file_dtype.kind not in "uif":
             raise DtypeError(f"raw dtype must be integer or real, got {self._file_dtype}")
         if shape is not None:

@@ -33,6 +33,10 @@ __all__ = ["ZarrSource", "list_candidate_arrays"]
 _METADATA_FILES = ("zarr.json", ".zarray", ".zattrs", ".zgroup")
 
 
+#: A shape declaring more than this many times the chunks stored is a damaged shape.
+GROSS_FILL_FACTOR = 16
+
+
 def list_candidate_arrays(path: Path) -> list[str]:
     """Return the paths of every 3-D or 4-D array in a Zarr store (``""``: the root)."""
     import zarr
@@ -69,10 +73,16 @@ class ZarrSource(FrameSource):
     frame_offset
         Leading frames to skip (3-D arrays only).
 
+    allow_fill
+        Open an array whose shape declares more than 16 times the chunks its
+        store holds (``GROSS_FILL_FACTOR``); refused otherwise, as a damaged
+        shape.  Recorded in the metadata (provenance).
+
     Notes
     -----
     Chunks missing from the store read as the array's fill value, as Zarr
-    defines; a store that was not completely written is not detected.
+    defines; a store that was not completely written is not detected, unless
+    nearly all of it is missing (``allow_fill``).
 
     A Zarr v3 array chunked by whole frames (``(n, k_r, k_c)`` or
     ``(a, b, k_r, k_c)``, no sharding) whose codecs are ``bytes`` then
@@ -93,6 +103,7 @@ class ZarrSource(FrameSource):
         array_path: str | None = None,
         scan_shape: Sequence[int] | str | None = None,
         frame_offset: int = 0,
+        allow_fill: bool = False,
     ):
         self._path = check_exists(path, what="Zarr store")
         if not self._path.is_dir():
@@ -128,6 +139,21 @@ class ZarrSource(FrameSource):
         }
         self._handle_array = arr
         where = f"{self._array_path!r} in " if self._array_path else ""
+        self._allow_fill = bool(allow_fill)
+        self._stored_files, self._declared_chunks = self._chunk_counts(shape)
+        if (
+            not self._allow_fill
+            and self._declared_chunks > GROSS_FILL_FACTOR * max(self._stored_files, 1)
+            and self._declared_chunks - self._stored_files > 64
+        ):
+            raise FormatError(
+                f"array {where}{str(self._path)!r} declares shape {shape} ({self._declared_chunks} "
+                f"chunks) but its store holds {self._stored_files} chunk files: more than "
+                f"{GROSS_FILL_FACTOR}x the data stored, so nearly every frame would read as the "
+                f"fill value {self._fill_value!r}. The shape in its metadata is probably wrong; "
+                "pass allow_fill=True to read the missing chunks as the fill value anyway "
+                "(recorded in provenance)"
+            )
         if dtype.kind not in "uif":
             raise DtypeError(
                 f"array {where}{str(self._path)!r} has dtype {dtype}; expected integer or real"
@@ -160,6 +186,21 @@ class ZarrSource(FrameSource):
                 f"array {where}{str(self._path)!r} has shape {shape}; expected "
                 "(R_r, R_c, k_r, k_c) or (frames, k_r, k_c)"
             )
+
+    def _chunk_counts(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """``(chunk or shard files stored, chunks or shards the shape declares)``."""
+        grid = self._shards or self._chunks
+        declared = 1
+        for n, c in zip(shape, grid, strict=False):
+            declared *= -(-n // max(c, 1))
+        root = self._path / self._array_path if self._array_path else self._path
+        meta = {"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"}
+        stored = 0
+        for _, dirs, files in os.walk(root):
+            stored += sum(1 for f in files if f not in meta)
+            # nested arrays of a group are not this array's chunks
+            dirs[:] = [d for d in dirs if not (root / d / "zarr.json").exists()]
+        return stored, declared
 
     def _open(self) -> Any:
         """Open the array read-only, or raise a clear error listing candidates."""
@@ -256,6 +297,9 @@ class ZarrSource(FrameSource):
             "shards": self._shards,
             "codecs": self._codecs,
             "fill_value": self._fill_value,
+            "chunks_stored": self._stored_files,
+            "chunks_declared": self._declared_chunks,
+            "allow_fill": self._allow_fill,
             "attributes": self._attrs,
             **self.scan_metadata(),
         }

@@ -80,8 +80,15 @@ def estimate_probe(
     m = np.asarray(pattern, dtype=np.float64)
     if m.ndim != 2:
         raise ParameterError(f"a diffraction pattern must be 2-D, got shape {m.shape}")
-    if not np.all(np.isfinite(m)):
-        m = np.where(np.isfinite(m), m, 0.0)
+    finite = np.isfinite(m)
+    if not finite.any():
+        raise ParameterError(
+            f"no bright-field disk found: the pattern holds no finite value (all {m.size} pixels "
+            "are NaN or infinite). Check the data (a detector readout failure, a float file "
+            "with NaN frames), or pass center=(row, col) and radii explicitly"
+        )
+    if not finite.all():
+        m = np.where(finite, m, 0.0)
     smooth = ndimage.uniform_filter(m, size=3, mode="nearest")
     bg = float(np.median(m))
     peak = float(smooth.max())
