@@ -48,7 +48,7 @@ import numba
 import numpy as np
 
 from .. import config
-from ..errors import CorruptChunkError
+from ..errors import CorruptChunkError, FormatError
 from ..representations.encoded import _bitshuffle, _bitshuffle_stream_end
 
 __all__ = [
@@ -183,6 +183,12 @@ def chunk_index(dset: Any) -> ChunkIndex:
         if found is not None:
             _cache.move_to_end(key)
             return found
+    if dset.chunks is None:  # a contiguous dataset has no chunk index (a damaged layout)
+        raise FormatError(
+            f"dataset {dset.name!r} in {path!r} is stored contiguously, not in chunks; a "
+            "bitshuffle/LZ4 (Dectris) dataset is chunked, so the file's layout is damaged or "
+            "this is not the dataset to read as encoded chunks"
+        )
     chunks = tuple(int(c) for c in dset.chunks)
     grid = tuple(-(-int(n) // c) for n, c in zip(dset.shape, chunks, strict=True))
     total = int(np.prod(grid, dtype=np.int64))
@@ -203,7 +209,8 @@ def chunk_index(dset: Any) -> ChunkIndex:
         else:  # pragma: no cover - older HDF5
             for n in range(dset.id.get_num_chunks()):
                 visit(dset.id.get_chunk_info(n))
-    except (RuntimeError, OSError, ValueError, IndexError) as exc:  # IndexError: off the grid
+    except (RuntimeError, OSError, ValueError, IndexError, OverflowError, TypeError) as exc:
+        # IndexError: a chunk off the grid; OverflowError: an offset beyond 2**63
         raise CorruptChunkError(
             f"could not walk the chunk index of dataset {dset.name!r} in {path!r}: {exc}. The "
             "file may be truncated or its chunk index damaged; restore the file"
@@ -242,7 +249,7 @@ def _offsets_usable(
         with open(path, "rb", buffering=0) as fh:
             fh.seek(int(byte_offset[i]))
             got = fh.read(int(size[i]))
-    except (RuntimeError, OSError, ValueError):
+    except (RuntimeError, OSError, ValueError, OverflowError):
         return False
     return bytes(expected) == got
 
@@ -290,7 +297,7 @@ def _plan(dset: Any) -> _Plan:
         stamp=index.stamp,  # taken before the index was walked
         index=index,
         comp=_BSHUF_COMPRESSION[int(dict(enumerate(_filter_values(dset))).get(4, 2))],
-        fill=dset.fillvalue,
+        fill=fill_value(dset, index.path),
         stored=np.dtype(dset.dtype),
         shape=tuple(int(n) for n in dset.shape),
     )
@@ -479,6 +486,21 @@ def _lz4_frames(
     finally:
         os.close(fd)
     return True
+
+
+def fill_value(dset: Any, path: str) -> Any:
+    """``dset.fillvalue``, or :class:`CorruptChunkError` naming the file and dataset.
+
+    h5py raises its own ``RuntimeError``/``OSError`` ("Can't get fill value")
+    for a damaged fill-value message.
+    """
+    try:
+        return dset.fillvalue
+    except (RuntimeError, OSError, ValueError, TypeError) as exc:
+        raise CorruptChunkError(
+            f"the fill value of dataset {dset.name!r} in {path!r} cannot be read ({exc}); its "
+            "header is damaged. Restore the file, or rewrite the dataset"
+        ) from exc
 
 
 def _filter_values(dset: Any) -> list[int]:

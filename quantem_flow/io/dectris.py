@@ -60,7 +60,7 @@ from .base import (
     path_size,
     sidecar_calibration,
 )
-from .bslz4_read import read_bitshuffle
+from .bslz4_read import fill_value, read_bitshuffle
 from .bslz4_read import supports as bslz4_supports
 from .encoded_chunks import check_bitshuffle_chunks, needs_bitshuffle_guard
 from .hdf5 import dataset_filters, open_h5, read_attribute
@@ -342,7 +342,7 @@ class DectrisSource(FrameSource):
                 end = min(stop, first_frame + self._counts[i])
                 dset = self._dset(i)
                 n = int(self._layouts[i]["chunks"][0])
-                fills.add(np.asarray(dset.fillvalue).item())
+                fills.add(np.asarray(fill_value(dset, str(dset.file.filename))).item())
                 stored.add(np.dtype(dset.dtype).str)
                 for k, first, count in flat_runs(pos - first_frame, end - first_frame, n):
 

@@ -395,7 +395,9 @@ class Hdf5Source(FrameSource):
                     return read_hdf5_chunk(dset, (i * ca, j * cb, 0, 0), what), ca * cb, (0, i, j)
 
                 table.add((i, j), first, count, fetch_grid)
-        fill = np.asarray(dset.fillvalue).item()
+        from .bslz4_read import fill_value
+
+        fill = np.asarray(fill_value(dset, str(self._path))).item()
         return build_payload(
             scan_shape=(rows[1] - rows[0], cols[1] - cols[0]),
             frame_shape=self._frame_shape,
