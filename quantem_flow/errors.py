@@ -33,6 +33,7 @@ __all__ = [
     "ShapeError",
     "SourceNotFoundError",
     "StaleHandleError",
+    "StorageError",
     "UnitsError",
     "UnsupportedOperationError",
 ]
@@ -106,6 +107,31 @@ class OverwriteError(QuantemFlowError, FileExistsError):
 
 class CorruptChunkError(QuantemFlowError, OSError):
     """A chunk of a source could not be read or decoded."""
+
+
+class StorageError(QuantemFlowError, OSError):
+    """Results could not be written: a full disk or quota, a read-only file system, no permission.
+
+    Attributes
+    ----------
+    target
+        The file or store being written.
+    needed_bytes, free_bytes
+        About how many bytes the write needed and how many were free, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        target: str | None = None,
+        needed_bytes: int | None = None,
+        free_bytes: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.target = target
+        self.needed_bytes = needed_bytes
+        self.free_bytes = free_bytes
 
 
 class RuntimeUnavailableError(QuantemFlowError, RuntimeError):

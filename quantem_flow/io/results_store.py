@@ -27,11 +27,13 @@ path needs ``overwrite=True``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import importlib.metadata
 import json
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -39,7 +41,14 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..errors import DtypeError, FormatError, OverwriteError, ParameterError, QuantemFlowError
+from ..errors import (
+    DtypeError,
+    FormatError,
+    OverwriteError,
+    ParameterError,
+    QuantemFlowError,
+    StorageError,
+)
 from ..provenance import jsonable
 from ..results import RESULT_TYPES, Result, result_from_parts
 from .base import check_exists
@@ -229,12 +238,75 @@ def _fsync(path: Path) -> None:
         os.fsync(fh.fileno())
 
 
-def _remove(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+def _remove(path: Path, *, tries: int = 5) -> bool:
+    """Remove a file or directory tree; ``False`` if it is still there after ``tries``.
+
+    Zarr writes chunks concurrently: a write that failed may leave others finishing
+    after a first removal, so the removal is retried until the path is gone.
+    """
+    for attempt in range(tries):
+        with contextlib.suppress(OSError):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        if not (path.exists() or path.is_symlink()):
+            return True
+        time.sleep(0.05 * (attempt + 1))
+    return False
+
+
+#: Bytes a results file or store adds to its arrays (groups, attributes, provenance JSON).
+_OVERHEAD_BYTES_PER_RESULT = 1 << 16
+
+
+def _bytes_needed(results: Mapping[str, Result]) -> int:
+    """About how many bytes a save of ``results`` writes."""
+    return sum(
+        int(np.asarray(_storable(r, n)).nbytes) + _OVERHEAD_BYTES_PER_RESULT
+        for n, r in results.items()
+    )
+
+
+def _free_bytes(directory: Path) -> int | None:
+    try:
+        return int(shutil.disk_usage(directory).free)
+    except OSError:
+        return None
+
+
+def _storage_error(exc: BaseException, target: Path, needed: int) -> StorageError:
+    """The project's error for a failed write: the target, bytes needed and free, what to do."""
+    free = _free_bytes(target.parent if target.parent.exists() else Path(target.anchor or "/"))
+    code = getattr(exc, "errno", None)
+    full = code in (errno.ENOSPC, errno.EDQUOT) or (
+        free is not None and free < needed and not isinstance(exc, PermissionError)
+    )
+    space = (
+        f"about {needed} bytes needed, {free} free"
+        if free is not None
+        else f"about {needed} bytes needed"
+    )
+    if full:
+        what = f"the disk (or quota) holding {str(target.parent)!r} is full ({space})"
+        todo = "free space there, or save to another disk"
+    elif code == errno.EROFS:
+        what = f"{str(target.parent)!r} is on a read-only file system"
+        todo = "save to a writable directory"
+    elif code in (errno.EACCES, errno.EPERM):
+        what = f"no permission to write in {str(target.parent)!r}"
+        todo = "save to a directory you can write, or change its permissions"
+    else:
+        what = f"the write failed ({space})"
+        todo = "check the disk and the path, then save again"
+    return StorageError(
+        f"could not save the results to {str(target)!r}: {what}: {type(exc).__name__}: {exc}. "
+        f"{todo.capitalize()}; nothing was changed at the target (earlier results there are "
+        "intact)",
+        target=str(target),
+        needed_bytes=needed,
+        free_bytes=free,
+    )
 
 
 def _is_results_zarr(path: Path) -> bool:
@@ -461,6 +533,11 @@ def save_results(
     ------
     FileExistsError
         If ``path`` exists and ``overwrite`` is false.
+    StorageError
+        The disk (or quota) is full, the file system read-only, or writing is not
+        permitted: naming the target, the bytes needed and free, and what to do.
+        Checked against the free space before writing; the temporary file or
+        store is removed on every path, and what was at the target is intact.
     ParameterError
         For bad names, unknown formats, or a target that cannot be
         replaced (a directory that is not a results store, ...).
@@ -482,7 +559,14 @@ def save_results(
     # never the input a result came from (named in its provenance), even with overwrite
     _check_protected(target, _input_paths(items))
     _check_target(target, fmt, overwrite)  # and with overwrite, only a results file or store
-    target.parent.mkdir(parents=True, exist_ok=True)
+    needed = _bytes_needed(items)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _storage_error(exc, target, needed) from exc
+    free = _free_bytes(target.parent)
+    if free is not None and needed > free:  # known before a byte is written
+        raise _storage_error(OSError(errno.ENOSPC, "not enough free space"), target, needed)
     tmp = _temporary_sibling(target)
     try:
         if fmt == "hdf5":
@@ -498,6 +582,18 @@ def save_results(
                     "overwrite=True"
                 )
             _commit_dir(tmp, target)
+    except (QuantemFlowError, FileExistsError):
+        raise
+    except (OSError, RuntimeError) as exc:  # a full or read-only disk (h5py: RuntimeError)
+        error = _storage_error(exc, target, needed)
+        if (tmp.exists() or tmp.is_symlink()) and not _remove(tmp):
+            error = StorageError(
+                f"{error} The temporary {str(tmp)!r} could not be removed: remove it by hand",
+                target=error.target,
+                needed_bytes=error.needed_bytes,
+                free_bytes=error.free_bytes,
+            )
+        raise error from exc
     finally:
         if tmp.exists() or tmp.is_symlink():
             _remove(tmp)
