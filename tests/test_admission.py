@@ -59,19 +59,52 @@ def test_a_chunk_that_cannot_fit_is_refused_up_front(tmp_path: Path) -> None:
         pool = info["resources"]["qf-memory-host"]
         assert 0 < pool < info["resources"]["qf-budget-cpu"] < 400 * MiB * 1.25
         t0 = time.monotonic()
-        with pytest.raises(PlacementError) as err:
+        # whole chunks (streaming off): a task holds its 400 MiB chunk
+        with qf.config.set(stream_piece_mib=0), pytest.raises(PlacementError) as err:
             qf.compute(qf.virtual_bf(ds, radius=4, center=(128, 128)), client=client)
         elapsed = time.monotonic() - t0
         text = str(err.value)
         assert "admission refused before reading any chunk" in text
         assert "payload (in the staging buffer) 400.0 MiB" in text
         assert f"{pool / MiB:.1f} MiB" in text  # the worker's budget is named
+        # and what the worker's own process takes, left out of that budget
+        assert "its own process (interpreter, libraries, compiled kernels) takes" in text
+        assert "of its 600.0 MiB memory limit" in text
         # the suggested chunk size fits: one row of 200 MiB (and its kernel memory)
         assert "chunk_rows=1)" in text and "chunk_mib=200.0 or less" in text
     finally:
         client.close()
         lc.close()
     assert elapsed < 10, "refused up front, not after workers died"
+
+
+@pytest.mark.cluster
+def test_a_streamed_pass_is_admitted_for_the_piece_it_holds(tmp_path: Path) -> None:
+    """Issue 23, item 10: a streamed task holds one piece, and admission counts one piece.
+
+    The same 400 MiB chunks that are refused whole on a 600 MiB worker stream in 2 MiB
+    pieces: admitted, computed, equal to the reference.
+    """
+    path = sparse_npy(tmp_path / "big.npy", (4, 1600), {(0, 0): 7, (3, 5): 9})
+    ds = qf.open(path, chunk_rows=2)
+    from quantem_flow.graphs.lowering import streamed_piece_bytes, task_memory_need
+
+    piece = streamed_piece_bytes(ds, "cpu", 2 * MiB)
+    assert piece is not None and piece <= 2 * MiB
+    need = task_memory_need(ds, runtime="cpu", n_weights=1, piece_bytes=piece)
+    assert need.parts["staging buffer (one streamed piece)"] <= 2 * MiB
+    assert need.pools["host"] < 64 * MiB  # was > 400 MiB counted whole
+    lc, client = cluster(1, 600 * MiB)
+    try:
+        (bf,) = qf.compute(qf.virtual_bf(ds, radius=4, center=(128, 128)), client=client)
+        (ref,) = qf.compute(qf.virtual_bf(ds, radius=4, center=(128, 128)), client="synchronous")
+        np.testing.assert_array_equal(bf.data, ref.data)
+        records = bf.provenance.execution["chunks"]
+        assert all(r["made"] == "dense read, streamed" for r in records), records
+        assert all(r["streamed"]["buffer_bytes"] <= 2 * MiB for r in records)
+    finally:
+        client.close()
+        lc.close()
 
 
 @pytest.mark.cluster

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import quantem_flow as qf
-from quantem_flow.errors import ShapeError
+from quantem_flow.errors import FormatError, ShapeError
 from tests.io.writers import write_stempy
 
 
@@ -35,8 +35,10 @@ def test_zarr_shape_needing_more_than_memory_is_refused_at_open(tmp_path: Path) 
     zarr.create_array(
         store=str(store), shape=(4, 1 << 20, 128, 128), chunks=(1, 1, 128, 128), dtype="u4"
     )
-    with pytest.raises(ShapeError, match=r"zarr.json"):
+    with pytest.raises(FormatError, match=r"0 chunk files"):  # an empty store: refused
         qf.open(store)
+    with pytest.raises(ShapeError, match=r"zarr.json"):  # and with allow_fill, by its size
+        qf.open(store, allow_fill=True)
 
 
 def test_ordinary_shapes_still_open(tmp_path: Path) -> None:

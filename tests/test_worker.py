@@ -120,9 +120,12 @@ class RecordRegistrations(SchedulerPlugin):  # type: ignore[misc]
 
 
 def _qf_resources(resources: dict[str, float]) -> dict[str, float]:
-    # the memory pool (qf-memory-*) depends on the process's own memory: tests/test_admission.py
+    # the memory pool (qf-memory-*) and the process's own share (qf-reserve-host) depend on
+    # the process's own memory: tests/test_admission.py
     return {
-        k: v for k, v in resources.items() if k.startswith("qf-") and not k.startswith("qf-memory-")
+        k: v
+        for k, v in resources.items()
+        if k.startswith("qf-") and not k.startswith(("qf-memory-", "qf-reserve-"))
     }
 
 

@@ -20,6 +20,11 @@ read without a round trip:
     their memory need from it (``resources={"qf-memory-host": need}``), so
     a worker runs at once only the tasks whose needs fit.
 
+``qf-reserve-host``
+    Bytes of host memory the worker's own process takes (interpreter,
+    libraries, compiled kernels), already left out of its ``host`` pool;
+    named in admission refusals.  Never requested by tasks.
+
 A worker that advertises no ``qf-runtime-*`` resource (a plain ``dask
 worker``) is treated as a CPU-only worker with its memory limit as budget.
 """
@@ -33,6 +38,7 @@ from typing import Any
 __all__ = [
     "BUDGET_PREFIX",
     "MEMORY_PREFIX",
+    "RESERVE_RESOURCE",
     "RUNTIME_PREFIX",
     "WorkerCapabilities",
     "capability_resources",
@@ -44,6 +50,7 @@ __all__ = [
 RUNTIME_PREFIX = "qf-runtime-"
 BUDGET_PREFIX = "qf-budget-"
 MEMORY_PREFIX = "qf-memory-"
+RESERVE_RESOURCE = "qf-reserve-host"
 
 #: Runtime residencies whose payloads live in host RAM (``mps``: unified memory).
 _HOST_RESIDENCIES = frozenset({"host", "mps"})
@@ -115,6 +122,11 @@ class WorkerCapabilities:
         (``qf-memory-<pool>``), so tasks can request their need from them
         and the worker runs at once only what fits.  Empty for plain Dask
         workers and workers of older versions.
+    reserve_bytes
+        Host bytes the worker's own process takes (``qf-reserve-host``), 0 when
+        not advertised.
+    memory_limit
+        The worker's memory limit, when known.
     """
 
     address: str
@@ -124,6 +136,8 @@ class WorkerCapabilities:
     name: str = ""
     pools: Mapping[str, int] = dataclasses.field(default_factory=dict)
     pool_resources: frozenset[str] = frozenset()
+    reserve_bytes: int = 0
+    memory_limit: int | None = None
 
     def __post_init__(self) -> None:
         if not self.pools:
@@ -139,6 +153,8 @@ class WorkerCapabilities:
             "budgets": dict(self.budgets),
             "pools": dict(self.pools),
             "pool_resources": sorted(self.pool_resources),
+            "reserve_bytes": self.reserve_bytes,
+            "memory_limit": self.memory_limit,
         }
 
 
@@ -147,10 +163,12 @@ def capability_resources(
     budgets: Mapping[str, int],
     *,
     pools: Mapping[str, int] | None = None,
+    reserve: int | None = None,
 ) -> dict[str, float]:
     """Return the Dask resources that advertise ``runtimes``, ``budgets`` and memory pools.
 
-    ``pools`` default to :func:`memory_pools` of ``budgets``.
+    ``pools`` default to :func:`memory_pools` of ``budgets``; ``reserve`` (the host
+    bytes the worker's own process takes) is advertised as ``qf-reserve-host``.
     """
     res: dict[str, float] = {}
     for name, slots in runtimes.items():
@@ -159,6 +177,8 @@ def capability_resources(
         res[BUDGET_PREFIX + name] = float(nbytes)
     for pool, nbytes in (memory_pools(budgets) if pools is None else pools).items():
         res[MEMORY_PREFIX + pool] = float(nbytes)
+    if reserve is not None:
+        res[RESERVE_RESOURCE] = float(reserve)
     return res
 
 
@@ -199,4 +219,6 @@ def parse_resources(
         name=name,
         pools={**derived, **pools},
         pool_resources=frozenset(pools),
+        reserve_bytes=int(resources.get(RESERVE_RESOURCE, 0)),
+        memory_limit=int(memory_limit) if memory_limit else None,
     )

@@ -54,6 +54,7 @@ __all__ = [
     "lower_pass",
     "max_chunk_nbytes",
     "resident_groups",
+    "streamed_piece_bytes",
     "task_memory_need",
 ]
 
@@ -191,6 +192,7 @@ def lower_pass(
             want_sum=want_sum,
             want_max=want_max,
             gather_pixels=0 if spec.gather is None else len(spec.gather),
+            piece_bytes=streamed_piece_bytes(ds, runtime, spec.stream_piece_bytes),
         ).to_annotation()
     pass_annotations = validate_annotations(annotations)
     if resident_of:
@@ -402,6 +404,32 @@ def _generic_check(representation: str) -> bool:
     return type(get_representation(representation)).check is Representation.check
 
 
+def streamed_piece_bytes(ds: Dataset4D, runtime: str, piece: int) -> int | None:
+    """Bytes of the piece a chunk task of ``ds`` holds when every chunk streams, else ``None``.
+
+    A streamed chunk task (:mod:`.streamed`) reads, decodes and runs its chunk one piece at
+    a time, so admission counts one piece, not the chunk.  Asked from the declarations on
+    the client: the runtime's class says whether it streams (nothing is started).
+    """
+    from ..runtimes.registry import get_spec, load_attribute
+    from .streamed import why_not_streamed
+
+    if piece <= 0 or runtime in ("any", "auto"):
+        return None
+    try:
+        streams = bool(getattr(load_attribute(get_spec(runtime).factory), "streams", False))
+    except Exception:  # an unknown or broken runtime is refused elsewhere, with its reason
+        return None
+    if not streams or any(why_not_streamed(ds, rows, piece) for rows in ds.chunks):
+        return None
+    frame = int(np.prod(ds.source.shape[2:])) * int(np.dtype(ds.source.dtype).itemsize)
+    n_cols = int(ds.shape[1])
+    # stream_pieces: whole rows when one fits, else runs of a multiple of 4 frames
+    if n_cols * frame <= piece:
+        return (piece // (n_cols * frame)) * n_cols * frame
+    return max(4, (piece // max(frame, 1)) // 4 * 4) * frame
+
+
 def _need_parts(
     ds: Dataset4D,
     rows: int,
@@ -412,8 +440,13 @@ def _need_parts(
     want_sum: bool,
     want_max: bool,
     gather_pixels: int,
+    piece_bytes: int | None = None,
 ) -> dict[str, tuple[str, int]]:
-    """``{part: (pool, bytes)}`` of one chunk of ``rows`` scan rows."""
+    """``{part: (pool, bytes)}`` of one chunk of ``rows`` scan rows.
+
+    ``piece_bytes``: the chunk streams in pieces of this many source bytes, so its
+    staging buffer, transform scratch and payload are one piece's.
+    """
     frames = rows * ds.shape[1]
     src_shape = (int(ds.source.shape[2]), int(ds.source.shape[3]))
     src_dtype = np.dtype(ds.source.dtype)
@@ -423,7 +456,14 @@ def _need_parts(
     host = "host"
     device = memory_pool(runtime) if runtime != "any" else host
     parts: dict[str, tuple[str, int]] = {}
-    if ds.representation == "dense":
+    if ds.representation == "dense" and piece_bytes is not None:
+        # streamed: one piece is read, hashed and run at a time into a reused buffer
+        piece_frames = max(1, min(frames, piece_bytes // max(raw // max(frames, 1), 1)))
+        scratch, final, new = _transform_bytes(ds, piece_frames, src_dtype, src_shape)
+        parts["staging buffer (one streamed piece)"] = (host, min(raw, piece_bytes))
+        parts["transform scratch"] = (host, scratch + (final if new else 0))
+        payload = final
+    elif ds.representation == "dense":
         scratch, final, new = _transform_bytes(ds, frames, src_dtype, src_shape)
         # the chunk is decoded into a staging buffer (reused, one per running task); with
         # transforms the payload is a new array made from it
@@ -488,6 +528,7 @@ def task_memory_need(
     want_sum: bool = True,
     want_max: bool = True,
     gather_pixels: int = 0,
+    piece_bytes: int | None = None,
 ) -> MemoryNeed:
     """Return what the largest chunk task of ``ds`` needs in memory while it runs.
 
@@ -513,6 +554,9 @@ def task_memory_need(
         Pattern reductions of the pass.
     gather_pixels
         Pixels gathered per frame (SSB), 0 for none.
+    piece_bytes
+        The chunks stream in pieces of this many bytes (:func:`streamed_piece_bytes`):
+        a task holds one piece, not its chunk.
 
     Returns
     -------
@@ -531,6 +575,7 @@ def task_memory_need(
             want_sum=bool(want_sum),
             want_max=bool(want_max),
             gather_pixels=int(gather_pixels),
+            piece_bytes=piece_bytes,
         )
 
     def pools(parts: dict[str, tuple[str, int]]) -> dict[str, int]:

@@ -489,6 +489,17 @@ class Placement:
         budgets = {
             a: {pool: _mib(self.limit(a, task.runtime, pool)) for pool in need} for a in capable
         }
+        baselines = [
+            f"{self.workers[a].name or a}: its own process (interpreter, libraries, compiled "
+            f"kernels) takes {_mib(self.workers[a].reserve_bytes)}"
+            + (
+                f" of its {_mib(self.workers[a].memory_limit or 0)} memory limit"
+                if self.workers[a].memory_limit
+                else ""
+            )
+            for a in capable
+            if self.workers[a].reserve_bytes and "host" in need
+        ]
         parts = detail.get("parts") or {}
         breakdown = " + ".join(f"{name} {_mib(n)}" for name, n in parts.items() if n)
         pools = ", ".join(
@@ -499,7 +510,9 @@ class Placement:
             f"({task.key!r}, {detail.get('rows', '?')} scan rows, representation "
             f"{task.representation!r}) needs {pools}"
             + (f" ({breakdown})" if breakdown else "")
-            + f", which does not fit the budget of any capable worker (per worker: {budgets}). "
+            + f", which does not fit the budget of any capable worker (per worker: {budgets}"
+            + (f"; {'; '.join(baselines)}, left out of the host budget" if baselines else "")
+            + "). "
         )
         fixed = detail.get("fixed") or {}
         per_row = detail.get("per_row") or {}

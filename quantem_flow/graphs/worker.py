@@ -31,6 +31,7 @@ from ..errors import ParameterError, RuntimeUnavailableError
 from .capabilities import (
     BUDGET_PREFIX,
     MEMORY_PREFIX,
+    RESERVE_RESOURCE,
     RUNTIME_PREFIX,
     capability_resources,
     memory_pools,
@@ -417,13 +418,13 @@ class QuantemFlowWorkerPlugin(WorkerPlugin):  # type: ignore[misc]
             "reserve_bytes": reserve,
             "details": details,
         }
-        resources = capability_resources(slots, budgets, pools=pools)
+        resources = capability_resources(slots, budgets, pools=pools, reserve=reserve)
         # Resources of an earlier setup that this one no longer advertises go to 0.
         for key in list(worker.state.total_resources):
             if (
                 key.startswith((RUNTIME_PREFIX, BUDGET_PREFIX, MEMORY_PREFIX))
-                and key not in resources
-            ):
+                or key == RESERVE_RESOURCE
+            ) and key not in resources:
                 resources[key] = 0.0
         worker.metrics[INFO_KEY] = _worker_metrics
         worker.metrics["qf-runtimes"] = _worker_runtimes_metric

@@ -512,6 +512,10 @@ class Runtime(abc.ABC):
         """
         return {rep: _host_gatherer(rep) for rep in ("dense", "paired", "packed", "encoded")}
 
+    #: Whether :meth:`frame_pass_stream` gives a stream (dense host frames fed in pieces):
+    #: a streamed chunk task then holds one piece, not the chunk, which admission counts.
+    streams: ClassVar[bool] = False
+
     def frame_pass_stream(
         self,
         weights: np.ndarray,

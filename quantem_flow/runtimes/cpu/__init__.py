@@ -57,6 +57,8 @@ class CpuRuntime(Runtime):
             frame_shape=shape,
         )
 
+    streams: ClassVar[bool] = True
+
     def frame_pass_stream(
         self,
         weights: np.ndarray,
