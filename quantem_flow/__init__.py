@@ -14,12 +14,12 @@ compute them in one pass on a local or remote Dask cluster::
 from __future__ import annotations
 
 import importlib.metadata
+from typing import TYPE_CHECKING, Any
 
 from . import config, errors
 from .calibration import Axis, Calibration
 from .convert import convert
 from .dataset import Dataset4D, open
-from .graphs import close_embedded_cluster, compute, embedded_client
 from .io.results_store import load_results, results_to_json, save_results
 from .operators import (
     LazyResult,
@@ -46,6 +46,36 @@ from .plotting import plot
 from .provenance import Provenance
 from .results import ComplexObject, DiffractionImage, PhaseImage, Result, ScanImage, VectorField
 from .synthetic import synthetic_dataset, write_synthetic
+
+# The graph layer (Dask, distributed, the embedded cluster) is imported on first use, not
+# at ``import quantem_flow``: opening files, building pipelines and reading results need
+# neither (issue 24, item 7: import time).  ``qf.compute`` and friends resolve below.
+_GRAPH_NAMES = ("close_embedded_cluster", "compute", "embedded_client")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _GRAPH_NAMES:
+        from . import graphs
+
+        value = getattr(graphs, name)
+        globals()[name] = value  # later lookups skip this hook
+        return value
+    raise AttributeError(f"module 'quantem_flow' has no attribute {name!r}")
+
+
+def _persist(ds: Dataset4D, **kwargs: Any) -> Dataset4D:
+    """``Dataset4D.persist`` before the graph layer is loaded: load it, then delegate."""
+    from . import graphs  # noqa: F401 - registers the graph layer's persist
+
+    return ds.persist(**kwargs)
+
+
+from .dataset import register_persist as _register_persist  # noqa: E402
+
+_register_persist(_persist)
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the lazy names are these
+    from .graphs import close_embedded_cluster, compute, embedded_client
 
 try:
     __version__ = importlib.metadata.version("quantem-flow")

@@ -151,6 +151,16 @@ class Chunk:
             return int(payload.nbytes)
         return int(getattr(payload, "nbytes", 0))
 
+    def __sizeof__(self) -> int:
+        """The payload's bytes, so Dask's memory accounting is honest.
+
+        ``dask.sizeof`` falls back to ``sys.getsizeof``, which calls this: no
+        registration (and no import of Dask) is needed.  Device payloads are kept
+        out of the spill buffer by the worker's data mapping
+        (:mod:`quantem_flow.graphs.worker_data`), not by under-reporting their size.
+        """
+        return self.nbytes + 256
+
 
 def chunk_of(
     representation: str,
@@ -199,23 +209,3 @@ def chunk_of(
         payload=payload,
         storage_schema=storage_schema or get_representation(representation).schema,
     )
-
-
-def _register_sizeof() -> None:
-    """Tell Dask a chunk's size is its payload's, so memory accounting is honest.
-
-    Device payloads are kept out of the spill buffer by the worker's data
-    mapping (:mod:`quantem_flow.graphs.worker_data`), not by under-reporting
-    their size.
-    """
-    try:
-        from dask.sizeof import sizeof
-    except ImportError:  # pragma: no cover - dask is a dependency
-        return
-
-    @sizeof.register(Chunk)  # type: ignore[untyped-decorator]
-    def _sizeof_chunk(chunk: Chunk) -> int:
-        return chunk.nbytes + 256
-
-
-_register_sizeof()

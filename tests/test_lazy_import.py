@@ -1,0 +1,36 @@
+"""``import quantem_flow`` loads no Dask, distributed or matplotlib (issue 24, item 7).
+
+The graph layer is imported on first use (``qf.compute``, ``Dataset4D.persist``), so opening
+files, building pipelines and reading results start fast; the time itself is measured in
+benchmarks (RESULTS.md), this checks what is imported and that the lazy names work.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+SCRIPT = r"""
+import sys
+import numpy as np
+import quantem_flow as qf
+names = ("dask", "distributed", "matplotlib", "numba", "h5py", "zarr")
+heavy = [m for m in names if m in sys.modules]
+print("heavy:", ",".join(heavy) or "-")
+ds = qf.open(np.ones((4, 4, 8, 8), dtype=np.uint16))
+p = ds.persist(client="synchronous")   # the lazy persist hook loads the graph layer
+(bf,) = qf.compute(qf.virtual_bf(p, radius=2.0, center=(4.0, 4.0)), client="synchronous")
+print("bf:", float(bf.data.sum()))
+print("loaded:", "distributed" in sys.modules)
+"""
+
+
+def test_import_is_light_and_the_lazy_names_work() -> None:
+    run = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = dict(line.split(": ", 1) for line in run.stdout.strip().splitlines())
+    assert lines["heavy"] == "-", lines
+    assert float(lines["bf"]) > 0
+    assert lines["loaded"] == "True"  # loaded once used
