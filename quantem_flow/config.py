@@ -39,6 +39,10 @@ name                          meaning                                    default
                               a request before it counts as stalled
 ``external_hello_timeout_s``  seconds an external worker may take to    60
                               start and answer hello
+``complement_queries``        a query on persisted integer chunks reads  True
+                              a 0/1 detector covering more than half
+                              the frame through its complement (frame
+                              total minus the rest; exact, recorded)
 ============================  =========================================  ==========================
 """
 
@@ -79,6 +83,9 @@ _DEFAULTS: dict[str, Any] = {
     "external_min_mib_s": 1.0,
     "external_stall_grace_s": 2.0,
     "external_hello_timeout_s": 60.0,
+    # issue 24: an ADF ring to the detector edge on resident chunks reads its inner disk
+    # (~10 % of the pixels) and subtracts it from cached frame totals; bit for bit the same
+    "complement_queries": True,
 }
 
 

@@ -31,6 +31,7 @@ import numpy as np
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.task_spec import DataNode, Task, TaskRef
 
+from .. import config
 from ..dataset import Dataset4D
 from ..representations import Chunk
 from ..representations.detector_ops import binned_dtype
@@ -140,6 +141,7 @@ def lower_pass(
         runtime=runtime,
         gather=None if gather is None else np.unique(np.asarray(gather, dtype=np.int64)),
         stream_piece_bytes=piece_bytes(),
+        complement_queries=bool(config.get("complement_queries")),
     )
     spec_name = f"qf-spec-{token}"
     pass_name = f"qf-pass-{token}"

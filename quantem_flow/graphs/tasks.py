@@ -21,6 +21,7 @@ from ..representations import Chunk
 from ..runtimes import get_runtime
 from ..runtimes.base import FramePassResult
 from ..runtimes.staging import staged
+from .complement_query import plan_complement
 from .digest import Units, chunk_digest, payload_digests
 from .streamed import run_streamed_chunk
 
@@ -56,6 +57,10 @@ class PassSpec:
         Bytes a streamed chunk pass reads at a time (chosen on the client
         from ``stream_piece_mib``; 0 loads every chunk whole):
         :mod:`~quantem_flow.graphs.streamed`.
+    complement_queries
+        Whether a query on resident chunks may read a wide 0/1 detector through its
+        complement (chosen on the client from ``complement_queries``):
+        :mod:`~quantem_flow.graphs.complement_query`.
     """
 
     dataset: Dataset4D
@@ -65,6 +70,7 @@ class PassSpec:
     runtime: str
     gather: np.ndarray | None = None
     stream_piece_bytes: int = 0
+    complement_queries: bool = True
 
 
 @dataclasses.dataclass
@@ -102,14 +108,31 @@ def _kernels(
     made: dict[str, Any] | None = None,
     units: Units | None = None,
     hash_s: float = 0.0,
+    complement: bool = False,
 ) -> ChunkPartial:
     """Run every requested kernel on one chunk handle and package the partial.
 
     ``t1 - t0`` is the load (read, decode, put) and ``hash_s`` the content
     digest of it (``units``); JIT compilation during the kernels is timed
-    apart (``compile_s``) and left out of ``kernel_s``.
+    apart (``compile_s``) and left out of ``kernel_s``.  ``complement``: a resident
+    chunk may be queried through the complement of a detector covering most of the
+    frame (:mod:`.complement_query`; exact, recorded under ``query``).
     """
     runtime = get_runtime(spec.runtime)
+    plan = None
+    if complement:
+        plan = plan_complement(
+            spec.weights,
+            spec.dataset.dtype,
+            want_sum=spec.want_sum,
+            want_max=spec.want_max,
+            gather=spec.gather,
+            runtime=runtime,
+            chunk=chunk,
+        )
+        if plan is not None:
+            made = {**(made or {}), "query": plan.record()}
+            t1 = time.perf_counter()  # the once-per-chunk totals count as preparing the chunk
     (r0, r1), (c0, c1) = chunk.scan_slice
     gathered: np.ndarray | None = None
     with runtime.compile_timer() as compiled:
@@ -121,9 +144,12 @@ def _kernels(
             # a gather-only pass (SSB alone): no frame pass over the chunk a second time
             out = FramePassResult(np.zeros(((r1 - r0) * (c1 - c0), 0)), None, None)
         else:
+            weights = spec.weights if plan is None else plan.weights
             out = runtime.run_frame_pass(
-                chunk, spec.weights, want_sum=spec.want_sum, want_max=spec.want_max
+                chunk, weights, want_sum=spec.want_sum, want_max=spec.want_max
             )
+            if plan is not None:
+                out = plan.restore(out)
     t2 = time.perf_counter()
     return _package(
         spec,
@@ -377,6 +403,7 @@ def run_resident_kernels(spec: PassSpec, chunk: Chunk, index: int) -> ChunkParti
         resident=True,
         made={"payload_bytes": chunk.nbytes},
         units=units,
+        complement=spec.complement_queries,
     )
 
 

@@ -95,17 +95,26 @@ def test_persisted_queries_stay_on_the_swift_worker_and_move_no_chunk_bytes(
 ) -> None:
     client, sw, _ = swift_cluster
     data = probe_data(rng, scan=(12, 7))
-    (ref,) = qf.compute(
-        qf.virtual_bf(qf.open(data), radius=4.5, center=CENTER), client="synchronous"
+    ref = qf.compute(
+        qf.virtual_bf(qf.open(data), radius=4.5, center=CENTER),
+        qf.virtual_adf(qf.open(data), inner=7.0, center=CENTER),
+        client="synchronous",
     )
     p = qf.open(data, chunk_rows=2).persist(client=client, backend="swift")
     try:
         assert {w for ws in p.resident.holders().values() for w in ws} == {sw}
         for _ in range(3):
-            (bf,) = qf.compute(qf.virtual_bf(p, radius=4.5, center=CENTER), client=client)
-            np.testing.assert_array_equal(bf.data, ref.data)
+            bf, adf = qf.compute(
+                qf.virtual_bf(p, radius=4.5, center=CENTER),
+                qf.virtual_adf(p, inner=7.0, center=CENTER),
+                client=client,
+            )
+            np.testing.assert_array_equal(bf.data, ref[0].data)
+            np.testing.assert_array_equal(adf.data, ref[1].data)
             recs = bf.provenance.execution["chunks"]
             assert {r["worker"] for r in recs} == {sw} and all(r["resident"] for r in recs)
+            # the wide ring is read through its complement on the Swift worker too
+            assert all(r["query"]["path"] == "complement" for r in recs)
         assert chunk_bytes_moved(client, p.resident.keys) == 0
     finally:
         p.release()

@@ -1,0 +1,124 @@
+"""A persisted query whose detector covers most of the frame reads its complement instead.
+
+An ADF ring from 20 px to the detector edge covers ~90 % of a 128 x 128 frame: its kernel
+reads nearly the whole resident chunk at every query, at memory speed.  For integer data
+and a 0/1 detector the same values come from fewer bytes::
+
+    sum over the ring = frame total - sum over the pixels outside the ring
+
+The frame totals of a resident chunk are computed once, on the first such query, by the
+chunk's own runtime, and kept with the chunk handle; each query then runs the kernel on
+the complement (the inner disk: ~10 % of the pixels) and subtracts.  Every value is an
+integer below 2**53 in float64 (the kernels' exactness contract), so the result is the
+same bit for bit as the direct sum.  Used only when nothing else needs every pixel (no
+sum or max pattern, no gather) and only for 0/1 rows covering more than half the frame.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from ..representations import Chunk
+from ..runtimes.base import FramePassResult
+
+__all__ = ["MIN_SUPPORT", "Complement", "frame_totals", "plan_complement"]
+
+#: A 0/1 row is read through its complement when its support covers more than this share.
+MIN_SUPPORT = 0.5
+#: Attribute of a resident chunk handle holding its per-frame totals (float64, exact).
+_TOTALS_ATTR = "qf_frame_totals"
+_lock = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True)
+class Complement:
+    """The weights to run and how to turn their result back into the asked one."""
+
+    weights: np.ndarray
+    rows: np.ndarray
+    totals: np.ndarray
+    totals_s: float
+
+    def restore(self, out: FramePassResult) -> FramePassResult:
+        """``per_frame`` of the asked rows: totals minus the complement's sums."""
+        per_frame = np.array(out.per_frame, dtype=np.float64, copy=True)
+        per_frame[:, self.rows] = self.totals[:, None] - per_frame[:, self.rows]
+        return FramePassResult(per_frame, out.pattern_sum, out.pattern_max)
+
+    def record(self) -> dict[str, Any]:
+        """What the chunk record says about this query's path."""
+        return {
+            "path": "complement",
+            "rows": [int(i) for i in np.flatnonzero(self.rows)],
+            "why": (
+                f"0/1 rows covering more than {MIN_SUPPORT:.0%} of the frame on integer data: "
+                "frame total minus the pixels outside the detector (exact)"
+            ),
+            "totals_s": self.totals_s,
+        }
+
+
+def frame_totals(runtime: Any, chunk: Chunk) -> tuple[np.ndarray, float]:
+    """Per-frame totals of a resident chunk, by its runtime, computed once and kept with it."""
+    found = getattr(chunk, _TOTALS_ATTR, None)
+    if isinstance(found, np.ndarray):
+        return found, 0.0
+    t = time.perf_counter()
+    (rows, cols) = (
+        (chunk.scan_slice[0][1] - chunk.scan_slice[0][0]),
+        (chunk.scan_slice[1][1] - chunk.scan_slice[1][0]),
+    )
+    ones = np.ones((1, _pixels(chunk)), dtype=np.float64)
+    out = runtime.run_frame_pass(chunk, ones, want_sum=False, want_max=False)
+    totals = np.ascontiguousarray(out.per_frame[:, 0], dtype=np.float64)
+    if totals.shape != (rows * cols,):
+        raise ValueError(f"frame totals of shape {totals.shape} for {rows} x {cols} frames")
+    with _lock:
+        setattr(chunk, _TOTALS_ATTR, totals)  # an attribute Chunk does not declare
+    return totals, time.perf_counter() - t
+
+
+def _pixels(chunk: Chunk) -> int:
+    payload = chunk.payload
+    shape = getattr(payload, "frame_shape", None)
+    if shape is None and isinstance(payload, np.ndarray):
+        shape = payload.shape[2:]
+    if shape is None:
+        raise ValueError("the chunk's frame shape is unknown")
+    return int(shape[0]) * int(shape[1])
+
+
+def plan_complement(
+    weights: np.ndarray,
+    dtype: np.dtype[Any],
+    *,
+    want_sum: bool,
+    want_max: bool,
+    gather: Any,
+    runtime: Any,
+    chunk: Chunk,
+) -> Complement | None:
+    """The complement plan of a query on a resident chunk, or ``None`` to run it as asked."""
+    if want_sum or want_max or gather is not None or np.dtype(dtype).kind not in "ui":
+        return None
+    if weights.ndim != 2 or weights.shape[0] == 0:
+        return None
+    binary = np.all((weights == 0.0) | (weights == 1.0), axis=1)
+    covered = np.count_nonzero(weights, axis=1) / max(weights.shape[1], 1)
+    rows = binary & (covered > MIN_SUPPORT)
+    if not rows.any():
+        return None
+    try:
+        if _pixels(chunk) != weights.shape[1]:
+            return None
+    except ValueError:
+        return None
+    totals, seconds = frame_totals(runtime, chunk)
+    flipped = np.array(weights, dtype=np.float64, copy=True)
+    flipped[rows] = 1.0 - flipped[rows]
+    return Complement(weights=flipped, rows=rows, totals=totals, totals_s=seconds)
