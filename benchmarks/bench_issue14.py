@@ -122,11 +122,14 @@ def _ring_child(root: Path, out: Path, queries: int) -> dict[str, Any]:
         rows["identical_to_file_pass"] = bool(np.array_equal(ref.data, res.data))
         rows["times"] = times
         rows["query_s"] = statistics.median(times[2:])
+        rows["p95_s"] = float(np.percentile(times[2:], 95))
         rows["pass_s"] = statistics.median(passes[2:])
         rows["kernel_s_total"] = statistics.median(kernels[2:])
         rows["paths"] = sorted(
             {str(r.get("query", {}).get("path", "-")) for r in res.provenance.execution["chunks"]}
         )
+        route = res.provenance.execution.get("query_route") or {}
+        rows["route"] = str(route.get("path", "-"))
         np.save(out, res.data)
     return rows
 
@@ -233,14 +236,15 @@ def main() -> int:
                     f"{label}: correlation {rs[-1]['correlation']:.4f}, loss {rs[-1]['loss']:.4f}"
                 )
         else:
-            keys = ["query_s", "pass_s", "kernel_s_total", "persist_s"]
-            print(f"{'':8s}" + "".join(f"{k:>16s}" for k in keys) + "  paths, identical")
+            keys = ["query_s", "p95_s", "pass_s", "kernel_s_total", "persist_s"]
+            print(f"{'':8s}" + "".join(f"{k:>16s}" for k in keys) + "  paths, route, identical")
             for label, rs in runs.items():
                 med = {k: statistics.median(r[k] for r in rs) for k in keys}
                 print(
                     f"{label:8s}"
                     + "".join(f"{med[k]:16.3f}" for k in keys)
-                    + f"  {rs[-1]['paths']}, {all(r['identical_to_file_pass'] for r in rs)}"
+                    + f"  {rs[-1]['paths']}, {rs[-1]['route']}, "
+                    + f"{all(r['identical_to_file_pass'] for r in rs)}"
                 )
             if len(codes) == 2:
                 q = {k: statistics.median(r["query_s"] for r in rs) for k, rs in runs.items()}

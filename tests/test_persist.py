@@ -237,7 +237,9 @@ def test_resident_key_annotation_reaches_the_scheduler_per_key(
     cluster_client.register_plugin(recorder, name="qf-test-recorder")
     p = qf.open(probe_data(rng, scan=(6, 5)), chunk_rows=2).persist(client=cluster_client)
     try:
-        qf.compute(qf.virtual_bf(p, radius=4.5, center=CENTER), client=cluster_client)
+        with qf.config.set(direct_queries=False):  # the graph route (the direct one has no graph)
+            (bf,) = qf.compute(qf.virtual_bf(p, radius=4.5, center=CENTER), client=cluster_client)
+        assert bf.provenance.execution["query_route"]["path"] == "graph"
 
         def seen(dask_scheduler: Any) -> dict[str, dict[str, str]]:
             got = dask_scheduler.__dict__.get("_qf_seen_annotations", {})
@@ -265,8 +267,16 @@ def test_resident_key_annotation_reaches_the_scheduler_per_key(
 
 # -- resident queries: one kernel task per worker (issue 14) ------------------------------
 @pytest.mark.cluster
+@pytest.mark.parametrize("direct", [True, False])
 def test_ring_queries_run_one_task_per_worker_and_move_no_chunk(
-    rng: np.random.Generator, tmp_path, cluster_client: Any
+    rng: np.random.Generator, tmp_path, cluster_client: Any, direct: bool
+) -> None:
+    with qf.config.set(direct_queries=direct):
+        _ring_queries(rng, tmp_path, cluster_client, direct=direct)
+
+
+def _ring_queries(
+    rng: np.random.Generator, tmp_path: Any, cluster_client: Any, *, direct: bool
 ) -> None:
     data = probe_data(rng, scan=(24, 9))
     np.save(tmp_path / "d.npy", data)
@@ -289,6 +299,8 @@ def test_ring_queries_run_one_task_per_worker_and_move_no_chunk(
         np.testing.assert_array_equal(
             ring.data, ref_virtual(data, ref_annulus(det, CENTER, inner, np.inf))
         )
+        route = ring.provenance.execution["query_route"]
+        assert route["path"] == ("direct" if direct else "graph"), route
         recs = ring.provenance.execution["chunks"]
         assert len(recs) == 24 and [r["chunk"] for r in recs] == list(range(24))
         for key, rec in zip(p.resident.keys, recs, strict=True):
@@ -310,9 +322,18 @@ def test_ring_queries_run_one_task_per_worker_and_move_no_chunk(
     assert sorted(i for g in groups for i in g) == list(range(24))
     keys = [str(k) for k in p.resident.keys]
     assert all(len({holders[keys[i]][0] for i in g}) == 1 for g in groups)  # one holder each
-    # the page still sees every chunk of the last query done (a task covers its chunks)
-    state = json.loads(_fetch(cluster_client, "/quantem-flow/state.json"))
-    last = [x for x in state["passes"] if x["kind"] == "resident pass"][-1]
+    # the page still sees every chunk of the last query done (a task covers its chunks; a
+    # direct query is reported to the scheduler after its result, without waiting)
+    kind = "resident query" if direct else "resident pass"
+    deadline = time.monotonic() + 10
+    while True:
+        state = json.loads(_fetch(cluster_client, "/quantem-flow/state.json"))
+        mine = [x for x in state["passes"] if x["kind"] == kind]
+        if len(mine) >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    last = mine[-1]
+    assert len(mine) >= 3  # every query shows
     assert last["n_done"] == last["n_chunks"] == 24 and last["finished"] is not None
     assert set(last["worker"]) == workers
     p.release()

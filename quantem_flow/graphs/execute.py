@@ -145,6 +145,7 @@ def _outputs(
     backend: BackendChoice,
     runner: Runner,
     timings: dict[str, float],
+    route: dict[str, Any] | None = None,
 ) -> PassOutputs:
     R, C = ds.scan_shape
     n_w = len(lowered.weight_keys)
@@ -201,6 +202,7 @@ def _outputs(
         "runtimes": runtimes,
         "runtime_details": details,
         "resident": ds.resident.describe() if ds.is_persisted else None,
+        "query_route": route,
         "read_s_total": float(sum(r["read_s"] for r in records)),
         "kernel_s_total": float(sum(r["kernel_s"] for r in records)),
         "compile_s_total": float(sum(r.get("compile_s", 0.0) for r in records)),
@@ -338,7 +340,8 @@ def compute(
                 "pass_s": t_pass - t_lower,
                 "pass_bytes_per_s": ds.read_nbytes / max(t_pass - t_lower, 1e-12),
             }
-            outputs = _outputs(ds, lp, partial, choices[i], runner, timings)
+            route = runner.routes[i] if i < len(runner.routes) else None
+            outputs = _outputs(ds, lp, partial, choices[i], runner, timings, route)
             if lp.spec.gather is not None:
                 outputs.gathered = runner.gathered[i]
                 outputs.gather_indices = lp.spec.gather

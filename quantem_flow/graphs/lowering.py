@@ -231,6 +231,22 @@ def lower_pass(
     )
 
 
+def relower(lowered: LoweredPass) -> LoweredPass:
+    """The same pass lowered again (new keys; resident groups from a fresh placement)."""
+    spec = lowered.spec
+    ds = spec.dataset
+    resident = ds.resident.graph_refs() if ds.is_persisted else None
+    return lower_pass(
+        ds,
+        dict(zip(lowered.weight_keys, spec.weights, strict=True)),
+        want_sum=spec.want_sum,
+        want_max=spec.want_max,
+        runtime=spec.runtime,
+        resident=resident,
+        gather=spec.gather,
+    )
+
+
 def resident_groups(ds: Dataset4D, resident: Sequence[Any]) -> list[list[int]] | None:
     """Chunk indices grouped into one kernel task per worker thread, or ``None`` (one per chunk).
 

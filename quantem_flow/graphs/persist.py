@@ -8,6 +8,7 @@ from typing import Any
 
 from ..dataset import Dataset4D, register_persist
 from ..runtimes import BackendChoice, resolve_backend
+from .capabilities import RUNTIME_PREFIX
 from .lowering import lower_load
 from .runner import Runner
 
@@ -52,6 +53,7 @@ class ResidentChunks:
     resident_bytes: int
     load_s: float
     released: bool = False
+    _placed: dict[str, Any] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def keys(self) -> list[Any]:
@@ -69,23 +71,59 @@ class ResidentChunks:
         who = self.client.who_has(self.refs)
         return {str(k): list(v) for k, v in who.items()}
 
+    def _placement(self) -> dict[str, Any] | None:
+        """The scheduler's ``who_has`` and thread counts, taken once and kept (one round trip)."""
+        if self.client is None or not self.refs:
+            return None
+        if self._placed is None:
+            self._placed = self.client.run_on_scheduler(_placement_of, [r.key for r in self.refs])
+        return self._placed
+
+    def forget_route(self) -> None:
+        """Drop the kept placement: the next query asks the scheduler again."""
+        self._placed = None
+
+    def route(self) -> dict[str, list[list[int]]] | None:
+        """``{worker: [chunk indices of each of its threads]}`` for direct queries, or ``None``.
+
+        From the kept placement (:meth:`task_groups`); ``None`` in-process,
+        when a chunk's holder is unknown or when a holder does not run the
+        quantem-flow worker plugin (whose query handler a direct query needs).
+        """
+        placed = self._placement()
+        groups = self.task_groups()
+        if placed is None or groups is None:
+            return None
+        served = set(placed.get("served", ()))
+        keys = [str(r.key) for r in self.refs]
+        out: dict[str, list[list[int]]] = {}
+        for group in groups:
+            worker = sorted(placed["who_has"][keys[group[0]]])[0]
+            if worker not in served:
+                return None
+            out.setdefault(worker, []).append(group)
+        return out
+
     def task_groups(self) -> list[list[int]] | None:
         """Chunk indices grouped for one kernel task per worker thread, or ``None``.
 
         Each worker's chunks (from the scheduler's ``who_has``, in chunk
         order) are cut into as many contiguous groups as the worker has
         threads, so a query keeps every thread busy with the fewest tasks.
-        ``None`` in-process, or when a chunk's holder is unknown.  One round
-        trip to the scheduler.
+        ``None`` in-process, or when a chunk's holder is unknown.  The
+        placement is asked of the scheduler once and kept until
+        :meth:`forget_route` (a worker left, a direct query found a chunk
+        elsewhere).
         """
-        if self.client is None or not self.refs:
+        placed = self._placement()
+        if placed is None:
             return None
         keys = [r.key for r in self.refs]
-        placed = self.client.run_on_scheduler(_placement_of, keys)
         per_worker: dict[str, list[int]] = {}
         for i, key in enumerate(keys):
             workers = placed["who_has"].get(str(key))
             if not workers:
+                self._placed = None  # a chunk being reloaded: ask again next time
                 return None
             per_worker.setdefault(sorted(workers)[0], []).append(i)
         groups: list[list[int]] = []
@@ -141,7 +179,15 @@ def _placement_of(keys: list[Any], dask_scheduler: Any = None) -> dict[str, Any]
         if k in dask_scheduler.tasks
     }
     nthreads = {ws.address: int(ws.nthreads) for ws in dask_scheduler.workers.values()}
-    return {"who_has": who_has, "nthreads": nthreads}
+    served = [  # workers running the quantem-flow plugin (it installs the query handler)
+        ws.address
+        for ws in dask_scheduler.workers.values()
+        if any(
+            str(r).startswith(RUNTIME_PREFIX) and q > 0
+            for r, q in (getattr(ws, "resources", None) or {}).items()
+        )
+    ]
+    return {"who_has": who_has, "nthreads": nthreads, "served": served}
 
 
 def _held_nbytes(keys: list[Any], dask_scheduler: Any = None) -> int:

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from ..errors import ParameterError
-from .lowering import LoweredLoad, LoweredPass
+from .lowering import LoweredLoad, LoweredPass, relower
 from .scheduler_plugin import ensure_placement, pass_events, register_pass
 from .tasks import ChunkPartial
 
@@ -55,6 +55,7 @@ class Runner:
 
     def __init__(self, client: Any):
         self.gathered: list[Any] = []
+        self.routes: list[dict[str, Any] | None] = []
         self._temp: list[str] = []
         self.departures: list[dict[str, Any]] = []
         self.synchronous = isinstance(client, str) and client == "synchronous"
@@ -160,7 +161,9 @@ class Runner:
         array per pass, disk-backed beyond ``config.get("gather_memory_mib")``).
         """
         self.gathered = [self._sink(p) for p in passes]
-        owner = {k: i for i, p in enumerate(passes) for k in p.chunk_keys}
+        self.routes = [None] * len(passes)
+        self.departures = []
+        passes = list(passes)
         if self.client is None:
             from dask.local import get_sync
 
@@ -171,9 +174,108 @@ class Runner:
                     self._store(i, part)
                 out.append(values[0])
             return out
+        results: dict[int, ChunkPartial] = {}
+        for i, p in enumerate(passes):  # resident queries: straight to the holders
+            direct = self._direct(i, p)
+            if isinstance(direct, ChunkPartial):
+                results[i] = direct
+            elif direct is not None:
+                passes[i] = direct  # the route failed: lowered again on fresh placement
+        rest = [i for i in range(len(passes)) if i not in results]
+        if rest:
+            parts = self._run_graph([(i, passes[i]) for i in rest], progress)
+            results.update(zip(rest, parts, strict=True))
+        return [results[i] for i in range(len(passes))]
+
+    def _direct(self, i: int, lowered: LoweredPass) -> ChunkPartial | LoweredPass | None:
+        """Run a resident query by the direct route (:mod:`.query_service`), if it can.
+
+        Returns the partial; a pass lowered again when the route failed (its
+        groups came from a placement that no longer holds); ``None`` to run
+        the pass as lowered.  :attr:`routes` records which and why.
+        """
+        from .. import config
+        from .query_service import DirectQueryUnavailable, run_direct
+
+        spec = lowered.spec
+        ds = spec.dataset
+        if not getattr(ds, "is_persisted", False) or self.client is None:
+            return None
+        if spec.gather is not None:
+            self.routes[i] = {"path": "graph", "why": "a gather (SSB) streams its pixels back"}
+            return None
+        if not config.get("direct_queries"):
+            self.routes[i] = {"path": "graph", "why": "qf.config direct_queries is off"}
+            return None
+        resident = ds.resident
+        route = resident.route()
+        if route is None:
+            self.routes[i] = {
+                "path": "graph",
+                "why": "a chunk's holder is unknown, or does not run the quantem-flow worker "
+                "plugin (its query handler)",
+            }
+            return None
+        try:
+            partial, record = run_direct(self.client, spec, route, resident.keys)
+        except DirectQueryUnavailable as exc:
+            resident.forget_route()
+            logger.info("quantem-flow: direct query route failed (%s); running it as a graph", exc)
+            self.routes[i] = {"path": "graph", "why": f"the direct route failed: {exc}"}
+            return relower(lowered)
+        self.routes[i] = record
+        self._report_direct(lowered, partial, record)
+        return partial
+
+    def _report_direct(
+        self, lowered: LoweredPass, partial: ChunkPartial, record: dict[str, Any]
+    ) -> None:
+        """Tell the scheduler's page about a direct query, without waiting for it."""
+        import time
+
+        from .scheduler_plugin import DIRECT_QUERY_HANDLER
+
+        client = self.client
+        assert client is not None
+        records = sorted(partial.records, key=lambda r: int(r["chunk"]))
+        compute_s: dict[str, float] = {}
+        for r in records:
+            compute_s[str(r["worker"])] = compute_s.get(str(r["worker"]), 0.0) + float(
+                r.get("kernel_s", 0.0)
+            )
+        finished = time.time()
+        message = {
+            "info": {
+                **_dataset_info(lowered.spec.dataset, _pass_name(lowered), "resident query"),
+            },
+            "workers": [str(r["worker"]) for r in records],
+            "compute_s": compute_s,
+            "started": finished - float(record.get("round_trip_s", 0.0)),
+            "finished": finished,
+        }
+
+        async def send() -> None:
+            try:
+                await getattr(client.scheduler, DIRECT_QUERY_HANDLER)(**message)
+            except Exception as exc:  # the page misses one query; the result is unaffected
+                logger.debug("quantem-flow: direct query report not delivered: %s", exc)
+
+        client.loop.add_callback(send)
+
+    def _run_graph(
+        self, indexed: list[tuple[int, LoweredPass]], progress: bool
+    ) -> list[ChunkPartial]:
+        """Submit passes as one graph, collect gathered pixels and the combined partials.
+
+        ``indexed``: ``(index in the run, pass)``; gathered pixels go to :attr:`gathered`
+        at that index.
+        """
+        assert self.client is not None
         from dask.highlevelgraph import HighLevelGraph
         from distributed import as_completed
 
+        passes = [p for _, p in indexed]
+        owner = {k: i for i, p in indexed for k in p.chunk_keys}
         graph = HighLevelGraph.merge(*(p.graph for p in passes))
         chunk_keys = [k for p in passes for k in p.chunk_keys]
         out_keys = [p.output_key for p in passes]
@@ -205,6 +307,11 @@ class Runner:
             for f in futures:
                 f.release()
         self._end(cursor)
+        if self.departures:  # a worker left: the kept placement of resident chunks is stale
+            for p in passes:
+                resident = getattr(p.spec.dataset, "resident", None)
+                if resident is not None and hasattr(resident, "forget_route"):
+                    resident.forget_route()
         return results
 
     def _sink(self, lowered: LoweredPass) -> Any:
@@ -277,9 +384,13 @@ def _dataset_info(ds: Any, name: str, kind: str) -> dict[str, Any]:
     }
 
 
+def _pass_name(lowered: LoweredPass) -> str:
+    key = lowered.chunk_keys[0] if lowered.chunk_keys else lowered.output_key
+    return str(key[0]) if isinstance(key, tuple) else str(key)
+
+
 def _pass_info(lowered: LoweredPass) -> dict[str, Any]:
-    key = lowered.chunk_keys[0]
-    name = str(key[0]) if isinstance(key, tuple) else str(key)
+    name = _pass_name(lowered)
     ds = lowered.spec.dataset
     return _dataset_info(
         ds, name, "resident pass" if getattr(ds, "is_persisted", False) else "pass"

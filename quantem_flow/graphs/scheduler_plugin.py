@@ -34,7 +34,7 @@ import html
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dask.task_spec import Task
@@ -61,6 +61,7 @@ except ImportError:  # pragma: no cover
     SchedulerPlugin = object
 
 __all__ = [
+    "DIRECT_QUERY_HANDLER",
     "PLUGIN_NAME",
     "REPORT_HANDLER",
     "PlacementSchedulerPlugin",
@@ -74,6 +75,8 @@ __all__ = [
 PLUGIN_NAME = "quantem-flow-placement"
 #: Scheduler handler a restart supervisor calls: ``report(name=, address=, restart=, detail=)``.
 REPORT_HANDLER = "quantem_flow_worker_report"
+#: Scheduler handler a client calls after a direct resident query (graphs/query_service).
+DIRECT_QUERY_HANDLER = "quantem_flow_direct_query"
 #: Restriction of a task waiting for a capable worker (no worker has this address).
 WAITING = "quantem-flow:waiting-for-a-capable-worker"
 #: Chunk completions kept for the throughput chart.
@@ -138,6 +141,7 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
         handlers = getattr(scheduler, "handlers", None)
         if isinstance(handlers, dict):
             handlers[REPORT_HANDLER] = self.report
+            handlers[DIRECT_QUERY_HANDLER] = self.direct_query
         self._add_routes(scheduler)
         from tornado.ioloop import PeriodicCallback
 
@@ -464,6 +468,36 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
         while len(self.passes) > MAX_PASSES:
             self.passes.popitem(last=False)
         return self.next_departure()
+
+    def direct_query(
+        self,
+        info: Mapping[str, Any] | None = None,
+        workers: Sequence[str] | None = None,
+        compute_s: Mapping[str, float] | None = None,
+        started: float = 0.0,
+        finished: float = 0.0,
+        **ignored: Any,
+    ) -> None:
+        """Take a client's report of a query that went straight to the workers (a handler).
+
+        The page shows it like a pass whose tasks ran: every chunk done on
+        its worker (``workers``, chunk order) and one completion per worker
+        for the throughput chart.
+        """
+        if not info or not workers:
+            return
+        self.register_pass(info)
+        p = self.passes[str(info["name"])]
+        p["started"], p["finished"] = float(started), float(finished)
+        nbytes: dict[str, int] = {}
+        for j, worker in enumerate(workers):
+            p["done"][j] = str(worker)
+            if j < len(p["chunks"]):
+                r0, r1 = p["chunks"][j]
+                nbytes[str(worker)] = nbytes.get(str(worker), 0) + (r1 - r0) * p["row_bytes"]
+        for worker, n in nbytes.items():
+            seconds = float((compute_s or {}).get(worker, 0.0))
+            self.completions.append((float(finished), worker, int(n), seconds))
 
     def next_departure(self) -> int:
         """Sequence number the next departure will get."""

@@ -7,11 +7,14 @@ loaded it.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import os
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -33,6 +36,7 @@ __all__ = [
     "resident_digest",
     "run_chunk_pass",
     "run_resident_kernels",
+    "running_on",
 ]
 
 
@@ -86,7 +90,26 @@ class ChunkPartial:
     gathered: list[tuple[tuple[int, int], np.ndarray]] = dataclasses.field(default_factory=list)
 
 
+#: Where a kernel runs when it runs outside a Dask task (the resident query handler).
+_RUNNING_ON: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "qf_running_on", default=None
+)
+
+
+@contextlib.contextmanager
+def running_on(where: dict[str, str]) -> Iterator[None]:
+    """Name the worker for the records of kernels run in this block outside a Dask task."""
+    token = _RUNNING_ON.set(dict(where))
+    try:
+        yield
+    finally:
+        _RUNNING_ON.reset(token)
+
+
 def _where() -> dict[str, Any]:
+    named = _RUNNING_ON.get()
+    if named is not None:
+        return dict(named)
     try:
         from distributed import get_worker
 

@@ -36,6 +36,8 @@ from .capabilities import (
     capability_resources,
     memory_pools,
 )
+from .query_service import HANDLER as QUERY_HANDLER
+from .query_service import install_query_handler
 from .worker_data import ResidentAwareData
 
 __all__ = [
@@ -428,6 +430,7 @@ class QuantemFlowWorkerPlugin(WorkerPlugin):  # type: ignore[misc]
                 resources[key] = 0.0
         worker.metrics[INFO_KEY] = _worker_metrics
         worker.metrics["qf-runtimes"] = _worker_runtimes_metric
+        install_query_handler(worker)  # queries on resident chunks, without the scheduler
         worker.startup_information[INFO_KEY] = _worker_startup_info
         if worker.status == Status.init:
             # Not registered yet: the registration message carries total_resources.
@@ -451,6 +454,7 @@ class QuantemFlowWorkerPlugin(WorkerPlugin):  # type: ignore[misc]
         """Stop publishing the capability metrics (the resources stay)."""
         for key in (INFO_KEY, "qf-runtimes"):
             worker.metrics.pop(key, None)
+        worker.handlers.pop(QUERY_HANDLER, None)
         worker.startup_information.pop(INFO_KEY, None)
 
 

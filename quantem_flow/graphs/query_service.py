@@ -1,0 +1,180 @@
+"""Queries on resident chunks sent straight to the workers that hold them.
+
+A query on a persisted dataset (an ADF ring dragged across the pattern) needs
+no scheduling: its chunks are already where they will be computed.  Through
+the scheduler a pass still costs its registration, the graph's submission,
+the tasks' transitions, the combine task and the gather, about 30 ms on the
+embedded default (benchmarks/RESULTS.md, "Close to the machine").  Here the
+client sends each worker holding chunks one message (the pass's spec, pickled
+once, and its chunk keys cut into one group per worker thread); the worker
+runs the groups on its own task threads, combines them and answers with one
+partial; the client combines the answers.  Nothing goes through the scheduler.
+
+The route (which worker holds which chunk, and how many threads it has) is
+taken from the scheduler once and kept with the resident chunks
+(:meth:`~quantem_flow.graphs.persist.ResidentChunks.route`).  When it no longer
+holds (a worker left, a chunk was reloaded elsewhere, a worker without the
+handler), :func:`run_direct` raises :class:`DirectQueryUnavailable` and the
+caller runs the pass as a graph instead, which Dask's own recovery covers,
+and records why.  Errors raised by the kernels are the kernels' errors,
+raised on the client as they would be from a task.
+
+``qf.config.set(direct_queries=False)`` sends every query through the
+scheduler (the dashboard's task stream then shows them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..representations import Chunk
+from .tasks import ChunkPartial, PassSpec, combine_partials, run_resident_kernels, running_on
+
+__all__ = [
+    "HANDLER",
+    "DirectQueryUnavailable",
+    "install_query_handler",
+    "run_direct",
+]
+
+#: The worker handler's name (an ``op`` of distributed's RPC).
+HANDLER = "qf_resident_query"
+
+
+class DirectQueryUnavailable(Exception):  # noqa: N818 - a condition, not an error shown to users
+    """The direct route cannot run this query; the caller runs it as a graph (why: ``args[0]``)."""
+
+
+def install_query_handler(worker: Any) -> None:
+    """Add the resident-query handler to a Dask worker's RPC handlers."""
+
+    async def handle(spec: bytes, groups: bytes) -> dict[str, Any]:
+        return await _answer(worker, spec, groups)
+
+    worker.handlers[HANDLER] = handle
+
+
+def _run_group(
+    where: dict[str, str], spec: PassSpec, indices: tuple[int, ...], chunks: Sequence[Chunk]
+) -> ChunkPartial:
+    with running_on(where):
+        return combine_partials(
+            *(run_resident_kernels(spec, c, i) for i, c in zip(indices, chunks, strict=True))
+        )
+
+
+async def _answer(worker: Any, spec_bytes: bytes, groups_bytes: bytes) -> dict[str, Any]:
+    from distributed.protocol.pickle import dumps, loads
+
+    t0 = time.perf_counter()
+    try:
+        spec = loads(spec_bytes)
+        groups: list[tuple[tuple[int, ...], list[Any]]] = loads(groups_bytes)
+    except Exception as exc:  # a client of another version: say so, the caller falls back
+        return {"status": "unreadable", "why": f"{type(exc).__name__}: {exc}"}
+    data = worker.data
+    missing = [key for _, keys in groups for key in keys if key not in data]
+    if missing:
+        why = f"{len(missing)} chunk(s) not held, e.g. {missing[0]!r}"
+        return {"status": "missing", "why": why}
+    where = {"worker": str(worker.address), "worker_name": str(worker.name)}
+    loop = asyncio.get_running_loop()
+    executor = worker.executors["default"]
+    try:
+        jobs = [
+            loop.run_in_executor(
+                executor,
+                functools.partial(_run_group, where, spec, tuple(indices), [data[k] for k in keys]),
+            )
+            for indices, keys in groups
+        ]
+        partial = combine_partials(*await asyncio.gather(*jobs))
+        reply = {"status": "ok", "partial": dumps(partial)}
+    except Exception as exc:
+        try:
+            reply = {"status": "error", "error": dumps(exc)}
+        except Exception:  # an exception that cannot travel: its text does
+            text = RuntimeError(f"{type(exc).__name__}: {exc}")
+            reply = {"status": "error", "error": dumps(text)}
+    reply["seconds"] = time.perf_counter() - t0
+    return reply
+
+
+def run_direct(
+    client: Any, spec: PassSpec, route: dict[str, list[list[int]]], keys: Sequence[Any]
+) -> tuple[ChunkPartial, dict[str, Any]]:
+    """Run one pass on resident chunks by one message to each holding worker.
+
+    Parameters
+    ----------
+    client
+        The ``distributed.Client`` holding the resident chunks.
+    spec
+        The pass (no gather).
+    route
+        ``{worker address: [chunk indices of one thread, ...]}``.
+    keys
+        The resident chunks' keys, in chunk order.
+
+    Returns
+    -------
+    tuple
+        The combined partial, and the route's record for provenance
+        (``path``, ``workers``, ``seconds`` per worker).
+
+    Raises
+    ------
+    DirectQueryUnavailable
+        A worker could not be reached, does not hold its chunks or has no
+        handler; the caller runs the pass as a graph.
+    Exception
+        What the kernels raised on a worker.
+    """
+    from distributed.protocol.pickle import dumps, loads
+
+    t0 = time.perf_counter()
+    spec_bytes = dumps(spec)
+    requests = {
+        address: dumps([(tuple(g), [keys[i] for i in g]) for g in groups])
+        for address, groups in route.items()
+    }
+
+    async def ask(address: str, groups: bytes) -> dict[str, Any]:
+        reply: dict[str, Any] = await client.rpc(address).qf_resident_query(
+            spec=spec_bytes, groups=groups
+        )
+        return reply
+
+    async def ask_all() -> list[Any]:
+        return list(
+            await asyncio.gather(*(ask(a, g) for a, g in requests.items()), return_exceptions=True)
+        )
+
+    replies = client.sync(ask_all)
+    partials: list[ChunkPartial] = []
+    seconds: dict[str, float] = {}
+    for address, reply in zip(requests, replies, strict=True):
+        if isinstance(reply, BaseException):
+            raise DirectQueryUnavailable(
+                f"worker {address} did not answer ({type(reply).__name__}: {reply})"
+            )
+        status = reply.get("status") if isinstance(reply, dict) else None
+        if status == "error":
+            raise loads(reply["error"])
+        if status != "ok":
+            why = reply.get("why") if isinstance(reply, dict) else repr(reply)
+            raise DirectQueryUnavailable(f"worker {address}: {status}: {why}")
+        partials.append(loads(reply["partial"]))
+        seconds[address] = float(reply.get("seconds", 0.0))
+    record = {
+        "path": "direct",
+        "why": "resident chunks: one message to each holding worker, no scheduling",
+        "workers": len(route),
+        "worker_s": seconds,
+        "round_trip_s": time.perf_counter() - t0,
+    }
+    return combine_partials(*partials), record
