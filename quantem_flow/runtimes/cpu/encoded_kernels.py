@@ -94,6 +94,8 @@ def frame_pass_encoded(
         plan.describe(work) if plan else {"variant": "fused", "why": "no weight rows"}
     )
     structured = plan is not None and variant["variant"] == "structured"
+    if plan is not None and structured and plan.n_out > out.shape[1]:
+        out = np.empty((n, plan.n_out), dtype=np.float64)  # moment rows' sums after the rows
     kr, kc = payload.frame_shape
     raw_dtype = payload.value_dtype.newbyteorder("=")
     batch_n = _batch_frames(n, kr * kc * raw_dtype.itemsize)

@@ -39,6 +39,7 @@ from .structure import (
     _seg2f,
     _seg2t,
     analyse_weights,
+    finish_moment_rows,
     integer_mode,
     plan_arrays,
 )
@@ -183,6 +184,8 @@ def frame_pass_packed(
         plan.describe(vdt) if plan else {"variant": "fused", "why": "no weight rows"}
     )
     if n and plan is not None and variant["variant"] == "structured":
+        if plan.n_out > out.shape[1]:  # moment rows' sums go after the rows
+            out = np.empty((n, plan.n_out), dtype=np.float64)
         buf = np.empty((min(group_frames(k, vdt.itemsize), n), k), dtype=vdt)
         g = buf.shape[0]
         _PACKED_STRUCTURED[(min(integer_mode(vdt), 2), bool(plan.need_moments))](
@@ -202,6 +205,7 @@ def frame_pass_packed(
             want_sum,
             want_max,
         )
+        finish_moment_rows(out, plan)
     elif n:
         buf = np.empty((min(group_frames(k, vdt.itemsize), n), k), dtype=vdt)
         _packed_pass(

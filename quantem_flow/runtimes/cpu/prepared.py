@@ -91,7 +91,10 @@ class PreparedFramePass:
             self.variant = plan.describe(self._dtype)
             if self.variant["variant"] == "structured":
                 self._plan = plan
-        self._out = np.empty((int(n_frames), self._padded.shape[0]), dtype=np.float64)
+        width = self._padded.shape[0]
+        if self._plan is not None:  # moment rows' sums go after the rows (finish_moment_rows)
+            width = max(width, self._plan.n_out)
+        self._out = np.empty((int(n_frames), width), dtype=np.float64)
         self._pos = 0
 
     @property
@@ -101,7 +104,7 @@ class PreparedFramePass:
 
     def run(self, frames: np.ndarray) -> None:
         """Run the pass on the next ``(n, k_r * k_c)`` frames (any layout; copied if needed)."""
-        from .structure import structured_pass
+        from .structure import readonly, structured_pass
 
         frames = np.ascontiguousarray(frames)
         if frames.dtype == np.float16:
@@ -131,6 +134,7 @@ class PreparedFramePass:
             if frames.dtype.kind == "f" and not np.isfinite(out[:, :m]).all():
                 skip_zero_weights(frames, self._padded, out, m)
         else:
+            frames = readonly(frames)  # one specialisation whatever the frames' origin
             _fused(frames, self._padded, out, self._sum, self._max, self._want_sum, self._want_max)
             skip_zero_weights(frames, self._padded, out, m)
         self._pos += n

@@ -104,7 +104,9 @@ __all__ = [
     "RUN_OVERHEAD_PIXELS",
     "WeightPlan",
     "analyse_weights",
+    "finish_moment_rows",
     "plan_arrays",
+    "readonly",
     "structured_pass",
 ]
 
@@ -180,6 +182,7 @@ class WeightPlan:
     srow_kind: np.ndarray
     srow_offset: np.ndarray  # fl(c - origin) of moment rows
     srow_ptr: np.ndarray  # CSR over srow_cells
+    srow_scol: np.ndarray  # output column of a moment row's support sum (-1: mask rows)
     srow_cells: np.ndarray
     general: np.ndarray  # output columns of the general rows
     general_weights: np.ndarray  # their weights, an even number of rows
@@ -188,6 +191,11 @@ class WeightPlan:
     n_segments: int = 0
     n_subruns: int = 0
     subrun_pixels: int = 0
+
+    @property
+    def n_out(self) -> int:
+        """Output columns the structured part writes: the rows, then the moment rows' sums."""
+        return int(self.n_rows + np.count_nonzero(self.srow_kind != _KIND_SUM))
 
     @property
     def n_general(self) -> int:
@@ -452,6 +460,7 @@ def _build(weights: np.ndarray, frame_shape: tuple[int, int] | None, force: bool
         srow_kind=np.array([kind_code[kinds[j]] for j in structured_rows], dtype=np.int64),
         srow_offset=np.array([row_offset[j] for j in structured_rows], dtype=np.float64),
         srow_ptr=np.array(ptr, dtype=np.int64),
+        srow_scol=_sum_columns(m, [kind_code[kinds[j]] for j in structured_rows]),
         srow_cells=np.array(cells, dtype=np.int64),
         general=general,
         general_weights=np.ascontiguousarray(gw, dtype=np.float64),
@@ -460,6 +469,34 @@ def _build(weights: np.ndarray, frame_shape: tuple[int, int] | None, force: bool
         n_subruns=int(seg[7].size) if seg else 0,
         subrun_pixels=int(seg[8].sum()) if seg else 0,
     )
+
+
+def _sum_columns(n_rows: int, kinds: list[int]) -> np.ndarray:
+    """The column after the rows where each moment row's support sum goes (-1 for masks)."""
+    out = np.full(len(kinds), -1, dtype=np.int64)
+    moment = [q for q, kd in enumerate(kinds) if kd != _KIND_SUM]
+    out[moment] = n_rows + np.arange(len(moment), dtype=np.int64)
+    return out
+
+
+def finish_moment_rows(out: np.ndarray, plan: WeightPlan) -> None:
+    """Turn each moment row's ``(moment, sum)`` columns into ``moment - offset * sum``, in place.
+
+    The group loop writes the moment ``M`` (relative to the detector's middle
+    pixel) in the row's column and the support's sum ``S`` in a column after
+    the rows (:attr:`WeightPlan.n_out`); the value is ``fl(M - fl(offset *
+    S))``, two IEEE roundings, here in NumPy.  Compiled code would let LLVM
+    fuse them into one FMA where the CPU has one, so the last bit of a centre
+    of mass would depend on the machine; here it does not, and the exact
+    NumPy path (:mod:`~quantem_flow.runtimes.cpu.exact_numpy`) gives the same
+    bits.
+    """
+    moment = plan.srow_kind != _KIND_SUM
+    if not moment.any() or out.shape[0] == 0:
+        return
+    cols = plan.srow_out[moment]
+    sums = out[:, plan.srow_scol[moment]]
+    out[:, cols] = out[:, cols] - sums * plan.srow_offset[moment]
 
 
 def _segments(
@@ -947,8 +984,9 @@ def _cells_real(frames, start, length, cell, rrow, rcol, acc, moments):  # type:
 
 
 @_jit
-def _combine(acc, kind, offset, ptr, cells, outcol, out):  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
-    # Each structured row: the sum over its cells (mask), or moment - offset * sum.
+def _combine(acc, kind, ptr, cells, outcol, scol, out):  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
+    # Each structured row: the sum over its cells (mask), or its moment and, in column
+    # scol, its sum (finish_moment_rows makes moment - offset * sum, outside compiled code).
     n = acc.shape[0]
     for i in range(n):
         for q in range(kind.shape[0]):
@@ -962,16 +1000,20 @@ def _combine(acc, kind, offset, ptr, cells, outcol, out):  # type: ignore[no-unt
             if kd == 0:
                 out[i, outcol[q]] = np.float64(s)
             else:
-                out[i, outcol[q]] = np.float64(mom) - offset[q] * np.float64(s)
+                out[i, outcol[q]] = np.float64(mom)
+                out[i, scol[q]] = np.float64(s)
 
 
-def _make_structured_segments(integer: int, moments: bool) -> Any:
+def _make_structured_segments(integer: int, moments: bool, fused: bool = True) -> Any:
     """The structured group loop compiled for one cell kernel (``integer`` mode, ``moments``).
 
     One function per mode instead of one taking the mode as an argument: Numba
     prunes the other modes' branches (closure constants) before typing, so a
     first pass compiles one cell kernel, not all five (first compute on a
     fresh install: benchmarks/RESULTS.md, "First use of the CPU kernels").
+    ``fused``: the loop may run the fused kernel (general rows, patterns); a pass
+    of structured rows alone (BF, ADF, CoM) takes ``False`` and compiles no
+    fused kernel (~1.4 s of a first compute: three specialisations of it).
     """
 
     @_jit
@@ -983,7 +1025,7 @@ def _make_structured_segments(integer: int, moments: bool) -> Any:
         rrow,
         rcol,
         kind,
-        offset,
+        scol,
         ptr,
         cells,
         outcol,
@@ -1023,47 +1065,51 @@ def _make_structured_segments(integer: int, moments: bool) -> Any:
                     _cells_int(block, start, length, cell, rrow, rcol, a, moments)
                 else:
                     _cells_real(block, start, length, cell, rrow, rcol, a, moments)
-                _combine(a, kind, offset, ptr, cells, outcol, out[f0:f1])
-            nb = f1 - f0
-            if ng and nb % 4:
-                # a short group goes through the fused kernel as a full group padded with zero
-                # frames: general rows then get the same values whatever the split of the frames
-                # into calls or chunks (the fused kernel compiled inside this one rounds a short
-                # group differently from a full one); the patterns run on the real frames only
-                nb4 = nb + 4 - nb % 4
-                padded = np.zeros((nb4, frames.shape[1]), dtype=frames.dtype)
-                # copied element by element: an array-to-array slice assignment compiles numba's
-                # shape-mismatch error formatting (~4-6 s of first JIT, string code included)
-                for i in range(nb):
-                    for p in range(frames.shape[1]):
-                        padded[i, p] = block[i, p]
-                go = np.empty((nb4, gout.shape[1]), dtype=np.float64)
-                _fused(padded, gweights, go, acc_sum, acc_max, False, False)
-                if do_sum or do_max:
-                    _fused(block, gweights[:0], gout[:nb, :0], acc_sum, acc_max, do_sum, do_max)
-                for i in range(nb):
-                    for j in range(ng):
-                        out[f0 + i, general[j]] = go[i, j]
-            elif ng or do_sum or do_max:
-                go = gout[:nb]
-                _fused(block, gweights, go, acc_sum, acc_max, do_sum, do_max)
-                for i in range(nb):
-                    for j in range(ng):
-                        out[f0 + i, general[j]] = go[i, j]
+                _combine(a, kind, ptr, cells, outcol, scol, out[f0:f1])
+            if fused:  # a closure constant: pruned before typing when False
+                nb = f1 - f0
+                zero = nb < 0  # False, not a literal: one specialisation of _fused for every call
+                if ng and nb % 4:
+                    # a short group goes through the fused kernel as a full group padded with zero
+                    # frames: general rows then get the same values whatever the split of the frames
+                    # into calls or chunks (the fused kernel compiled inside this one rounds a short
+                    # group differently from a full one); the patterns run on the real frames only
+                    nb4 = nb + 4 - nb % 4
+                    padded = np.zeros((nb4, frames.shape[1]), dtype=frames.dtype)
+                    # copied element by element: an array-to-array slice assignment compiles numba's
+                    # shape-mismatch error formatting (~4-6 s of first JIT, string code included)
+                    for i in range(nb):
+                        for p in range(frames.shape[1]):
+                            padded[i, p] = block[i, p]
+                    go = np.empty((nb4, gout.shape[1]), dtype=np.float64)
+                    _fused(padded, gweights, go, acc_sum, acc_max, zero, zero)
+                    if do_sum or do_max:
+                        none = np.empty((nb, 0), dtype=np.float64)
+                        _fused(block, gweights[:0], none, acc_sum, acc_max, do_sum, do_max)
+                    for i in range(nb):
+                        for j in range(ng):
+                            out[f0 + i, general[j]] = go[i, j]
+                elif ng or do_sum or do_max:
+                    go = gout[:nb]
+                    _fused(block, gweights, go, acc_sum, acc_max, do_sum, do_max)
+                    for i in range(nb):
+                        for j in range(ng):
+                            out[f0 + i, general[j]] = go[i, j]
 
     return structured_segments
 
 
-#: The structured group loop per ``(integer mode, moments)`` (compiled on first use of each).
+#: The structured group loop per ``(integer mode, moments, fused)`` (compiled on first use).
 _SEGMENTS = {
-    (mode, moments): _make_structured_segments(mode, moments)
+    (mode, moments, fused): _make_structured_segments(mode, moments, fused)
     for mode in range(4)
     for moments in (False, True)
+    for fused in (False, True)
 }
 # by name, for compiled callers choosing among them with constants (packed_kernels)
-_seg0f, _seg0t = _SEGMENTS[(0, False)], _SEGMENTS[(0, True)]
-_seg1f, _seg1t = _SEGMENTS[(1, False)], _SEGMENTS[(1, True)]
-_seg2f, _seg2t = _SEGMENTS[(2, False)], _SEGMENTS[(2, True)]
+_seg0f, _seg0t = _SEGMENTS[(0, False, True)], _SEGMENTS[(0, True, True)]
+_seg1f, _seg1t = _SEGMENTS[(1, False, True)], _SEGMENTS[(1, True, True)]
+_seg2f, _seg2t = _SEGMENTS[(2, False, True)], _SEGMENTS[(2, True, True)]
 
 
 def plan_arrays(plan: WeightPlan) -> tuple[Any, ...]:
@@ -1076,7 +1122,7 @@ def plan_arrays(plan: WeightPlan) -> tuple[Any, ...]:
         plan.run_col,
         plan.need_moments,
         plan.srow_kind,
-        plan.srow_offset,
+        plan.srow_scol,
         plan.srow_ptr,
         plan.srow_cells,
         plan.srow_out,
@@ -1095,6 +1141,20 @@ def integer_mode(dtype: np.dtype[Any], plan: WeightPlan | None = None) -> int:
             return 1
         return 3 if USE_SEGMENTS and plan is not None and plan.n_segments else 2
     return 0
+
+
+def readonly(frames: np.ndarray) -> np.ndarray:
+    """A read-only view: compiled kernels see one array type, however the frames were made.
+
+    Numba compiles a kernel again for a writable and a read-only array of the
+    same dtype (a memory map or a persisted chunk vs a reused read buffer);
+    every caller passing read-only views keeps one specialisation per dtype.
+    """
+    if not frames.flags.writeable:
+        return frames
+    view = frames.view()
+    view.flags.writeable = False
+    return view
 
 
 def group_frames(frame_nbytes: int) -> int:
@@ -1122,7 +1182,8 @@ def structured_pass(
     plan
         From :func:`analyse_weights`, with :meth:`WeightPlan.applicable` true.
     out
-        ``(n, >= plan.n_rows)`` float64, every ``out[:, :n_rows]`` written.
+        ``(n, >= plan.n_out)`` float64, every ``out[:, :n_rows]`` written (moment rows
+        finished by :func:`finish_moment_rows`, which this calls).
     acc_sum, acc_max
         The pattern accumulators of the fused kernel, updated in place.
     do_sum, do_max
@@ -1134,13 +1195,17 @@ def structured_pass(
     :func:`~quantem_flow.runtimes.cpu.kernels.skip_zero_weights`).
     """
     n = frames.shape[0]
+    if out.shape[1] < plan.n_out:
+        raise ValueError(f"out has {out.shape[1]} columns, the plan writes {plan.n_out}")
+    frames = readonly(frames)
     g = min(group_frames(frames.shape[1] * frames.itemsize), max(4, -(-n // 4) * 4))
     integer = integer_mode(frames.dtype, plan)
     acc = np.empty((g, 3, max(plan.n_cells, 1)), dtype=np.int64 if integer else np.float64)
     gout = np.empty((g, max(plan.general_weights.shape[0], 1)), dtype=np.float64)
     e = np.zeros(0, dtype=np.int64)
     arrays = plan_arrays(plan)
-    run = _SEGMENTS[(integer, bool(plan.need_moments))]
+    fused = bool(plan.general.size or do_sum or do_max)
+    run = _SEGMENTS[(integer, bool(plan.need_moments), fused)]
     run(
         frames,
         *arrays[:5],
@@ -1155,3 +1220,4 @@ def structured_pass(
         do_max,
         plan.seg_arrays if integer == 3 else (e,) * 10,
     )
+    finish_moment_rows(out, plan)
