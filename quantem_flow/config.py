@@ -43,6 +43,11 @@ name                          meaning                                    default
                               a 0/1 detector covering more than half
                               the frame through its complement (frame
                               total minus the rest; exact, recorded)
+``jit_in_background``         a CPU kernel not yet compiled in this      True
+                              process compiles in a thread while an
+                              exact NumPy form of the pass (bit for
+                              bit the same values) runs, where one
+                              exists (integer data)
 ``direct_queries``            a query on persisted chunks goes straight  True
                               to the workers holding them, one message
                               each, not through the scheduler (off: a
@@ -92,6 +97,9 @@ _DEFAULTS: dict[str, Any] = {
     "complement_queries": True,
     # issue 24: ~30 ms of scheduling per resident query on the embedded default, gone
     "direct_queries": True,
+    # issue 24: a first compute on an empty Numba cache does not wait seconds for the compiler
+    # where NumPy gives the same bits (runtimes/cpu/exact_numpy.py)
+    "jit_in_background": True,
 }
 
 

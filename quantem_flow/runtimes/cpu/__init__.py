@@ -37,10 +37,20 @@ class CpuRuntime(Runtime):
         Mask and moment rows take the structured kernel when it is cheaper
         (moment rows need ``frame_shape``, the detector's ``(k_r, k_c)``),
         the other rows the fused kernel; ``variant`` of the result says which
-        ran and why (:mod:`~quantem_flow.runtimes.cpu.structure`).
+        ran and why (:mod:`~quantem_flow.runtimes.cpu.structure`).  A kernel not yet
+        compiled in this process compiles in the background while an exact NumPy form
+        runs, where the pass has one (``jit_in_background``;
+        :mod:`~quantem_flow.runtimes.cpu.warmup`).
         """
+        from ... import config
+
         per_frame, s, m, variant = frame_pass_variant(
-            frames, weights, want_sum=want_sum, want_max=want_max, frame_shape=frame_shape
+            frames,
+            weights,
+            want_sum=want_sum,
+            want_max=want_max,
+            frame_shape=frame_shape,
+            background_jit=bool(config.get("jit_in_background")),
         )
         return FramePassResult(per_frame=per_frame, pattern_sum=s, pattern_max=m, variant=variant)
 

@@ -246,11 +246,13 @@ def frame_pass_variant(
     want_max: bool,
     frame_shape: tuple[int, int] | None = None,
     structured: bool | None = None,
+    background_jit: bool = False,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, dict[str, Any]]:
     """:func:`frame_pass_numba` that also returns the variant record (which kernel, and why).
 
     One call of a :class:`~quantem_flow.runtimes.cpu.prepared.PreparedFramePass`
-    over every frame (a streamed chunk pass feeds the same object piece by piece).
+    over every frame (a streamed chunk pass feeds the same object piece by piece);
+    ``background_jit`` as there.
     """
     from .prepared import PreparedFramePass
 
@@ -262,6 +264,7 @@ def frame_pass_variant(
         want_max=want_max,
         frame_shape=frame_shape,
         structured=structured,
+        background_jit=background_jit,
     )
     prepared.run(frames)
     return prepared.result()

@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import ShapeError
+from . import warmup
+from .exact_numpy import ExactPass
 from .kernels import _fused, skip_zero_weights, sum_dtype
 
 __all__ = ["PreparedFramePass"]
@@ -50,6 +52,11 @@ class PreparedFramePass:
     structured
         ``None`` (the structured kernel when its estimate wins), ``True`` or
         ``False`` (see :func:`~quantem_flow.runtimes.cpu.kernels.frame_pass_numba`).
+    background_jit
+        When the compiled kernel this pass needs has not run in this process yet,
+        compile it in a background thread and, if the pass has an exact NumPy form
+        (:mod:`~quantem_flow.runtimes.cpu.exact_numpy`, bit for bit the same
+        values), run that meanwhile (variant ``exact-numpy``).
     """
 
     def __init__(
@@ -62,6 +69,7 @@ class PreparedFramePass:
         want_max: bool,
         frame_shape: tuple[int, int] | None = None,
         structured: bool | None = None,
+        background_jit: bool = False,
     ) -> None:
         from .structure import analyse_weights
 
@@ -96,6 +104,63 @@ class PreparedFramePass:
             width = max(width, self._plan.n_out)
         self._out = np.empty((int(n_frames), width), dtype=np.float64)
         self._pos = 0
+        self.kernel_key = self._kernel_key()
+        self._exact: ExactPass | None = None
+        if background_jit and not warmup.is_ready(self.kernel_key):
+            self._start_background(w, frame_shape, structured)
+
+    def _kernel_key(self) -> tuple[Any, ...]:
+        """The compiled specialisation this pass runs (see :mod:`.warmup`)."""
+        from .structure import integer_mode
+
+        if self._plan is None:
+            return ("fused", self._dtype.str)
+        fused = bool(self._plan.general.size or self._want_sum or self._want_max)
+        return (
+            "structured",
+            integer_mode(self._dtype, self._plan),
+            bool(self._plan.need_moments),
+            fused,
+            self._dtype.str,
+        )
+
+    def _start_background(
+        self, w: np.ndarray, frame_shape: tuple[int, int] | None, structured: bool | None
+    ) -> None:
+        from .exact_numpy import exact_pass
+
+        k = w.shape[1]
+        exact = exact_pass(w, dtype=self._dtype, plan=self._plan, frame_shape=frame_shape)
+        dtype, want_sum, want_max = self._dtype, self._want_sum, self._want_max
+
+        def warm() -> None:  # the same pass on four zero frames: compiles this specialisation
+            p = PreparedFramePass(
+                w,
+                dtype=dtype,
+                n_frames=4,
+                want_sum=want_sum,
+                want_max=want_max,
+                frame_shape=frame_shape,
+                structured=structured,
+            )
+            p.run(np.zeros((4, k), dtype=dtype))
+
+        warmup.start(self.kernel_key, warm)
+        if exact is None:
+            return  # no exact NumPy form: this pass waits for the compiled kernel
+        self._exact = exact
+        self.variant = {
+            "variant": "exact-numpy",
+            "summary": f"exact NumPy float64 products ({exact.vectors.shape[1]} vectors)",
+            "why": (
+                "the compiled kernel for this pass had not run in this process (an empty "
+                "Numba cache compiles it for seconds): it compiles in a background thread "
+                "while this chunk runs the same sums as float64 matrix products of integer "
+                "data and integer vectors, every value exact below 2**53 (moment rows finished "
+                "as in the compiled path), so the values are the compiled kernel's bit for bit"
+            ),
+            "compiled_variant": self.variant,
+        }
 
     @property
     def frames_done(self) -> int:
@@ -121,6 +186,14 @@ class PreparedFramePass:
             )
         out = self._out[self._pos : self._pos + n]
         m = self._m
+        if self._exact is not None:
+            self._exact.run(frames, out)
+            if n and self._want_sum:
+                self._sum += frames.sum(axis=0, dtype=self._sum.dtype)
+            if n and self._want_max:
+                np.maximum(self._max, frames.max(axis=0), out=self._max)
+            self._pos += n
+            return
         if self._plan is not None:
             structured_pass(
                 frames,
@@ -137,6 +210,7 @@ class PreparedFramePass:
             frames = readonly(frames)  # one specialisation whatever the frames' origin
             _fused(frames, self._padded, out, self._sum, self._max, self._want_sum, self._want_max)
             skip_zero_weights(frames, self._padded, out, m)
+        warmup.mark_ready(self.kernel_key)
         self._pos += n
 
     def result(

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ... import config
 from ..base import FramePassResult, FramePassStream, gather_columns
 from .prepared import PreparedFramePass
 
@@ -48,6 +49,7 @@ class CpuFramePassStream(FramePassStream):
                 want_sum=want_sum,
                 want_max=want_max,
                 frame_shape=frame_shape,
+                background_jit=bool(config.get("jit_in_background")),
             )
         )
         self._pos = 0

@@ -496,7 +496,8 @@ def finish_moment_rows(out: np.ndarray, plan: WeightPlan) -> None:
         return
     cols = plan.srow_out[moment]
     sums = out[:, plan.srow_scol[moment]]
-    out[:, cols] = out[:, cols] - sums * plan.srow_offset[moment]
+    with np.errstate(invalid="ignore", over="ignore"):  # non-finite: repaired by the caller
+        out[:, cols] = out[:, cols] - sums * plan.srow_offset[moment]
 
 
 def _segments(
