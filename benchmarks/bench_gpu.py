@@ -18,6 +18,7 @@ import statistics
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--skip-load", action="store_true")
+    ap.add_argument("--load-gib", type=float, default=8.0)
     args = ap.parse_args()
     ok, why = CudaRuntime.available()
     print("cuda:", ok, why, flush=True)
@@ -89,76 +91,129 @@ def main() -> int:
         .astype(np.float64)
     )
 
-    # parity with the CPU runtime on a subset
-    sub = cupy.asnumpy(frames[:4096])
-    ref = CpuRuntime().frame_pass(sub, masks, want_sum=True, want_max=True)
-    got = rt.frame_pass(frames[:4096], masks, want_sum=True, want_max=True)
-    np.testing.assert_array_equal(got.per_frame[:, :3], ref.per_frame[:, :3])
-    np.testing.assert_allclose(got.per_frame, ref.per_frame, rtol=1e-12)
-    np.testing.assert_array_equal(got.pattern_sum, ref.pattern_sum)
-    np.testing.assert_array_equal(got.pattern_max, ref.pattern_max)
-    print("parity with the CPU runtime on 4096 frames: OK", flush=True)
-
     rows: list[tuple[str, float, float]] = []
+    failures: list[dict[str, str]] = []
+
+    def save() -> None:
+        if args.json:
+            report = {
+                "gpu": why,
+                "shape": [args.scan, args.scan, args.det, args.det],
+                "rows": [{"name": a, "s": b, "GBps": c} for a, b, c in rows],
+                "failures": failures,
+            }
+            args.json.write_text(json.dumps(report, indent=2))
+
+    def section(name: str, fn: Any) -> None:
+        """Run one part; a failure is printed and recorded, and the next part runs."""
+        try:
+            fn()
+        except Exception:
+            failures.append({"section": name, "error": traceback.format_exc()})
+            print(f"FAILED: {name}\n{traceback.format_exc()}", flush=True)
+        save()
+
+    def parity() -> None:
+        sub = cupy.asnumpy(frames[:4096])
+        ref = CpuRuntime().frame_pass(sub, masks, want_sum=True, want_max=True)
+        got = rt.frame_pass(frames[:4096], masks, want_sum=True, want_max=True)
+        np.testing.assert_array_equal(got.per_frame[:, :3], ref.per_frame[:, :3])
+        np.testing.assert_allclose(got.per_frame, ref.per_frame, rtol=1e-12)
+        np.testing.assert_array_equal(got.pattern_sum, ref.pattern_sum)
+        np.testing.assert_array_equal(got.pattern_max, ref.pattern_max)
+        print("parity with the CPU runtime on 4096 frames: OK", flush=True)
+
+    section("parity of the dense pass with the CPU runtime", parity)
 
     def add(name: str, s: float, nbytes: float) -> None:
         rows.append((name, s, nbytes / s / 1e9))
-        print(f"{name:55s} {s * 1e3:9.2f} ms {nbytes / s / 1e9:8.1f} GB/s", flush=True)
+        print(f"{name:60s} {s * 1e3:9.2f} ms {nbytes / s / 1e9:8.1f} GB/s", flush=True)
 
     nbytes = float(frames.nbytes)
-    half = frames[: n // 2]
-    dst = cupy.empty_like(half)
-    s, _ = timed(lambda: cupy.copyto(dst, half), args.repeat, sync)
-    add("device copy (read + write), half the data", s, 2 * half.nbytes)
-    s, _ = timed(lambda: frames.view(cupy.uint64).sum(), args.repeat, sync)
-    add("cupy sum over the data (read)", s, nbytes)
-    one = masks[:1]
-    s, _ = timed(
-        lambda: rt.frame_pass(frames, one, want_sum=False, want_max=False), args.repeat, sync
-    )
-    add("resident virtual image (1 weight row)", s, nbytes)
-    s, _ = timed(
-        lambda: rt.frame_pass(frames, masks, want_sum=False, want_max=False), args.repeat, sync
-    )
-    add("BF + ADF + CoM (5 weight rows)", s, nbytes)
-    s, _ = timed(
-        lambda: rt.frame_pass(frames, masks, want_sum=True, want_max=True), args.repeat, sync
-    )
-    add("BF + ADF + CoM + sum and max patterns", s, nbytes)
-    many = np.random.default_rng(1).random((32, k))
-    s, _ = timed(
-        lambda: rt.frame_pass(frames[: n // 8], many, want_sum=False, want_max=False),
-        args.repeat,
-        sync,
-    )
-    add("32 stacked masks via cuBLAS (1/8 of the data)", s, nbytes / 8)
+
+    def ceilings() -> None:
+        half = frames[: n // 2]
+        dst = cupy.empty_like(half)
+        s, _ = timed(lambda: cupy.copyto(dst, half), args.repeat, sync)
+        add("device copy (read + write), half the data", s, 2 * half.nbytes)
+        s, _ = timed(lambda: frames.view(cupy.uint64).sum(), args.repeat, sync)
+        add("cupy sum over the data (read)", s, nbytes)
+
+    def dense() -> None:
+        one = masks[:1]
+        s, _ = timed(
+            lambda: rt.frame_pass(frames, one, want_sum=False, want_max=False), args.repeat, sync
+        )
+        add("resident virtual image (1 weight row)", s, nbytes)
+        s, _ = timed(
+            lambda: rt.frame_pass(frames, masks, want_sum=False, want_max=False), args.repeat, sync
+        )
+        add("BF + ADF + CoM (5 weight rows)", s, nbytes)
+        s, _ = timed(
+            lambda: rt.frame_pass(frames, masks, want_sum=True, want_max=True), args.repeat, sync
+        )
+        add("BF + ADF + CoM + sum and max patterns", s, nbytes)
+        many = np.random.default_rng(1).random((32, k))
+        s, _ = timed(
+            lambda: rt.frame_pass(frames[: n // 8], many, want_sum=False, want_max=False),
+            args.repeat,
+            sync,
+        )
+        add("32 stacked masks via cuBLAS (1/8 of the data)", s, nbytes / 8)
+
+    section("device ceilings", ceilings)
+    section("dense resident passes", dense)
+
+    # the same operation on this machine's CPUs, through the CPU runtime, for the ratio
+    sub_n = min(n, 16384)
+    host = cupy.asnumpy(frames[:sub_n]).reshape(1, sub_n, args.det, args.det)
+
+    def cpu_dense() -> None:
+        import os
+
+        cpu = CpuRuntime()
+        flat = host.reshape(sub_n, k)
+        s, _ = timed(
+            lambda: cpu.frame_pass(flat, masks, want_sum=False, want_max=False), args.repeat, _noop
+        )
+        add(f"CPU runtime: BF + ADF + CoM ({sub_n} frames, {os.cpu_count()} CPUs)", s, flat.nbytes)
+        s, _ = timed(
+            lambda: rt.frame_pass(frames[:sub_n], masks, want_sum=False, want_max=False),
+            args.repeat,
+            sync,
+        )
+        add(f"CUDA runtime: BF + ADF + CoM ({sub_n} frames, resident)", s, flat.nbytes)
+
+    section("CPU runtime beside it", cpu_dense)
+
     # other representations on a subset, parity with the CPU runtime first
     from quantem_flow.representations import chunk_of, get_representation
 
-    sub_n = min(n, 16384)
-    host = cupy.asnumpy(frames[:sub_n]).reshape(1, sub_n, args.det, args.det)
     low = (host > 40).astype(np.uint16) * host  # sparse: the bright-field disk only
-    cpu = CpuRuntime()
-    for rep_name, block in (("paired", low), ("packed", host), ("encoded", host)):
+
+    def representation(rep_name: str) -> None:
+        cpu = CpuRuntime()
+        block = low if rep_name == "paired" else host
         rep = get_representation(rep_name)
         payload = (
             rep.from_dense(block)
             if rep_name != "encoded"
             else rep.from_dense(block, codec="bitshuffle-lz4")
         )
-        host = chunk_of(rep_name, payload)
-        want = cpu.run_frame_pass(host, masks, want_sum=True, want_max=True)
-        resident = rt.put(host)  # the arrays move to the device once
+        chunk = chunk_of(rep_name, payload)
+        want = cpu.run_frame_pass(chunk, masks, want_sum=True, want_max=True)
+        resident = rt.put(chunk)  # the arrays move to the device once
         have = rt.run_frame_pass(resident, masks, want_sum=True, want_max=True)
         np.testing.assert_allclose(have.per_frame, want.per_frame, rtol=1e-12)
         np.testing.assert_array_equal(have.pattern_sum, want.pattern_sum)
         np.testing.assert_array_equal(have.pattern_max, want.pattern_max)
+        print(f"parity of {rep_name} with the CPU runtime: OK", flush=True)
 
         def run(resident: Any = resident) -> Any:
             return rt.run_frame_pass(resident, masks, want_sum=False, want_max=False)
 
-        def streamed(host: Any = host) -> Any:
-            handle = rt.put(host)
+        def streamed(chunk: Any = chunk) -> Any:
+            handle = rt.put(chunk)
             try:
                 return rt.run_frame_pass(handle, masks, want_sum=False, want_max=False)
             finally:
@@ -172,34 +227,59 @@ def main() -> int:
             s,
             float(block.nbytes),
         )
+        s, _ = timed(
+            lambda: cpu.run_frame_pass(chunk, masks, want_sum=False, want_max=False),
+            args.repeat,
+            _noop,
+        )
+        add(f"CPU runtime: BF + ADF + CoM on {rep_name} ({sub_n} frames)", s, float(block.nbytes))
         rt.release(resident)
-    print("parity of paired, packed, encoded with the CPU runtime: OK", flush=True)
 
-    field = cupy.asarray(np.random.default_rng(2).standard_normal((2, args.scan, args.scan)))
+    def dense_sub() -> None:
+        dense_chunk = chunk_of("dense", host)
+        resident = rt.put(dense_chunk)
+        s, _ = timed(
+            lambda: rt.run_frame_pass(resident, masks, want_sum=False, want_max=False),
+            args.repeat,
+            sync,
+        )
+        add(f"BF + ADF + CoM on dense ({sub_n} frames, resident)", s, float(host.nbytes))
+        rt.release(resident)
 
-    def idpc() -> Any:
-        q = cupy.fft.fftfreq(args.scan)
-        q2 = q[:, None] ** 2 + q[None, :] ** 2
-        q2[0, 0] = 1
-        num = q[:, None] * cupy.fft.fft2(field[0]) + q[None, :] * cupy.fft.fft2(field[1])
-        return cupy.fft.ifft2(num / (2j * np.pi * q2)).real
+    section("dense chunk through put/run_frame_pass", dense_sub)
+    for rep_name in ("paired", "packed", "encoded"):
+        section(f"representation {rep_name}", lambda r=rep_name: representation(r))
 
-    s, _ = timed(idpc, args.repeat, sync)
-    add("iDPC Fourier integration 512 x 512 (cuFFT)", s, field.nbytes)
+    def idpc_section() -> None:
+        field = cupy.asarray(np.random.default_rng(2).standard_normal((2, args.scan, args.scan)))
 
-    if not args.skip_load:
+        def idpc() -> Any:
+            q = cupy.fft.fftfreq(args.scan)
+            q2 = q[:, None] ** 2 + q[None, :] ** 2
+            q2[0, 0] = 1
+            num = q[:, None] * cupy.fft.fft2(field[0]) + q[None, :] * cupy.fft.fft2(field[1])
+            return cupy.fft.ifft2(num / (2j * np.pi * q2)).real
+
+        s, _ = timed(idpc, args.repeat, sync)
+        add(f"iDPC Fourier integration {args.scan} x {args.scan} (cuFFT)", s, field.nbytes)
+
+    section("iDPC", idpc_section)
+
+    def load_section() -> None:
+        n_load = min(n, int(args.load_gib * 2**30 / (k * 2)))
         path = Path("/tmp/qf_bench_gpu.npy")
         t = time.perf_counter()
-        mm = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint16, shape=(n, k))
-        for i in range(0, n, 8192):
-            mm[i : i + 8192] = cupy.asnumpy(frames[i : i + 8192])
+        mm = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint16, shape=(n_load, k))
+        for i in range(0, n_load, 8192):
+            j = min(n_load, i + 8192)
+            mm[i:j] = cupy.asnumpy(frames[i:j])
         mm.flush()
         del mm
         print(f"wrote {path} in {time.perf_counter() - t:.1f} s (now in the page cache)")
         src = np.load(path, mmap_mode="r")
-        out = cupy.empty((n, k), dtype=cupy.uint16)
+        out = cupy.empty((n_load, k), dtype=cupy.uint16)
         n_threads = 8
-        per = (n + n_threads - 1) // n_threads
+        per = (n_load + n_threads - 1) // n_threads
         step = 2048
 
         def load() -> None:
@@ -210,7 +290,7 @@ def main() -> int:
                     np.frombuffer(p, dtype=np.uint16, count=step * k).reshape(step, k)
                     for p in pinned
                 ]
-                events = [None, None]
+                events: list[Any] = [None, None]
                 for j, i in enumerate(range(lo, hi, step)):
                     m = min(step, hi - i)
                     b = j % 2
@@ -224,7 +304,7 @@ def main() -> int:
                 stream.synchronize()
 
             threads = [
-                threading.Thread(target=work, args=(t * per, min(n, (t + 1) * per)))
+                threading.Thread(target=work, args=(t * per, min(n_load, (t + 1) * per)))
                 for t in range(n_threads)
             ]
             for th in threads:
@@ -233,18 +313,22 @@ def main() -> int:
                 th.join()
 
         s, _ = timed(load, max(2, args.repeat // 2), sync)
-        add("load the .npy from page cache onto the device", s, nbytes)
-        assert bool((out[::997] == frames[::997]).all())
+        add(
+            f"load a {n_load * k * 2 / 2**30:.1f} GiB .npy from page cache onto the device",
+            s,
+            float(n_load * k * 2),
+        )
+        assert bool((out[::997] == frames[:n_load:997]).all())
         path.unlink()
 
-    report = {
-        "gpu": why,
-        "shape": [args.scan, args.scan, args.det, args.det],
-        "rows": [{"name": a, "s": b, "GBps": c} for a, b, c in rows],
-    }
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
-    return 0
+    if not args.skip_load:
+        section("load from the page cache", load_section)
+    save()
+    return 1 if failures else 0
+
+
+def _noop() -> None:
+    return None
 
 
 if __name__ == "__main__":
