@@ -21,6 +21,11 @@ name                          meaning                                    default
 ``stream_piece_mib``          MiB a streamed chunk pass reads, hashes    2
                               and runs at a time (0: whole chunks;
                               docs/streamed-pass.md)
+``read_method``               how a streamed pass reads contiguous       auto
+                              frames: ``auto`` (each worker measures a
+                              map against ``pread`` on the file),
+                              ``mmap`` or ``pread``
+                              (io/read_method.py)
 ``no_worker_timeout_s``       seconds a task may wait for a worker that  60
                               can run it while one may still come (a
                               worker whose restarts gave up is not
@@ -83,6 +88,9 @@ _DEFAULTS: dict[str, Any] = {
     # measured (issue 14): 2 MiB pieces (64 frames of 128 x 128 u16) beat 8 MiB and whole
     # 128 MiB chunks on 2 threads; benchmarks/RESULTS.md, "Streamed chunk passes"
     "stream_piece_mib": 2.0,
+    # issue 24: a page-cached file's pieces viewed in place through a map (pages dropped after
+    # each piece) where that measures faster than pread on the worker
+    "read_method": "auto",
     # issue 23: a compute no worker can run fails instead of waiting forever; a worker being
     # restarted (the local cluster's supervisor, a Nanny) is back in a few seconds
     "no_worker_timeout_s": 60.0,

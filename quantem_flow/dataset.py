@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -481,6 +482,24 @@ class Dataset4D:
         c0, c1 = cols if cols is not None else (0, self.shape[1])
         kr, kc = self._source.shape[2:]
         return (rows[1] - rows[0], c1 - c0, kr, kc)
+
+    def block_bytes(
+        self, rows: tuple[int, int], cols: tuple[int, int] | None = None
+    ) -> tuple[Path, int] | None:
+        """``(file, byte offset)`` where this block's frames are stored as they read, else ``None``.
+
+        Only a view that changes nothing (no detector crop or bin, no
+        threshold, the source's dtype) of a source storing the block as one
+        run of native-order bytes (:meth:`Source.block_bytes`) has one.
+        """
+        if self._detector_ops or self._representation_options.get("threshold") is not None:
+            return None
+        if self._dtype != self._source.dtype:
+            return None
+        C = self.scan_shape[1]
+        c0, c1 = cols if cols is not None else (0, C)
+        b = self._scan_block
+        return self._source.block_bytes((b[0] + rows[0], b[0] + rows[1]), (b[2] + c0, b[2] + c1))
 
     def load_block(
         self,

@@ -33,6 +33,7 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from .. import config
 from ..dataset import Dataset4D
+from ..io.read_method import checked_read_method
 from ..representations import Chunk
 from ..representations.detector_ops import binned_dtype
 from .annotations import validate_annotations
@@ -142,6 +143,7 @@ def lower_pass(
         gather=None if gather is None else np.unique(np.asarray(gather, dtype=np.int64)),
         stream_piece_bytes=piece_bytes(),
         complement_queries=bool(config.get("complement_queries")),
+        read_method=checked_read_method(str(config.get("read_method"))),
     )
     spec_name = f"qf-spec-{token}"
     pass_name = f"qf-pass-{token}"

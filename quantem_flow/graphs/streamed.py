@@ -32,6 +32,7 @@ per scan row either way (:class:`~quantem_flow.graphs.digest.DenseRowDigests`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any
@@ -40,6 +41,8 @@ import numpy as np
 
 from .. import config
 from ..dataset import Dataset4D
+from ..io.mapped import mapped_file
+from ..io.read_method import choose_read_method
 from ..runtimes.base import FramePassResult, Runtime
 from ..runtimes.staging import staged
 from .digest import DenseRowDigests, Units
@@ -130,8 +133,14 @@ def run_streamed_chunk(
     want_max: bool,
     gather: np.ndarray | None,
     piece_bytes: int,
+    read_method: str = "auto",
 ) -> StreamedChunk | str:
     """Read scan rows ``rows`` of ``ds`` piece by piece and run ``runtime``'s stream on them.
+
+    ``read_method`` (the ``read_method`` setting) says how pieces of contiguous
+    frames are read: ``pread`` into a reused buffer, or viewed in place through
+    a map whose pages are dropped after each piece (:mod:`quantem_flow.io.read_method`);
+    the chunk's record says which was used and why.
 
     Returns
     -------
@@ -167,22 +176,49 @@ def run_streamed_chunk(
     digests = DenseRowDigests(n_cols)
     read_s = hash_s = 0.0
     kernel_s = prepare_s
+    t_choose = time.perf_counter()
+    where = ds.block_bytes(rows)
+    choice = choose_read_method(
+        read_method,
+        None if where is None else where[0],
+        0 if where is None else where[1],
+        n_frames * frame_nbytes,
+        int(largest * frame_nbytes),
+    )
+    read_s += time.perf_counter() - t_choose
+    mapped = mapped_file(where[0]) if choice.method == "mmap" and where is not None else None
     with (
-        staged((largest * frame_nbytes // ds.source.dtype.itemsize,), ds.source.dtype) as flat,
+        (
+            contextlib.nullcontext(None)
+            if mapped is not None
+            else staged((largest * frame_nbytes // ds.source.dtype.itemsize,), ds.source.dtype)
+        ) as flat,
         runtime.compile_timer() as compiled,
     ):
         for prows, pcols in pieces:
             shape = ds.raw_block_shape(prows, pcols)
             t0 = time.perf_counter()
-            block = ds.load_block(prows, pcols, buffer=flat[: int(np.prod(shape))].reshape(shape))
+            if mapped is not None:
+                at = ds.block_bytes(prows, pcols)
+                assert at is not None  # a piece of a contiguous chunk is contiguous
+                offset, nbytes = at[1], int(np.prod(shape)) * ds.dtype.itemsize
+                what = f"scan rows {prows} columns {pcols}"
+                block = mapped.piece(offset, nbytes, what=what).view(ds.dtype).reshape(shape)
+            else:
+                assert flat is not None
+                block = ds.load_block(
+                    prows, pcols, buffer=flat[: int(np.prod(shape))].reshape(shape)
+                )
             t1 = time.perf_counter()
             digests.update(prows, pcols, block)
             t2 = time.perf_counter()
             stream.feed(block.reshape(block.shape[0] * block.shape[1], -1))
-            t3 = time.perf_counter()
+            if mapped is not None:
+                del block
+                mapped.drop(offset, nbytes)
             read_s += t1 - t0
             hash_s += t2 - t1
-            kernel_s += t3 - t2
+            kernel_s += time.perf_counter() - t2
         result, gathered = stream.finish()
     made = {
         "made": "dense read, streamed",
@@ -190,10 +226,18 @@ def run_streamed_chunk(
         "streamed": {
             "pieces": len(pieces),
             "piece_frames": int(largest),
-            "buffer_bytes": int(largest * frame_nbytes),
+            "buffer_bytes": 0 if mapped is not None else int(largest * frame_nbytes),
+            "read": choice.record(),
             "how": (
-                "read in pieces into one reused buffer; each piece hashed and fed to the "
-                "kernels while in cache (docs/streamed-pass.md)"
+                (
+                    "each piece viewed in place through a map of the file, hashed (its page "
+                    "faults count in hash_s) and fed to the kernels, then its pages dropped "
+                    "from the process (madvise DONTNEED)"
+                    if mapped is not None
+                    else "read in pieces into one reused buffer; each piece hashed and fed to "
+                    "the kernels while in cache"
+                )
+                + " (docs/streamed-pass.md)"
             ),
         },
     }

@@ -65,6 +65,9 @@ class PassSpec:
         Whether a query on resident chunks may read a wide 0/1 detector through its
         complement (chosen on the client from ``complement_queries``):
         :mod:`~quantem_flow.graphs.complement_query`.
+    read_method
+        How streamed pieces of contiguous frames are read (``read_method`` on the
+        client): :mod:`~quantem_flow.io.read_method`.
     """
 
     dataset: Dataset4D
@@ -75,6 +78,7 @@ class PassSpec:
     gather: np.ndarray | None = None
     stream_piece_bytes: int = 0
     complement_queries: bool = True
+    read_method: str = "auto"
 
 
 @dataclasses.dataclass
@@ -296,6 +300,7 @@ def _run_streamed(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial 
         want_max=spec.want_max,
         gather=spec.gather,
         piece_bytes=spec.stream_piece_bytes,
+        read_method=spec.read_method,
     )
     if isinstance(done, str):
         return done

@@ -243,6 +243,16 @@ class Source(abc.ABC):
         """
         return False
 
+    def block_bytes(self, rows: tuple[int, int], cols: tuple[int, int]) -> tuple[Path, int] | None:
+        """Where scan block ``rows x cols`` lies as one run of stored bytes, if it does.
+
+        ``(file, byte offset)`` when the block's frames are contiguous in one
+        file, uncompressed, in native byte order and in scan order, so that
+        a streamed pass may view them in place through a map
+        (:mod:`quantem_flow.io.mapped`); ``None`` (the default) otherwise.
+        """
+        return None
+
     @property
     def nbytes(self) -> int:
         """Logical (decoded) size in bytes."""
@@ -517,6 +527,23 @@ class FrameSource(Source):
             "frame_offset": self._scan.frame_offset,
             "scan_shape_from": self._scan.how,
         }
+
+    def frame_bytes(self, start: int, stop: int) -> tuple[Path, int] | None:
+        """Where stored frames ``[start, stop)`` lie as one run of native-order bytes.
+
+        ``(file, byte offset)``, or ``None`` (the default) when they do not.
+        """
+        return None
+
+    def block_bytes(self, rows: tuple[int, int], cols: tuple[int, int]) -> tuple[Path, int] | None:
+        """The run of bytes of a block of whole scan rows or of part of one row."""
+        self.check_block(rows, cols)
+        C = self._scan.shape[1]
+        (r0, r1), (c0, c1) = rows, cols
+        if r1 - r0 > 1 and (c0, c1) != (0, C):
+            return None
+        off = self._scan.frame_offset
+        return self.frame_bytes(off + r0 * C + c0, off + (r1 - 1) * C + c1)
 
     @abc.abstractmethod
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:

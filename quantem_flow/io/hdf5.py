@@ -547,6 +547,19 @@ class Hdf5Source(FrameSource):
                 "corrupt; results computed so far are kept"
             ) from exc
 
+    def frame_bytes(self, start: int, stop: int) -> tuple[Path, int] | None:
+        """A contiguous, unfiltered dataset in native byte order is one run of bytes.
+
+        The dataset is checked once per process to be unchanged, as for ``pread``.
+        """
+        if self._contiguous_at is None:
+            return None
+        if not self._stored_dtype.isnative and self._stored_dtype.itemsize > 1:
+            return None
+        self._pfile()  # raises FormatError if the dataset moved or changed since it was opened
+        frame = int(np.prod(self._stored_shape[-2:])) * self._stored_dtype.itemsize
+        return self._path, self._contiguous_at + start * frame
+
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
         """Read frames ``[start, stop)`` (decoding into ``out`` when given)."""
         if len(self._stored_shape) == 3:

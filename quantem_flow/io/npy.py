@@ -130,6 +130,13 @@ class NpySource(FrameSource):
         """C-ordered files read any frames with one ``pread`` (Fortran-ordered ones do not)."""
         return not self._fortran
 
+    def frame_bytes(self, start: int, stop: int) -> tuple[Path, int] | None:
+        """C-ordered files in native byte order hold any frames as one run of bytes."""
+        if self._fortran or (not self._file_dtype.isnative and self._file_dtype.itemsize > 1):
+            return None
+        frame = int(np.prod(self._frame_shape)) * self._file_dtype.itemsize
+        return self._path, self._data_offset + start * frame
+
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
         """Read frames ``[start, stop)`` (flat scan order) in native byte order.
 

@@ -159,6 +159,14 @@ class RawSource(FrameSource):
         """Frames are fixed-size records: any range reads for the cost of its bytes."""
         return True
 
+    def frame_bytes(self, start: int, stop: int) -> tuple[Path, int] | None:
+        """Records without headers or footers, in native byte order, are one run of bytes."""
+        if self._head or self._foot:
+            return None
+        if not self._file_dtype.isnative and self._file_dtype.itemsize > 1:
+            return None
+        return self._path, self._offset + start * self._record
+
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
         """Read frames ``[start, stop)`` with ``pread`` (into ``out``), in native byte order.
 

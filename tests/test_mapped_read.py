@@ -1,0 +1,246 @@
+"""Mapped reads of streamed pieces (issue 24, item 1).
+
+A streamed pass may view a piece of contiguous frames in place through a map
+of the file and drop its pages afterwards, or ``pread`` it into a reused
+buffer; ``read_method="auto"`` measures both on the file.  Whichever runs,
+results and content digests are the same bit for bit, the chunk record says
+which ran and why, the process keeps no mapped page once a piece is done, and
+a file truncated under a map gives the project's error, not SIGBUS.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import quantem_flow as qf
+from quantem_flow import config
+from quantem_flow.errors import CorruptChunkError, ParameterError
+from quantem_flow.io.mapped import MappedFile, mapped_file, supported
+from quantem_flow.io.read_method import choose_read_method, forget_probes
+
+pytestmark = pytest.mark.skipif(
+    not supported(), reason="this platform has no madvise(MADV_DONTNEED) for maps"
+)
+
+DET = (16, 12)
+SCAN = (9, 13)
+FRAME = DET[0] * DET[1] * 2
+PIECE_MIB = 5 * FRAME / (1 << 20)  # pieces of 4 frames of one row
+
+
+def _frames(rng: np.random.Generator) -> np.ndarray:
+    rr, cc = np.mgrid[: DET[0], : DET[1]]
+    lam = np.where(np.hypot(rr - 7.3, cc - 5.6) < 4, 900.0, 3.0)
+    return rng.poisson(lam, size=(*SCAN, *DET)).astype(np.uint16)
+
+
+def _ops(ds: qf.Dataset4D) -> list[Any]:
+    kr, kc = ds.shape[2:]
+    c = (kr * 0.456, kc * 0.467)
+    return [
+        qf.virtual_bf(ds, radius=kr / 4, center=c),
+        qf.virtual_adf(ds, inner=kr * 0.31, outer=math.inf, center=c),
+        qf.center_of_mass(ds, center=c),
+        qf.sum_diffraction(ds),
+        qf.max_diffraction(ds),
+    ]
+
+
+def _run(ds: qf.Dataset4D, method: str, piece_mib: float = PIECE_MIB) -> list[Any]:
+    forget_probes()
+    with config.set(stream_piece_mib=piece_mib, read_method=method):
+        return qf.compute(*_ops(ds), client="synchronous", progress=False)
+
+
+def _records(result: Any) -> list[dict[str, Any]]:
+    chunks: list[dict[str, Any]] = result.provenance.to_dict()["execution"]["chunks"]
+    return chunks
+
+
+def _digest(result: Any) -> str:
+    digest: str = result.provenance.to_dict()["execution"]["content_digest"]["digest"]
+    return digest
+
+
+def _same(a: list[Any], b: list[Any]) -> None:
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert _digest(a[0]) == _digest(b[0])
+
+
+def _write_sources(data: np.ndarray, tmp_path: Path) -> dict[str, qf.Dataset4D]:
+    import h5py
+
+    np.save(tmp_path / "d.npy", data)
+    data.tofile(tmp_path / "d.raw")
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f.create_dataset("data", data=data.reshape(-1, *DET))  # contiguous, unfiltered
+    frames = np.concatenate([data.reshape(-1, *DET)[:5] * 0 + 7, data.reshape(-1, *DET)])
+    np.save(tmp_path / "offset.npy", frames)
+    return {
+        "npy": qf.open(tmp_path / "d.npy", chunk_rows=3),
+        "raw": qf.open(
+            tmp_path / "d.raw",
+            format="raw",
+            dtype="<u2",
+            frame_shape=DET,
+            scan_shape=SCAN,
+            chunk_rows=4,
+        ),
+        "hdf5": qf.open(tmp_path / "d.h5", scan_shape=SCAN, chunk_rows=3),
+        "npy-frame-offset": qf.open(
+            tmp_path / "offset.npy", scan_shape=SCAN, frame_offset=5, chunk_rows=2
+        ),
+    }
+
+
+@pytest.mark.parametrize("fmt", ["npy", "raw", "hdf5", "npy-frame-offset"])
+def test_mapped_pieces_equal_pread_pieces_bit_for_bit(
+    rng: np.random.Generator, tmp_path: Path, fmt: str
+) -> None:
+    data = _frames(rng)
+    ds = _write_sources(data, tmp_path)[fmt]
+    pread = _run(ds, "pread")
+    mapped = _run(ds, "mmap")
+    auto = _run(ds, "auto")
+    _same(pread, mapped)
+    _same(pread, auto)
+    np.testing.assert_array_equal(np.asarray(mapped[3]), data.sum(axis=(0, 1)))
+    for result, method in ((pread, "pread"), (mapped, "mmap")):
+        for r in _records(result[0]):
+            assert r["made"] == "dense read, streamed"
+            assert r["streamed"]["read"]["method"] == method
+            assert r["streamed"]["read"]["why"] == f"read_method={method!r} was set"
+    mapped_records = _records(mapped[0])
+    assert all(r["streamed"]["buffer_bytes"] == 0 for r in mapped_records)
+    assert "madvise" in mapped_records[0]["streamed"]["how"]
+    (choice,) = {r["streamed"]["read"]["method"] for r in _records(auto[0])}
+    measured = _records(auto[0])[0]["streamed"]["read"]
+    assert choice in ("mmap", "pread")
+    assert set(measured["measured_GBps"]) == {"mmap", "pread"}
+    assert all(v > 0 for v in measured["measured_GBps"].values())
+    assert "measured on this file" in measured["why"]
+
+
+def test_views_that_are_not_stored_bytes_read_with_pread_and_say_why(
+    rng: np.random.Generator, tmp_path: Path
+) -> None:
+    data = _frames(rng)
+    np.save(tmp_path / "swapped.npy", data.astype(">u2"))
+    head = 6
+    with open(tmp_path / "records.raw", "wb") as f:
+        for frame in data.reshape(-1, *DET):
+            f.write(b"\x01" * head + frame.tobytes())
+    plain = qf.open(tmp_path / "swapped.npy", chunk_rows=3)
+    cases = {
+        "another byte order": plain,
+        "records with headers": qf.open(
+            tmp_path / "records.raw",
+            format="raw",
+            dtype="<u2",
+            frame_shape=DET,
+            scan_shape=SCAN,
+            frame_header_bytes=head,
+            chunk_rows=3,
+        ),
+        "a cropped view": qf.open(tmp_path / "swapped.npy", chunk_rows=3).crop_detector(
+            (1, 15, 0, 12)
+        ),
+    }
+    reference = _run(qf.open(data, chunk_rows=3), "pread")
+    for name, ds in cases.items():
+        got = _run(ds, "mmap")
+        for r in _records(got[0]):
+            assert r["streamed"]["read"]["method"] == "pread", name
+            assert "not one run of stored bytes" in r["streamed"]["read"]["why"], name
+        if name != "a cropped view":
+            _same(reference, got)
+
+
+def _mapping_rss_kib(path: Path) -> int:
+    """Resident KiB of this process's maps of ``path`` (from /proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                inside = line.rstrip().endswith(str(path))
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="no /proc/self/smaps here")
+def test_a_mapped_piece_leaves_no_page_in_the_process(tmp_path: Path) -> None:
+    path = tmp_path / "big.bin"
+    piece = 1 << 20
+    np.arange(16 * piece // 8, dtype=np.uint64).tofile(path)
+    kept = MappedFile(path)
+    dropped = MappedFile(path)
+    total = 0
+    for i in range(16):
+        total += int(kept.piece(i * piece, piece).view(np.uint64).sum())
+        view = dropped.piece(i * piece, piece)
+        assert not view.flags.writeable
+        assert int(view.view(np.uint64).sum()) == int(
+            kept.piece(i * piece, piece).view(np.uint64).sum()
+        )
+        del view
+        dropped.drop(i * piece, piece)
+    n = 16 * piece // 8
+    assert total == n * (n - 1) // 2
+    # the map that dropped its pieces holds none of the file; the one that kept them holds it all
+    kept_kib = _mapping_rss_kib(path)
+    assert kept_kib >= 16 * 1024 * 0.9
+    del kept
+    import gc
+
+    gc.collect()
+    assert _mapping_rss_kib(path) <= 8  # at most a page or two
+
+
+def test_a_file_truncated_under_a_map_gives_the_projects_error(
+    rng: np.random.Generator, tmp_path: Path
+) -> None:
+    data = _frames(rng)
+    np.save(tmp_path / "d.npy", data)
+    ds = qf.open(tmp_path / "d.npy", chunk_rows=3)
+    mapped = mapped_file(tmp_path / "d.npy")
+    size = os.path.getsize(tmp_path / "d.npy")
+    os.truncate(tmp_path / "d.npy", size - 3 * FRAME)
+    with pytest.raises(CorruptChunkError, match="truncated") as info:
+        mapped.piece(size - 4 * FRAME, 2 * FRAME, what="frames at the end")
+    assert "frames at the end" in str(info.value)
+    assert pickle.loads(pickle.dumps(info.value)).args == info.value.args
+    with pytest.raises(CorruptChunkError, match="truncated"):
+        _run(ds, "mmap")
+
+
+def test_read_method_setting_is_checked_and_the_probe_is_kept(tmp_path: Path) -> None:
+    with pytest.raises(ParameterError, match="read_method must be one of") as info:
+        choose_read_method("fast", None, 0, 0, 1 << 20)
+    assert "'fast'" in str(info.value)
+    assert pickle.loads(pickle.dumps(info.value)).args == info.value.args
+    ds = qf.open(np.zeros((4, 4, 8, 8), dtype=np.uint16))
+    with config.set(read_method="fast"), pytest.raises(ParameterError, match="'fast'"):
+        qf.compute(qf.sum_diffraction(ds), client="synchronous", progress=False)
+    path = tmp_path / "p.bin"
+    np.zeros(8 << 20, dtype=np.uint8).tofile(path)
+    forget_probes()
+    first = choose_read_method("auto", path, 0, 8 << 20, 1 << 20)
+    assert first.method in ("mmap", "pread")
+    assert choose_read_method("auto", path, 0, 8 << 20, 1 << 20) is first
+    forget_probes()
+    assert choose_read_method("auto", path, 0, 8 << 20, 1 << 20) is not first
+    forget_probes()
+    short = choose_read_method("auto", path, 0, 1 << 20, 1 << 20)
+    assert short.method == "pread" and "too few bytes" in short.why
+    # a chunk too short to measure does not decide for the rest of the file
+    assert choose_read_method("auto", path, 0, 8 << 20, 1 << 20).measured_GBps
