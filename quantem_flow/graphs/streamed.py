@@ -178,11 +178,19 @@ def run_streamed_chunk(
     kernel_s = prepare_s
     t_choose = time.perf_counter()
     where = ds.block_bytes(rows)
+    # a probe reads pieces of the whole dataset where it is one run of bytes (every chunk of
+    # the file then gets the same answer), else of this chunk
+    extent = ds.block_bytes((0, ds.shape[0]))
+    region = (
+        (extent[1], ds.shape[0] * n_cols * frame_nbytes)
+        if extent is not None and where is not None and extent[0] == where[0]
+        else (0 if where is None else where[1], n_frames * frame_nbytes)
+    )
     choice = choose_read_method(
         read_method,
         None if where is None else where[0],
-        0 if where is None else where[1],
-        n_frames * frame_nbytes,
+        region[0],
+        region[1],
         int(largest * frame_nbytes),
     )
     read_s += time.perf_counter() - t_choose

@@ -8,7 +8,10 @@ page of a map that a pass touches stays resident in the process
 pause fraction and, since nothing the worker does releases those pages,
 never resumes it (issue 11, item 1).  Pages read with ``pread`` live in the
 kernel's page cache, which is shared, reclaimable and not part of any
-process's resident set.
+process's resident set.  A streamed pass may instead view one piece at a
+time through a map whose pages it drops right after the piece
+(:mod:`quantem_flow.io.mapped`), where that measures faster
+(:mod:`quantem_flow.io.read_method`).
 """
 
 from __future__ import annotations

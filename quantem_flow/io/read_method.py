@@ -11,12 +11,14 @@ Which is faster depends on the machine (page-fault cost, copy bandwidth),
 the file system (a network file system faults slowly) and whether the file
 is cached, so with ``read_method="auto"`` (:mod:`quantem_flow.config`) each
 worker process measures both on the file it reads, once per file and piece
-size: a few pieces of the chunk being read, alternately one way and the
-other, each read and then swept twice as a pass sweeps it (the content
-digest, then a kernel's read).  The map is chosen when its fastest piece is
-at least 5 % faster than ``pread``'s (the fastest, because other threads, a
-compiler or other tasks, only ever slow a piece down).  One probe runs at a
-time per process, and every chunk of the file then agrees.  The choice and
+size: a few rounds over pieces of the chunk being read, alternately one way
+and the other, each round one piece per CPU thread at once (page faults of
+threads sharing one address space contend, so a one-thread probe favoured
+the map here), each piece read and then swept twice as a pass sweeps it (the
+content digest, then a kernel's read).  The map is chosen when its fastest
+round is at least 5 % faster than ``pread``'s (the fastest, because other
+work, a compiler or other tasks, only ever slows a round down).  One probe
+runs at a time per process, and every chunk of the file then agrees.  The choice and
 both rates are recorded in every chunk's record.  On this project's 2-vCPU
 VM ``pread`` wins: a map's page faults cost more than the copy, and the copy
 leaves the piece in the core's cache for the two sweeps (benchmarks/RESULTS.md,
@@ -46,8 +48,8 @@ __all__ = [
 
 #: Values of the ``read_method`` setting.
 READ_METHODS = ("auto", "mmap", "pread")
-#: Pieces each way a probe reads (alternating).
-PROBE_PIECES = 6
+#: Rounds each way a probe reads (alternating; one piece per thread and round).
+PROBE_PIECES = 4
 #: The map must be this much faster (fastest piece time ratio) to be chosen.
 MARGIN = 0.95
 
@@ -98,48 +100,68 @@ def _touch(view: np.ndarray) -> int:
     return int(np.add.reduce(whole.view(np.uint64))) if whole.size else 0
 
 
-def _time_pread(fd: int, buf: np.ndarray, offset: int) -> float:
-    t = time.perf_counter()
-    os.preadv(fd, [memoryview(buf.data)], offset)
-    _touch(buf)
-    return time.perf_counter() - t
+def _probe_threads() -> int:
+    """Threads a probe reads with: the CPUs this process may use (at most 8), as a pass does."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        n = os.cpu_count() or 1
+    return max(1, min(n, 8))
 
 
-def _time_map(path: Path, offset: int, nbytes: int) -> float:
-    mapped = mapped_file(path)
+def _round(path: Path, fd: int, bufs: list[np.ndarray], method: str, at: list[int]) -> float:
+    """Seconds for ``len(bufs)`` threads to read and sweep one piece each, at ``at``, one way."""
+    piece = bufs[0].size
+
+    def one(i: int) -> None:
+        if method == "pread":
+            os.preadv(fd, [memoryview(bufs[i].data)], at[i])
+            _touch(bufs[i])
+        else:
+            mapped = mapped_file(path)
+            _touch(mapped.piece(at[i], piece))
+            mapped.drop(at[i], piece)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(1, len(bufs))]
     t = time.perf_counter()
-    _touch(mapped.piece(offset, nbytes))
-    mapped.drop(offset, nbytes)
+    for th in threads:
+        th.start()
+    one(0)
+    for th in threads:
+        th.join()
     return time.perf_counter() - t
 
 
 def _probe(path: Path, offset: int, nbytes: int, piece: int) -> ReadChoice:
-    n = min(2 * PROBE_PIECES, nbytes // piece)
-    if n < 2:
+    n_threads = _probe_threads()
+    n = nbytes // piece
+    rounds = min(PROBE_PIECES, n // (2 * n_threads))
+    if rounds < 1:
         return ReadChoice("pread", f"too few bytes to measure ({nbytes} bytes, pieces of {piece})")
-    buf = np.zeros(piece, dtype=np.uint8)  # faulted in now, as a pass's reused buffer is
-    _touch(buf)  # the digest's first call is not timed
+    bufs = [np.zeros(piece, dtype=np.uint8) for _ in range(n_threads)]  # faulted in, as reused
+    _touch(bufs[0])  # buffers are; the digest's first call is not timed
     fd = os.open(path, os.O_RDONLY)
     try:
         times: dict[str, list[float]] = {"pread": [], "mmap": []}
-        for i in range(n):
-            at = offset + i * piece
-            if i % 2 == 0:
-                times["pread"].append(_time_pread(fd, buf, at))
-            else:
-                times["mmap"].append(_time_map(path, at, piece))
+        next_piece = 0
+        for _ in range(rounds):
+            for method in ("pread", "mmap"):
+                at = [offset + (next_piece + i) * piece for i in range(n_threads)]
+                next_piece += n_threads
+                times[method].append(_round(path, fd, bufs, method, at))
     finally:
         os.close(fd)
-    # the fastest piece of each: other threads (a compiler, other tasks) only slow pieces down
-    rate = {k: piece / min(v) / 1e9 for k, v in times.items() if v}
+    # the fastest round of each: other work (a compiler, other tasks) only slows a round down
+    rate = {k: n_threads * piece / min(v) / 1e9 for k, v in times.items()}
     faster = min(times["mmap"]) <= MARGIN * min(times["pread"])
     method = "mmap" if faster else "pread"
     return ReadChoice(
         method,
         (
-            f"measured on this file by this worker (read, digest, sweep): a map "
-            f"{rate['mmap']:.1f} GB/s, pread {rate['pread']:.1f} GB/s ({n} pieces of {piece} "
-            f"bytes, alternating); the map is used when at least {1 / MARGIN:.2f}x faster"
+            f"measured on this file by this worker (read, digest, sweep on {n_threads} threads at "
+            f"once, as a pass runs): a map {rate['mmap']:.1f} GB/s, pread {rate['pread']:.1f} GB/s "
+            f"({rounds} rounds each way of one {piece}-byte piece per thread, alternating); the "
+            f"map is used when at least {1 / MARGIN:.2f}x faster"
         ),
         {k: round(v, 3) for k, v in rate.items()},
     )
