@@ -48,6 +48,11 @@ name                          meaning                                    default
                               a 0/1 detector covering more than half
                               the frame through its complement (frame
                               total minus the rest; exact, recorded)
+``radial_queries``            a disk or annulus query on persisted       True
+                              integer chunks reads a radial index kept
+                              with each chunk (its pixels sorted by
+                              distance from the centre, prefix sums;
+                              exact, recorded; graphs/radial_query.py)
 ``jit_in_background``         a CPU kernel not yet compiled in this      True
                               process compiles in a thread while an
                               exact NumPy form of the pass (bit for
@@ -103,6 +108,9 @@ _DEFAULTS: dict[str, Any] = {
     # issue 24: an ADF ring to the detector edge on resident chunks reads its inner disk
     # (~10 % of the pixels) and subtracts it from cached frame totals; bit for bit the same
     "complement_queries": True,
+    # issue 24: persisted disk and annulus queries around one centre read a radial index kept
+    # with each resident chunk (pixels in distance order, prefix sums); exact, recorded
+    "radial_queries": True,
     # issue 24: ~30 ms of scheduling per resident query on the embedded default, gone
     "direct_queries": True,
     # issue 24: a first compute on an empty Numba cache does not wait seconds for the compiler

@@ -16,6 +16,13 @@ from tests.conftest import probe_data
 CENTER = (8.6, 14.2)
 
 
+@pytest.fixture(autouse=True)
+def _without_the_radial_index() -> Any:
+    """These rings would be answered by the radial index first (tests/test_radial_query.py)."""
+    with qf.config.set(radial_queries=False):
+        yield
+
+
 def _records(result: Any) -> list[dict[str, Any]]:
     return list(result.provenance.execution["chunks"])
 

@@ -295,6 +295,7 @@ def compute(
         assert first is not None
         shared_probe = PlanContext(first, _probe_provider(runner, first))
         weights: dict[str, np.ndarray] = {}
+        radial: dict[str, tuple[float, float, float, float]] = {}
         gathers: list[np.ndarray] = []
         want_sum = want_max = False
         for node in nodes:
@@ -306,6 +307,7 @@ def compute(
             plan = node.operator.plan(ctx)
             plans[id(node)] = plan
             weights.update(plan.weights)
+            radial.update(plan.radial)
             if plan.gather is not None:
                 gathers.append(np.asarray(plan.gather, dtype=np.int64))
             want_sum |= plan.want_sum
@@ -324,6 +326,7 @@ def compute(
                     runtime=choice.chosen,
                     resident=first.resident.graph_refs() if first.is_persisted else None,
                     gather=np.unique(np.concatenate(gathers)) if gathers else None,
+                    radial=radial,
                 ),
                 nodes,
             )

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -100,6 +100,7 @@ def lower_pass(
     fan_in: int = 8,
     resident: Sequence[Any] | None = None,
     gather: np.ndarray | None = None,
+    radial: Mapping[str, tuple[float, float, float, float]] | None = None,
 ) -> LoweredPass:
     """Build the graph of one fused pass over ``ds``.
 
@@ -120,6 +121,9 @@ def lower_pass(
         resident chunk on the cluster or (in-process execution) the
         :class:`~quantem_flow.representations.Chunk` itself.  Chunk tasks
         then read the resident chunk (role ``kernel``) instead of the source.
+    radial
+        ``{key: (centre row, centre col, scale row, scale col)}`` of disk and annulus
+        maps (:attr:`~quantem_flow.operators.base.ChunkPlan.radial`), shipped per row.
 
     Returns
     -------
@@ -143,6 +147,8 @@ def lower_pass(
         gather=None if gather is None else np.unique(np.asarray(gather, dtype=np.int64)),
         stream_piece_bytes=piece_bytes(),
         complement_queries=bool(config.get("complement_queries")),
+        radial=tuple((radial or {}).get(name) for name in keys),
+        radial_queries=bool(config.get("radial_queries")),
         read_method=checked_read_method(str(config.get("read_method"))),
     )
     spec_name = f"qf-spec-{token}"
@@ -246,6 +252,11 @@ def relower(lowered: LoweredPass) -> LoweredPass:
         runtime=spec.runtime,
         resident=resident,
         gather=spec.gather,
+        radial={
+            key: hint
+            for key, hint in zip(lowered.weight_keys, spec.radial, strict=False)
+            if hint is not None
+        },
     )
 
 

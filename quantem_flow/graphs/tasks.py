@@ -26,6 +26,7 @@ from ..runtimes.base import FramePassResult
 from ..runtimes.staging import staged
 from .complement_query import plan_complement
 from .digest import Units, chunk_digest, payload_digests
+from .radial_query import plan_radial
 from .streamed import run_streamed_chunk
 
 __all__ = [
@@ -68,6 +69,12 @@ class PassSpec:
     read_method
         How streamed pieces of contiguous frames are read (``read_method`` on the
         client): :mod:`~quantem_flow.io.read_method`.
+    radial
+        Per weight row, ``(centre row, centre col, scale row, scale col)`` when the
+        row is a disk or annulus around that centre, else ``None``.
+    radial_queries
+        Whether a query on resident chunks may answer such rows from a radial index
+        (``radial_queries`` on the client): :mod:`~quantem_flow.graphs.radial_query`.
     """
 
     dataset: Dataset4D
@@ -79,6 +86,8 @@ class PassSpec:
     stream_piece_bytes: int = 0
     complement_queries: bool = True
     read_method: str = "auto"
+    radial: tuple[tuple[float, float, float, float] | None, ...] = ()
+    radial_queries: bool = True
 
 
 @dataclasses.dataclass
@@ -136,6 +145,7 @@ def _kernels(
     units: Units | None = None,
     hash_s: float = 0.0,
     complement: bool = False,
+    radial: bool = False,
 ) -> ChunkPartial:
     """Run every requested kernel on one chunk handle and package the partial.
 
@@ -146,6 +156,10 @@ def _kernels(
     frame (:mod:`.complement_query`; exact, recorded under ``query``).
     """
     runtime = get_runtime(spec.runtime)
+    if radial:
+        answered = _radial(spec, runtime, chunk, index, t0=t0, made=made, units=units)
+        if answered is not None:
+            return answered
     plan = None
     if complement:
         plan = plan_complement(
@@ -197,6 +211,60 @@ def _kernels(
         resident=resident,
         residency=chunk.residency,
         made=made,
+        units=units,
+    )
+
+
+def _radial(
+    spec: PassSpec,
+    runtime: Any,
+    chunk: Chunk,
+    index: int,
+    *,
+    t0: float,
+    made: dict[str, Any] | None,
+    units: Units | None,
+) -> ChunkPartial | None:
+    """A resident chunk's disk and annulus rows from its radial index (:mod:`.radial_query`)."""
+    ds = spec.dataset
+    if not spec.radial or not runtime.supports("gather", chunk.representation, ds.dtype):
+        return None
+    plan = plan_radial(
+        spec.weights,
+        spec.radial,
+        ds.dtype,
+        ds.detector_shape,
+        want_sum=spec.want_sum,
+        want_max=spec.want_max,
+        gather=spec.gather,
+    )
+    if plan is None:
+        return None
+    t1 = time.perf_counter()
+    with runtime.compile_timer() as compiled:
+        out, record = plan.run(runtime, chunk)
+    t2 = time.perf_counter()
+    prepare = float(record["index_built_s"]) + float(record["totals_s"])
+    (r0, r1), (c0, c1) = chunk.scan_slice
+    return _package(
+        spec,
+        runtime,
+        index,
+        (r0, r1),
+        (r1 - r0, c1 - c0),
+        out,
+        None,
+        timings={
+            "read_s": max(t1 - t0, 0.0) + prepare,  # building the index prepares the chunk
+            "hash_s": 0.0,
+            "compile_s": compiled.seconds,
+            "kernel_s": max(t2 - t1 - prepare - compiled.seconds, 0.0),
+        },
+        compilations=compiled.compilations,
+        bytes_read=0,
+        resident=True,
+        residency=chunk.residency,
+        made={**(made or {}), "query": record},
         units=units,
     )
 
@@ -432,6 +500,7 @@ def run_resident_kernels(spec: PassSpec, chunk: Chunk, index: int) -> ChunkParti
         made={"payload_bytes": chunk.nbytes},
         units=units,
         complement=spec.complement_queries,
+        radial=spec.radial_queries,
     )
 
 

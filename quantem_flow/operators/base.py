@@ -68,6 +68,8 @@ class ChunkPlan:
         estimate) for provenance.
     finalize
         Turns the pass outputs into the typed result.
+    radial
+        Geometry hints of disk and annulus maps (see the attribute).
     gather
         Flat detector pixel indices whose values the pass should extract
         for every scan position (for example the bright-field pixels SSB
@@ -80,6 +82,11 @@ class ChunkPlan:
     parameters: dict[str, Any]
     finalize: Callable[[PassOutputs], Result]
     gather: np.ndarray | None = None
+    #: ``{weight key: (centre row, centre col, pixel scale row, pixel scale col)}`` for maps
+    #: that are ``inner <= distance < outer`` around that centre (disks, annuli): a hint that
+    #: lets a persisted query answer them from a radial index (graphs/radial_query.py, which
+    #: checks every map against it before use)
+    radial: dict[str, tuple[float, float, float, float]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass

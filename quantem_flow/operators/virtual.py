@@ -213,6 +213,7 @@ class VirtualImage(ChunkOperator):
             outer=outer,
             radii_units=units,
             center_px=list(center),
+            pixel_scale=[float(scale[0]), float(scale[1])],
             rule="inner <= distance < outer",
             mask=array_identity(w.astype(bool)),
             allow_implausible=self.allow_implausible,
@@ -250,12 +251,17 @@ class VirtualImage(ChunkOperator):
                 ),
             )
 
+        radial: dict[str, tuple[float, float, float, float]] = {}
+        if self.detector != "mask":
+            (cr, cc), (sr, sc) = record["center_px"], record["pixel_scale"]
+            radial[key] = (float(cr), float(cc), float(sr), float(sc))
         return ChunkPlan(
             weights={key: w},
             want_sum=False,
             want_max=False,
             parameters=params,
             finalize=finalize,
+            radial=radial,
         )
 
 
