@@ -76,7 +76,9 @@ def test_persisted_on_vulkan_then_native_kill(
         pid = client.run(_native_pid, workers=[vk])[vk]
         os.kill(pid, signal.SIGKILL)  # the native process only: the Dask worker stays
 
-        (after,) = qf.compute(qf.virtual_bf(p, radius=4.5, center=CENTER), client=client)
+        # a kernel must run on the native process (not the radial index the first query built)
+        with qf.config.set(radial_queries=False):
+            (after,) = qf.compute(qf.virtual_bf(p, radius=4.5, center=CENTER), client=client)
         np.testing.assert_array_equal(after.data, ref.data)
         assert vk in client.scheduler_info()["workers"]  # the Dask worker survived
         assert client.run(_native_pid, workers=[vk])[vk] != pid  # a new native process
@@ -125,7 +127,9 @@ def test_native_kill_mid_pass_on_vulkan(rng: np.random.Generator, vulkan_cluster
         (before,) = qf.compute(qf.virtual_bf(p, radius=4.5, center=CENTER), client=client)
         restarts = max(d["restarts"] for d in before.provenance.execution["runtime_details"])
         client.run(_kill_during_next_request, workers=[vk])
-        (after,) = qf.compute(qf.virtual_bf(p, radius=4.5, center=CENTER), client=client)
+        # a kernel must run on the native process (not the radial index the first query built)
+        with qf.config.set(radial_queries=False):
+            (after,) = qf.compute(qf.virtual_bf(p, radius=4.5, center=CENTER), client=client)
         killed = client.run(lambda dask_worker: getattr(dask_worker, "qf_killed_pid", None))
         assert killed[vk] is not None  # the native process was killed during a request
         np.testing.assert_array_equal(after.data, ref.data)

@@ -251,6 +251,34 @@ def test_block_reads_are_exact(case: Case) -> None:
         np.testing.assert_array_equal(got, e[rows[0] : rows[1], cols[0] : cols[1]])
 
 
+def test_block_bytes_name_the_blocks_own_bytes(case: Case) -> None:
+    """Where a reader says a block is one run of stored bytes, those bytes are the block.
+
+    A streamed pass may view them in place through a map (quantem_flow.io.mapped);
+    a block of several rows and part of the columns is never one run.
+    """
+    src = _open(case)
+    R, C = src.shape[:2]
+    e = case.expected
+    blocks = [((0, R), (0, C)), ((1, R), (0, C)), ((R - 1, R), (1, C - 1)), ((0, 1), (0, 1))]
+    found = 0
+    for rows, cols in blocks:
+        where = src.block_bytes(rows, cols)
+        if where is None:
+            continue
+        path, offset = where
+        want = e[rows[0] : rows[1], cols[0] : cols[1]]
+        with open(path, "rb") as f:
+            f.seek(offset)
+            raw = f.read(want.size * src.dtype.itemsize)
+        got = np.frombuffer(raw, dtype=src.dtype).reshape(want.shape)
+        np.testing.assert_array_equal(got, want)
+        found += 1
+    assert src.block_bytes((0, R), (1, C)) is None  # several rows, part of the columns
+    if case.format == "npy" and case.expected.dtype.isnative:
+        assert found == len(blocks)  # C-ordered native .npy: every such block is one run
+
+
 def test_rows_and_cols_are_not_swapped(case: Case) -> None:
     src = _open(case)
     R, C = src.shape[:2]
