@@ -143,7 +143,7 @@ def main() -> None:
         f: {m: [] for m in methods} for f in dsets
     }
     with qf.config.set(stream_piece_mib=a.piece_mib):
-        for name, ds in dsets.items():  # warm-up: kernels, the worker's probes
+        for ds in dsets.values():  # warm-up: kernels, the worker's probes
             for m in methods:
                 one_pass(ds, m, k)
         for r in range(a.repeats):
@@ -185,7 +185,8 @@ def main() -> None:
             med["per_run_GBps"] = [round(run["GBps"], 3) for run in runs]
             rows[m] = med
             print(
-                f"  read_method={m:5s} {med['GBps']:5.2f} GB/s ({med['pct_of_best_read_and_touch']:.0f} % "
+                f"  read_method={m:5s} {med['GBps']:5.2f} GB/s "
+                f"({med['pct_of_best_read_and_touch']:.0f} % "
                 f"of best read+sum, {med['pct_of_best_two_sweeps']:.0f} % of best two sweeps) "
                 f"read {med['read_s']:.3f} hash {med['hash_s']:.3f} kernel {med['kernel_s']:.3f} "
                 f"thread-s; used {med['methods']}; probe {med['probe_GBps']}"
