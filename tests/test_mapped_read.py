@@ -122,12 +122,16 @@ def test_mapped_pieces_equal_pread_pieces_bit_for_bit(
     mapped_records = _records(mapped[0])
     assert all(r["streamed"]["buffer_bytes"] == 0 for r in mapped_records)
     assert "madvise" in mapped_records[0]["streamed"]["how"]
-    (choice,) = {r["streamed"]["read"]["method"] for r in _records(auto[0])}
-    measured = _records(auto[0])[0]["streamed"]["read"]
-    assert choice in ("mmap", "pread")
-    assert set(measured["measured_GBps"]) == {"mmap", "pread"}
-    assert all(v > 0 for v in measured["measured_GBps"].values())
-    assert "measured on this file" in measured["why"]
+    reads = [r["streamed"]["read"] for r in _records(auto[0])]
+    assert {r["method"] for r in reads} <= {"mmap", "pread"}
+    first = [r for r in reads if "first of 2 probes" in r["why"]]
+    decided = [r for r in reads if "2 probes on this file" in r["why"]]
+    assert len(first) == 1 and first[0]["method"] == "pread"  # the first chunk to run
+    assert len(decided) == len(reads) - 1  # then every chunk has the decision
+    assert len({r["method"] for r in decided}) == 1
+    for r in reads:
+        assert set(r["measured_GBps"]) == {"mmap", "pread"}
+        assert all(v > 0 for v in r["measured_GBps"].values())
 
 
 def test_views_that_are_not_stored_bytes_read_with_pread_and_say_why(
@@ -232,15 +236,25 @@ def test_read_method_setting_is_checked_and_the_probe_is_kept(tmp_path: Path) ->
     with config.set(read_method="fast"), pytest.raises(ParameterError, match="'fast'"):
         qf.compute(qf.sum_diffraction(ds), client="synchronous", progress=False)
     path = tmp_path / "p.bin"
-    np.zeros(8 << 20, dtype=np.uint8).tofile(path)
+    size = 40 << 20
+    np.zeros(size, dtype=np.uint8).tofile(path)
     forget_probes()
-    first = choose_read_method("auto", path, 0, 8 << 20, 1 << 20)
-    assert first.method in ("mmap", "pread")
-    assert choose_read_method("auto", path, 0, 8 << 20, 1 << 20) is first
+    first = choose_read_method("auto", path, 0, size, 1 << 20)
+    assert first.method == "pread" and "first of 2 probes" in first.why
+    assert set(first.measured_GBps) == {"mmap", "pread"}
+    decided = choose_read_method("auto", path, 0, size, 1 << 20)
+    assert decided.method in ("mmap", "pread") and "2 probes on this file" in decided.why
+    assert choose_read_method("auto", path, 0, size, 1 << 20) is decided  # kept
     forget_probes()
-    assert choose_read_method("auto", path, 0, 8 << 20, 1 << 20) is not first
+    assert choose_read_method("auto", path, 0, size, 1 << 20) is not decided
     forget_probes()
     short = choose_read_method("auto", path, 0, 1 << 20, 1 << 20)
     assert short.method == "pread" and "too few bytes" in short.why
-    # a chunk too short to measure does not decide for the rest of the file
-    assert choose_read_method("auto", path, 0, 8 << 20, 1 << 20).measured_GBps
+    # a chunk too short to measure does not count as a probe of the file
+    assert "first of 2 probes" in choose_read_method("auto", path, 0, size, 1 << 20).why
+    # while a kernel compiles the probe waits: pread now, measured later
+    forget_probes()
+    waiting = choose_read_method("auto", path, 0, size, 1 << 20, defer=True)
+    assert waiting.method == "pread" and "compiling" in waiting.why
+    assert not waiting.measured_GBps
+    assert choose_read_method("auto", path, 0, size, 1 << 20).measured_GBps

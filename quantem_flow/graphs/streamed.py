@@ -44,6 +44,7 @@ from ..dataset import Dataset4D
 from ..io.mapped import mapped_file
 from ..io.read_method import choose_read_method
 from ..runtimes.base import FramePassResult, Runtime
+from ..runtimes.cpu import warmup
 from ..runtimes.staging import staged
 from .digest import DenseRowDigests, Units
 
@@ -192,6 +193,7 @@ def run_streamed_chunk(
         region[0],
         region[1],
         int(largest * frame_nbytes),
+        defer=warmup.any_warming(),  # a compiler in this process would slow the probe
     )
     read_s += time.perf_counter() - t_choose
     mapped = mapped_file(where[0]) if choice.method == "mmap" and where is not None else None

@@ -16,8 +16,12 @@ and the other, each round one piece per CPU thread at once (page faults of
 threads sharing one address space contend, so a one-thread probe favoured
 the map here), each piece read and then swept twice as a pass sweeps it (the
 content digest, then a kernel's read).  The map is chosen when its fastest
-round is at least 5 % faster than ``pread``'s (the fastest, because other
-work, a compiler or other tasks, only ever slows a round down).  One probe
+round is at least 15 % faster than ``pread``'s (the fastest, because other
+work, a compiler or other tasks, only ever slows a round down; while a kernel
+compiles in the process the probe waits for a later chunk), and two probes on
+two chunks must both find the map faster: one probe whose ``pread`` rounds
+met other work (an exact-NumPy chunk on the other thread) once measured the
+map 3x faster here.  Until then, ``pread``.  One probe
 runs at a time per process, and every chunk of the file then agrees.  The choice and
 both rates are recorded in every chunk's record.  On this project's 2-vCPU
 VM ``pread`` wins: a map's page faults cost more than the copy, and the copy
@@ -48,10 +52,13 @@ __all__ = [
 
 #: Values of the ``read_method`` setting.
 READ_METHODS = ("auto", "mmap", "pread")
-#: Rounds each way a probe reads (alternating; one piece per thread and round).
-PROBE_PIECES = 4
-#: The map must be this much faster (fastest piece time ratio) to be chosen.
-MARGIN = 0.95
+#: Rounds each way a probe reads (alternating).
+PROBE_ROUNDS = 4
+#: Pieces each thread reads and sweeps per round (thread start-up is amortised over them).
+PIECES_PER_THREAD = 4
+#: The map must be this much faster (fastest round time ratio) to replace ``pread``, the
+#: default: rounds of one file differ by ~5-10 % from one another on a shared machine.
+MARGIN = 1 / 1.15
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +89,9 @@ class ReadChoice:
 
 
 _PROBES: dict[tuple[Any, ...], ReadChoice] = {}
+_FIRST: dict[tuple[Any, ...], ReadChoice] = {}
+#: Probes (on different chunks) that must agree before a file is read through a map.
+PROBES = 2
 _LOCK = threading.Lock()
 
 
@@ -89,6 +99,7 @@ def forget_probes() -> None:
     """Forget every measured choice of this process (tests, or after the storage changed)."""
     with _LOCK:
         _PROBES.clear()
+        _FIRST.clear()
 
 
 def _touch(view: np.ndarray) -> int:
@@ -109,18 +120,19 @@ def _probe_threads() -> int:
     return max(1, min(n, 8))
 
 
-def _round(path: Path, fd: int, bufs: list[np.ndarray], method: str, at: list[int]) -> float:
-    """Seconds for ``len(bufs)`` threads to read and sweep one piece each, at ``at``, one way."""
+def _round(path: Path, fd: int, bufs: list[np.ndarray], method: str, at: list[list[int]]) -> float:
+    """Seconds for ``len(bufs)`` threads to read and sweep their pieces ``at[i]``, one way."""
     piece = bufs[0].size
 
     def one(i: int) -> None:
-        if method == "pread":
-            os.preadv(fd, [memoryview(bufs[i].data)], at[i])
-            _touch(bufs[i])
-        else:
-            mapped = mapped_file(path)
-            _touch(mapped.piece(at[i], piece))
-            mapped.drop(at[i], piece)
+        for offset in at[i]:
+            if method == "pread":
+                os.preadv(fd, [memoryview(bufs[i].data)], offset)
+                _touch(bufs[i])
+            else:
+                mapped = mapped_file(path)
+                _touch(mapped.piece(offset, piece))
+                mapped.drop(offset, piece)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(1, len(bufs))]
     t = time.perf_counter()
@@ -135,7 +147,8 @@ def _round(path: Path, fd: int, bufs: list[np.ndarray], method: str, at: list[in
 def _probe(path: Path, offset: int, nbytes: int, piece: int) -> ReadChoice:
     n_threads = _probe_threads()
     n = nbytes // piece
-    rounds = min(PROBE_PIECES, n // (2 * n_threads))
+    per_round = n_threads * PIECES_PER_THREAD
+    rounds = min(PROBE_ROUNDS, n // (2 * per_round))
     if rounds < 1:
         return ReadChoice("pread", f"too few bytes to measure ({nbytes} bytes, pieces of {piece})")
     bufs = [np.zeros(piece, dtype=np.uint8) for _ in range(n_threads)]  # faulted in, as reused
@@ -146,13 +159,19 @@ def _probe(path: Path, offset: int, nbytes: int, piece: int) -> ReadChoice:
         next_piece = 0
         for _ in range(rounds):
             for method in ("pread", "mmap"):
-                at = [offset + (next_piece + i) * piece for i in range(n_threads)]
-                next_piece += n_threads
+                at = [
+                    [
+                        offset + (next_piece + i * PIECES_PER_THREAD + j) * piece
+                        for j in range(PIECES_PER_THREAD)
+                    ]
+                    for i in range(n_threads)
+                ]
+                next_piece += per_round
                 times[method].append(_round(path, fd, bufs, method, at))
     finally:
         os.close(fd)
     # the fastest round of each: other work (a compiler, other tasks) only slows a round down
-    rate = {k: n_threads * piece / min(v) / 1e9 for k, v in times.items()}
+    rate = {k: per_round * piece / min(v) / 1e9 for k, v in times.items()}
     faster = min(times["mmap"]) <= MARGIN * min(times["pread"])
     method = "mmap" if faster else "pread"
     return ReadChoice(
@@ -160,8 +179,8 @@ def _probe(path: Path, offset: int, nbytes: int, piece: int) -> ReadChoice:
         (
             f"measured on this file by this worker (read, digest, sweep on {n_threads} threads at "
             f"once, as a pass runs): a map {rate['mmap']:.1f} GB/s, pread {rate['pread']:.1f} GB/s "
-            f"({rounds} rounds each way of one {piece}-byte piece per thread, alternating); the "
-            f"map is used when at least {1 / MARGIN:.2f}x faster"
+            f"({rounds} rounds each way of {PIECES_PER_THREAD} {piece}-byte pieces per thread, "
+            f"alternating); the map is used when at least {1 / MARGIN:.2f}x faster"
         ),
         {k: round(v, 3) for k, v in rate.items()},
     )
@@ -180,7 +199,13 @@ def checked_read_method(value: str) -> str:
 
 
 def choose_read_method(
-    requested: str, path: Path | None, offset: int, nbytes: int, piece: int
+    requested: str,
+    path: Path | None,
+    offset: int,
+    nbytes: int,
+    piece: int,
+    *,
+    defer: bool = False,
 ) -> ReadChoice:
     """How to read a chunk's pieces.
 
@@ -195,6 +220,9 @@ def choose_read_method(
         The chunk's bytes in the file (a probe reads some of them).
     piece
         Bytes per piece.
+    defer
+        Do not measure now (a kernel is compiling in this process and would slow the
+        probe's rounds): ``pread``, and the probe runs on a later chunk.
     """
     checked_read_method(requested)
     if requested == "pread":
@@ -216,8 +244,38 @@ def choose_read_method(
     key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, piece)
     with _LOCK:  # one probe at a time: two would slow each other, and every chunk agrees
         found = _PROBES.get(key)
-        if found is None:
-            found = _probe(path, offset, nbytes, piece)
-            if found.measured_GBps:  # a chunk too short to measure does not decide for the file
-                _PROBES[key] = found
-    return found
+        if found is not None:
+            return found
+        if defer:
+            return ReadChoice(
+                "pread",
+                "not measured yet: a kernel was compiling in this worker (it would slow the "
+                "probe); measured on a later chunk",
+            )
+        probe = _probe(path, offset, nbytes, piece)
+        if not probe.measured_GBps:  # a chunk too short to measure does not decide for the file
+            return probe
+        earlier = _FIRST.pop(key, None)
+        if earlier is None:  # one probe can be hit by other work: a second one, later, decides
+            _FIRST[key] = probe
+            return ReadChoice(
+                "pread",
+                f"first of {PROBES} probes ({probe.why}); pread until the next one agrees",
+                probe.measured_GBps,
+            )
+        both = earlier.method == probe.method == "mmap"
+        decided = ReadChoice(
+            "mmap" if both else "pread",
+            (
+                f"{PROBES} probes on this file by this worker, on two chunks: "
+                f"{earlier.measured_GBps} then {probe.measured_GBps} GB/s; the map is used only "
+                f"when both find it at least {1 / MARGIN:.2f}x faster than pread (read, digest "
+                "and sweep on every CPU thread at once)"
+            ),
+            {
+                k: round(max(earlier.measured_GBps[k], probe.measured_GBps[k]), 3)
+                for k in probe.measured_GBps
+            },
+        )
+        _PROBES[key] = decided
+        return decided

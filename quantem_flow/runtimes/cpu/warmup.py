@@ -45,6 +45,12 @@ def warming(key: Hashable) -> bool:
     return t is not None and t.is_alive()
 
 
+def any_warming() -> bool:
+    """Whether a kernel is compiling in a background thread of this process now."""
+    with _lock:
+        return any(t.is_alive() for t in _threads.values())
+
+
 def start(key: Hashable, warm: Callable[[], None]) -> None:
     """Run ``warm`` (which compiles ``key``) in a daemon thread, once per process and key."""
     with _lock:
