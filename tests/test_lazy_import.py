@@ -34,3 +34,18 @@ def test_import_is_light_and_the_lazy_names_work() -> None:
     assert lines["heavy"] == "-", lines
     assert float(lines["bf"]) > 0
     assert lines["loaded"] == "True"  # loaded once used
+
+
+def test_the_worker_programs_modules_leave_numba_to_the_first_kernel() -> None:
+    """A worker program starts without Numba (0.15 s): the CPU runtime loads it on first use."""
+    script = (
+        "import sys\n"
+        "import quantem_flow.graphs.local_worker, quantem_flow.graphs.worker\n"
+        "import quantem_flow.graphs.tasks, quantem_flow.graphs.streamed\n"
+        "print('numba' in sys.modules)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "False"

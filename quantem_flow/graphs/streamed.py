@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import time
 from typing import Any
 
@@ -44,7 +45,6 @@ from ..dataset import Dataset4D
 from ..io.mapped import mapped_file
 from ..io.read_method import choose_read_method
 from ..runtimes.base import FramePassResult, Runtime
-from ..runtimes.cpu import warmup
 from ..runtimes.staging import staged
 from .digest import DenseRowDigests, Units
 
@@ -72,6 +72,15 @@ class StreamedChunk:
     compile_s: float
     compilations: int
     made: dict[str, Any]
+
+
+def _compiling() -> bool:
+    """Whether a CPU kernel compiles in a background thread of this process now.
+
+    Asked without importing the CPU runtime (and Numba) where nothing loaded it yet.
+    """
+    warmup = sys.modules.get("quantem_flow.runtimes.cpu.warmup")
+    return bool(warmup is not None and warmup.any_warming())
 
 
 def piece_bytes() -> int:
@@ -193,7 +202,7 @@ def run_streamed_chunk(
         region[0],
         region[1],
         int(largest * frame_nbytes),
-        defer=warmup.any_warming(),  # a compiler in this process would slow the probe
+        defer=_compiling(),  # a compiler in this process would slow the probe
     )
     read_s += time.perf_counter() - t_choose
     mapped = mapped_file(where[0]) if choice.method == "mmap" and where is not None else None
