@@ -97,7 +97,9 @@ def main() -> None:
         assert isinstance(plan, RadialPlan), "every detector is a distance range"
         # the persisted path on the same block (a fresh chunk: the index builds on first use)
         chunk = chunk_of("dense", fr.reshape(1, a.frames, *DET))
-        built, record = plan.run(runtime, chunk)
+        answered = plan.run(runtime, chunk, a.frames, fr.itemsize)
+        assert answered is not None, "a dense chunk has room for its index"
+        built, record = answered
         build_s = float(record["index_built_s"])
         variants = {
             "default": lambda w=w: frame_pass_variant(
@@ -107,7 +109,7 @@ def main() -> None:
                 fr, w, want_sum=False, want_max=False, frame_shape=DET, structured=False
             ),
             "numpy": lambda w32=w32: fr.astype(np.float32) @ w32.T,
-            "radial": lambda plan=plan, chunk=chunk: plan.run(runtime, chunk),
+            "radial": lambda plan=plan, chunk=chunk: plan.run(runtime, chunk, a.frames, 2),
         }
         ref = variants["default"]()
         np.testing.assert_array_equal(ref[0], variants["fused"]()[0])

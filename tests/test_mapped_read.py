@@ -30,6 +30,15 @@ pytestmark = pytest.mark.skipif(
     not supported(), reason="this platform has no madvise(MADV_DONTNEED) for maps"
 )
 
+
+@pytest.fixture(autouse=True)
+def _two_probe_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe reads with every CPU; these files are sized for two threads' rounds."""
+    import quantem_flow.io.read_method as read_method
+
+    monkeypatch.setattr(read_method, "_probe_threads", lambda piece: 2)
+
+
 DET = (16, 12)
 SCAN = (9, 13)
 FRAME = DET[0] * DET[1] * 2

@@ -27,9 +27,14 @@ kernels' bit for bit.  The operators' geometry is only a hint: each weight row i
 against the index before use (0/1 valued, its support exactly one contiguous range of the
 distance order, not splitting pixels of equal distance); a row that fails runs through the
 kernels as before.  Bounded memory: the index covers at most :data:`MAX_SHARE` of the
-pixels (disks of radius up to ~36 px on 128 x 128), one centre per chunk; larger maps run
-as before.  Recorded in each chunk's record (``query: {path: radial, ...}``);
-``qf.config.set(radial_queries=False)`` turns it off.
+pixels (disks of radius up to ~36 px on 128 x 128) and holds at most
+:data:`MAX_BYTES_SHARE` of the chunk's own bytes (so packed or paired chunks, far smaller
+than dense, mostly keep to their kernels), one centre per chunk; larger maps run as
+before.  The index is not part of the chunk's size as Dask measured it when the chunk was
+stored; it is recorded per chunk (``index_bytes``) and freed with the chunk.  8-, 16- and
+32-bit integers only (int64 sums of 64-bit values could wrap).  Recorded in each chunk's
+record (``query: {path: radial, ...}``); ``qf.config.set(radial_queries=False)`` turns it
+off.
 """
 
 from __future__ import annotations
@@ -45,12 +50,23 @@ from ..representations import Chunk
 from ..runtimes.base import FramePassResult
 from .complement_query import frame_totals
 
-__all__ = ["GROUP", "MAX_SHARE", "RadialIndex", "RadialPlan", "plan_radial"]
+__all__ = [
+    "GROUP",
+    "MAX_BYTES_SHARE",
+    "MAX_SHARE",
+    "RadialIndex",
+    "RadialPlan",
+    "index_nbytes",
+    "plan_radial",
+]
 
 #: Sorted pixels per checkpoint: a prefix reads at most this many rows of ``pixels``.
 GROUP = 32
 #: The index covers at most this share of the detector's pixels.
 MAX_SHARE = 0.25
+#: An index holds at most this share of its chunk's own bytes (a compact representation,
+#: packed or paired counts, keeps its size: its queries run through the kernels).
+MAX_BYTES_SHARE = 0.3
 #: Built indices cover this much more than the query that built them (a drag grows).
 GROWTH = 2.0
 _INDEX_ATTR = "qf_radial_index"
@@ -71,7 +87,7 @@ def _order(key: tuple[Any, ...]) -> tuple[np.ndarray, np.ndarray]:
     order = np.argsort(d, kind="stable")
     made = (order, d[order])
     with _lock:
-        if len(_orders) > 64:
+        if len(_orders) >= 8:  # a few centres: each entry is 16 bytes per detector pixel
             _orders.clear()
         _orders[key] = made
     return made
@@ -111,6 +127,11 @@ class RadialIndex:
         return total
 
 
+def index_nbytes(n_frames: int, n_pixels: int, itemsize: int) -> int:
+    """Bytes of an index of ``n_pixels`` sorted pixels over ``n_frames`` frames."""
+    return int(n_frames) * (int(n_pixels) * int(itemsize) + (int(n_pixels) // GROUP + 1) * 8)
+
+
 def _build(runtime: Any, chunk: Chunk, key: tuple[Any, ...], n_pixels: int) -> RadialIndex:
     t = time.perf_counter()
     order, _ = _order(key)
@@ -135,16 +156,34 @@ class RadialPlan:
     need: int
     to_edge: bool
 
-    def run(self, runtime: Any, chunk: Chunk) -> tuple[FramePassResult, dict[str, Any]]:
-        """Per-frame values of every row, and the chunk record's ``query`` entry."""
+    def run(
+        self, runtime: Any, chunk: Chunk, n_frames: int, itemsize: int
+    ) -> tuple[FramePassResult, dict[str, Any]] | None:
+        """Per-frame values of every row and the chunk record's ``query`` entry.
+
+        ``None`` when the index this query needs would hold more than
+        :data:`MAX_BYTES_SHARE` of the chunk's own bytes (a compact representation: the
+        query runs through the kernels).
+        """
         index = getattr(chunk, _INDEX_ATTR, None)
         built = 0.0
         if not (
             isinstance(index, RadialIndex) and index.key == self.key and index.n_pixels >= self.need
         ):
             k = int(self.key[4]) * int(self.key[5])
+            budget = MAX_BYTES_SHARE * float(chunk.nbytes)
             grown = min(int(k * MAX_SHARE), max(self.need, int(np.ceil(self.need * GROWTH))))
-            index = _build(runtime, chunk, self.key, max(grown, self.need))
+            size = next(
+                (
+                    p
+                    for p in (max(grown, self.need), self.need)
+                    if index_nbytes(n_frames, p, itemsize) <= budget
+                ),
+                None,
+            )
+            if size is None:
+                return None
+            index = _build(runtime, chunk, self.key, size)
             with _lock:
                 setattr(chunk, _INDEX_ATTR, index)  # one centre per chunk: the newest
             built = index.build_s
@@ -210,6 +249,8 @@ def plan_radial(
     docstring, and the index it needs must stay within :data:`MAX_SHARE` of the pixels.
     """
     if want_sum or want_max or gather is not None or np.dtype(dtype).kind not in "ui":
+        return None
+    if np.dtype(dtype).itemsize > 4:  # int64 sums of 64-bit values could wrap
         return None
     if weights.ndim != 2 or weights.shape[0] == 0 or len(hints) != weights.shape[0]:
         return None

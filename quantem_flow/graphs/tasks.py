@@ -241,11 +241,14 @@ def _radial(
     if plan is None:
         return None
     t1 = time.perf_counter()
+    (r0, r1), (c0, c1) = chunk.scan_slice
     with runtime.compile_timer() as compiled:
-        out, record = plan.run(runtime, chunk)
+        answered = plan.run(runtime, chunk, (r1 - r0) * (c1 - c0), ds.dtype.itemsize)
+    if answered is None:
+        return None  # the index would outgrow a compact chunk: the kernels answer
+    out, record = answered
     t2 = time.perf_counter()
     prepare = float(record["index_built_s"]) + float(record["totals_s"])
-    (r0, r1), (c0, c1) = chunk.scan_slice
     return _package(
         spec,
         runtime,

@@ -13,13 +13,19 @@ Whether a map beats ``pread`` into a reused buffer depends on the machine,
 the file system and whether the file is cached: :mod:`.read_method` measures
 both on the file and records the choice.
 
-A file truncated while mapped would raise SIGBUS on a read past its new end;
-the size is checked before every piece (:class:`~quantem_flow.errors.CorruptChunkError`
-names it), which leaves only a truncation during the piece's own microseconds.
+A file truncated while mapped raises SIGBUS on a read past its new end, which
+ends the process.  The size is checked before every piece
+(:class:`~quantem_flow.errors.CorruptChunkError` names it), which leaves a
+truncation during the piece's own sweeps (about a millisecond per 2 MiB piece):
+then the worker process dies, the embedded cluster's supervisor restarts it,
+the task runs again and the size check raises the error.  ``pread`` has no
+such window, which is one more reason a map is used only where it measures
+clearly faster (:mod:`.read_method`), or where ``read_method="mmap"`` asks.
 """
 
 from __future__ import annotations
 
+import collections
 import mmap
 import os
 import threading
@@ -29,7 +35,7 @@ import numpy as np
 
 from ..errors import CorruptChunkError
 
-__all__ = ["MappedFile", "mapped_file", "supported"]
+__all__ = ["MAX_MAPS", "MappedFile", "forget_map", "mapped_file", "supported"]
 
 _PAGE = mmap.PAGESIZE
 
@@ -41,6 +47,9 @@ def supported() -> bool:
 
 class MappedFile:
     """One read-only shared map of a whole file (thread-safe; never pickled).
+
+    Holds no file descriptor of its own (the map keeps the one it needs); the
+    file's current size is read from the map's descriptor before every piece.
 
     Parameters
     ----------
@@ -59,16 +68,23 @@ class MappedFile:
         try:
             st = os.fstat(fd)
             self.stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
-            self._fd = fd
             self._map = (
                 mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
                 if st.st_size
                 else None
             )
         except OSError as exc:
-            os.close(fd)
             raise CorruptChunkError(f"cannot map {str(path)!r}: {exc}") from exc
+        finally:
+            os.close(fd)  # the map holds its own duplicate
         self.size = int(self.stamp[1])
+
+    def _current_size(self) -> int:
+        assert self._map is not None
+        try:
+            return int(self._map.size())  # fstat of the map's own descriptor
+        except (OSError, ValueError):  # closed, or the file system refuses: nothing to read
+            return 0
 
     def piece(self, offset: int, nbytes: int, *, what: str = "") -> np.ndarray:
         """A read-only ``uint8`` view of bytes ``[offset, offset + nbytes)``.
@@ -80,7 +96,7 @@ class MappedFile:
             it was mapped).
         """
         end = offset + nbytes
-        now = os.fstat(self._fd).st_size
+        now = self._current_size() if self._map is not None else 0
         if end > min(now, self.size) or self._map is None:
             raise CorruptChunkError(
                 f"{str(self.path)!r} ends at byte {min(now, self.size)}, but bytes "
@@ -107,23 +123,21 @@ class MappedFile:
         if stop > start:
             self._map.madvise(mmap.MADV_DONTNEED, start, stop - start)
 
-    def close(self) -> None:
-        """Close the file descriptor (the map closes when no view of it is left)."""
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            os.close(fd)
-
-    def __del__(self) -> None:
-        fd = getattr(self, "_fd", -1)
-        if fd >= 0:
-            os.close(fd)
-
     def __reduce__(self) -> str | tuple[object, ...]:  # pragma: no cover - never shipped
         raise TypeError("a MappedFile is process state; it is never pickled")
 
 
-_MAPS: dict[str, MappedFile] = {}
+#: Maps kept per process (the most recently used); an evicted map closes once no piece of
+#: it is in use (the views keep it alive until then).
+MAX_MAPS = 8
+_MAPS: collections.OrderedDict[str, MappedFile] = collections.OrderedDict()
 _LOCK = threading.Lock()
+
+
+def forget_map(path: Path) -> None:
+    """Drop this process's map of ``path`` (it closes once no piece of it is in use)."""
+    with _LOCK:
+        _MAPS.pop(str(path), None)
 
 
 def mapped_file(path: Path) -> MappedFile:
@@ -142,7 +156,11 @@ def mapped_file(path: Path) -> MappedFile:
     with _LOCK:
         found = _MAPS.get(key)
         if found is not None and found.stamp == stamp:
+            _MAPS.move_to_end(key)
             return found
         made = MappedFile(path)  # an older map closes when the last piece of it is done
         _MAPS[key] = made
+        _MAPS.move_to_end(key)
+        while len(_MAPS) > MAX_MAPS:
+            _MAPS.popitem(last=False)
         return made

@@ -40,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from .mapped import mapped_file, supported
+from ..errors import CorruptChunkError
+from .mapped import MappedFile, supported
 
 __all__ = [
     "READ_METHODS",
@@ -56,6 +57,8 @@ READ_METHODS = ("auto", "mmap", "pread")
 PROBE_ROUNDS = 4
 #: Pieces each thread reads and sweeps per round (thread start-up is amortised over them).
 PIECES_PER_THREAD = 4
+#: The probe's reused buffers (one piece per thread) stay within this many bytes.
+PROBE_BUFFER_BYTES = 64 << 20
 #: The map must be this much faster (fastest round time ratio) to replace ``pread``, the
 #: default: rounds of one file differ by ~5-10 % from one another on a shared machine.
 MARGIN = 1 / 1.15
@@ -111,28 +114,36 @@ def _touch(view: np.ndarray) -> int:
     return int(np.add.reduce(whole.view(np.uint64))) if whole.size else 0
 
 
-def _probe_threads() -> int:
-    """Threads a probe reads with: the CPUs this process may use (at most 8), as a pass does."""
+def _probe_threads(piece: int) -> int:
+    """Threads a probe reads with: the CPUs this process may use (at most 8), as a pass does.
+
+    No more than keep the probe's buffers within :data:`PROBE_BUFFER_BYTES`.
+    """
     try:
         n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
         n = os.cpu_count() or 1
-    return max(1, min(n, 8))
+    return max(1, min(n, 8, PROBE_BUFFER_BYTES // max(piece, 1)))
 
 
-def _round(path: Path, fd: int, bufs: list[np.ndarray], method: str, at: list[list[int]]) -> float:
+def _round(
+    fd: int, mapped: MappedFile, bufs: list[np.ndarray], method: str, at: list[list[int]]
+) -> float:
     """Seconds for ``len(bufs)`` threads to read and sweep their pieces ``at[i]``, one way."""
     piece = bufs[0].size
+    failed: list[BaseException] = []
 
     def one(i: int) -> None:
-        for offset in at[i]:
-            if method == "pread":
-                os.preadv(fd, [memoryview(bufs[i].data)], offset)
-                _touch(bufs[i])
-            else:
-                mapped = mapped_file(path)
-                _touch(mapped.piece(offset, piece))
-                mapped.drop(offset, piece)
+        try:
+            for offset in at[i]:
+                if method == "pread":
+                    os.preadv(fd, [memoryview(bufs[i].data)], offset)
+                    _touch(bufs[i])
+                else:
+                    _touch(mapped.piece(offset, piece))
+                    mapped.drop(offset, piece)
+        except BaseException as exc:  # raised in the caller's thread
+            failed.append(exc)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(1, len(bufs))]
     t = time.perf_counter()
@@ -141,22 +152,31 @@ def _round(path: Path, fd: int, bufs: list[np.ndarray], method: str, at: list[li
     one(0)
     for th in threads:
         th.join()
+    if failed:
+        raise failed[0]
     return time.perf_counter() - t
 
 
-def _probe(path: Path, offset: int, nbytes: int, piece: int) -> ReadChoice:
-    n_threads = _probe_threads()
+def _probe(path: Path, offset: int, nbytes: int, piece: int, start: int = 0) -> ReadChoice:
+    """Measure both ways on ``[offset, offset + nbytes)``, from byte ``offset + start`` on."""
+    n_threads = _probe_threads(piece)
     n = nbytes // piece
     per_round = n_threads * PIECES_PER_THREAD
     rounds = min(PROBE_ROUNDS, n // (2 * per_round))
     if rounds < 1:
         return ReadChoice("pread", f"too few bytes to measure ({nbytes} bytes, pieces of {piece})")
+    used = 2 * rounds * per_round
+    first = (start // piece) if (start // piece) + used <= n else 0
     bufs = [np.zeros(piece, dtype=np.uint8) for _ in range(n_threads)]  # faulted in, as reused
     _touch(bufs[0])  # buffers are; the digest's first call is not timed
-    fd = os.open(path, os.O_RDONLY)
+    try:
+        mapped = MappedFile(path)  # the probe's own map: closed with it, whatever is chosen
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise CorruptChunkError(f"cannot open {str(path)!r} to measure reads: {exc}") from exc
     try:
         times: dict[str, list[float]] = {"pread": [], "mmap": []}
-        next_piece = 0
+        next_piece = first
         for _ in range(rounds):
             for method in ("pread", "mmap"):
                 at = [
@@ -167,9 +187,14 @@ def _probe(path: Path, offset: int, nbytes: int, piece: int) -> ReadChoice:
                     for i in range(n_threads)
                 ]
                 next_piece += per_round
-                times[method].append(_round(path, fd, bufs, method, at))
+                times[method].append(_round(fd, mapped, bufs, method, at))
+    except OSError as exc:
+        raise CorruptChunkError(
+            f"reading {str(path)!r} to measure reads failed: {exc}; check the storage"
+        ) from exc
     finally:
         os.close(fd)
+        del mapped
     # the fastest round of each: other work (a compiler, other tasks) only slows a round down
     rate = {k: per_round * piece / min(v) / 1e9 for k, v in times.items()}
     faster = min(times["mmap"]) <= MARGIN * min(times["pread"])
@@ -242,6 +267,9 @@ def choose_read_method(
     except OSError:
         return ReadChoice("pread", "the file could not be examined; pread names what is wrong")
     key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, piece)
+    found = _PROBES.get(key)  # decided: no wait on a probe of another file
+    if found is not None:
+        return found
     with _LOCK:  # one probe at a time: two would slow each other, and every chunk agrees
         found = _PROBES.get(key)
         if found is not None:
@@ -252,10 +280,13 @@ def choose_read_method(
                 "not measured yet: a kernel was compiling in this worker (it would slow the "
                 "probe); measured on a later chunk",
             )
-        probe = _probe(path, offset, nbytes, piece)
+        earlier = _FIRST.get(key)
+        # the second probe reads other pieces than the first (not the pages it left cached)
+        start = 0 if earlier is None else nbytes // 2
+        probe = _probe(path, offset, nbytes, piece, start)
         if not probe.measured_GBps:  # a chunk too short to measure does not decide for the file
             return probe
-        earlier = _FIRST.pop(key, None)
+        _FIRST.pop(key, None)
         if earlier is None:  # one probe can be hit by other work: a second one, later, decides
             _FIRST[key] = probe
             return ReadChoice(
