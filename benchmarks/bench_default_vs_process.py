@@ -11,7 +11,8 @@ Then, interleaved per repeat (every row and mode once per repeat, medians
 reported), with the page cache warm:
 
 * ``ceiling``: streaming reads of the same bytes (``os.preadv`` into a
-  reused buffer) on 1 and 2 threads;
+  reused buffer) on 1 and 2 threads; with the ``persisted`` row, also the
+  RAM ceiling: one sum over the same array in memory on 2 threads;
 * ``h5py decode``: single-threaded ``h5py`` read of the bitshuffle file
   (the HDF5 filter decoding one chunk at a time);
 * per row (BF+ADF and BF+ADF+CoM on npy; BF+ADF on HDF5 and on
@@ -131,6 +132,26 @@ def ceiling(path: Path, threads: int, nbytes: int) -> float:
         return time.perf_counter() - t
     finally:
         os.close(fd)
+
+
+def ram_ceiling(block: np.ndarray, threads: int) -> float:
+    """Seconds to sum an in-RAM array once on ``threads`` threads (the persisted pass's limit)."""
+    flat = block.reshape(-1).view(np.uint64)
+    bounds = np.linspace(0, flat.size, threads + 1).astype(np.int64)
+
+    def run(a: int, b: int) -> None:
+        np.add.reduce(flat[a:b])
+
+    ts = [
+        threading.Thread(target=run, args=(int(bounds[i]), int(bounds[i + 1])))
+        for i in range(threads)
+    ]
+    t = time.perf_counter()
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    return time.perf_counter() - t
 
 
 def h5py_decode(path: Path) -> float:
@@ -343,10 +364,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     def add(key: str, seconds: float) -> None:
         samples.setdefault(key, []).append(seconds)
 
+    in_ram = np.load(paths["npy"]) if "persisted" in wanted else None  # as persisted chunks
     rng = random.Random(14)
     for rep in range(a.repeats):
         add("ceiling_1", ceiling(paths["npy"], 1, nbytes))
         add("ceiling_2", ceiling(paths["npy"], 2, nbytes))
+        if in_ram is not None:
+            add("ram_ceiling_2", ram_ceiling(in_ram, 2))
         add("h5py_decode", h5py_decode(paths["bslz4"]))
         for row in wanted:
             fmt, com = rows[row]
@@ -377,6 +401,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(
         f"ceiling 1 thread {rate['ceiling_1']:.2f} GB/s, 2 threads {rate['ceiling_2']:.2f} GB/s; "
         f"h5py single-thread bitshuffle decode {rate['h5py_decode']:.2f} GB/s"
+        + (
+            f"; RAM ceiling (sum of the in-RAM array, 2 threads) {rate['ram_ceiling_2']:.2f} GB/s"
+            if "ram_ceiling_2" in rate
+            else ""
+        )
     )
     cols = "".join(f"{m:>9}" for m in clients)
     print(f"{'row':<10}{cols} {'libertem':>9}  default chunk timings")
