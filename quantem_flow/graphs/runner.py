@@ -8,7 +8,6 @@ from typing import Any
 
 from ..errors import ParameterError
 from .lowering import LoweredLoad, LoweredPass, relower
-from .scheduler_plugin import ensure_placement, pass_events, register_pass
 from .tasks import ChunkPartial
 
 logger = logging.getLogger("quantem_flow.runner")
@@ -76,6 +75,8 @@ class Runner:
             self._where = "given distributed.Client"
         self.client = client
         self._where += f" at {client.scheduler.address}"
+        from .scheduler_plugin import ensure_placement  # distributed: only with a client
+
         ensure_placement(client)
 
     @property
@@ -98,6 +99,8 @@ class Runner:
         """Register passes with the scheduler plugin; return the departures' cursor."""
         assert self.client is not None
         self.departures = []
+        from .scheduler_plugin import register_pass
+
         result: int | None = self.client.run_on_scheduler(register_pass, infos)
         return result
 
@@ -105,6 +108,8 @@ class Runner:
         """Collect (and log) the workers that left since ``cursor``."""
         if cursor is None or self.client is None:
             return
+        from .scheduler_plugin import pass_events
+
         self.departures = list(self.client.run_on_scheduler(pass_events, cursor))
         for d in self.departures:
             if d.get("lost"):

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import os
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -123,6 +124,8 @@ def _where() -> dict[str, Any]:
     named = _RUNNING_ON.get()
     if named is not None:
         return dict(named)
+    if "distributed" not in sys.modules:  # not loaded: not on a Dask worker (and not imported)
+        return {"worker": "in-process (synchronous)", "worker_name": ""}
     try:
         from distributed import get_worker
 
