@@ -19,7 +19,9 @@ reported), with the page cache warm:
   bitshuffle+LZ4; BF+ADF+CoM on persisted chunks) and per mode
   (``default``: ``qf.compute`` on the embedded local cluster;
   ``process``: ``client="synchronous"``; ``libertem``: LiberTEM's best of
-  its inline and default Dask executors, when importable).
+  its inline and default Dask executors, when importable; ``numpy`` with
+  ``--numpy``: blocks of 4096 frames, from a memory map, h5py or the in-RAM
+  array, cast to float32 times the mask rows on the BLAS threads).
 
 GB/s are dataset bytes (decoded, 2^30 bytes = 1.07 GB) over wall seconds.
 Per-chunk provenance (read_s, kernel_s, compile_s, hash_s summed over
@@ -182,6 +184,34 @@ def _ops(ds: Any, com: bool, k: int) -> list[Any]:
     return ops
 
 
+def numpy_masks(k: int, com: bool) -> np.ndarray:
+    """The same detectors as ``_ops`` as float32 rows (BF, ADF, and CoM's three maps)."""
+    yy, xx = np.mgrid[:k, :k]
+    r2 = (yy - k / 2) ** 2 + (xx - k / 2) ** 2
+    rows = [r2 < (k / 6) ** 2, (r2 >= (k / 4) ** 2) & (r2 < (k / 2) ** 2)]
+    if com:
+        rows += [np.ones((k, k)), yy - k / 2, xx - k / 2]
+    return np.stack([np.asarray(r, dtype=np.float32).ravel() for r in rows])
+
+
+def run_numpy(source: Any, masks: np.ndarray, block: int = 4096) -> float:
+    """Seconds of the plain NumPy way: blocks of frames cast to float32 times the mask rows.
+
+    ``source``: an array (a ``.npy`` memory map, an in-RAM array) or an ``h5py`` dataset
+    of frames; the matrix product runs on the BLAS threads (2 here).
+    """
+    n = int(np.prod(source.shape[:-2]))
+    k = int(np.prod(source.shape[-2:]))
+    flat = source.reshape(n, k) if isinstance(source, np.ndarray) else None
+    out = np.empty((n, masks.shape[0]), dtype=np.float32)
+    t = time.perf_counter()
+    for a in range(0, n, block):
+        b = min(n, a + block)
+        frames = flat[a:b] if flat is not None else source[a:b].reshape(b - a, k)
+        np.matmul(frames.astype(np.float32), masks.T, out=out[a:b])
+    return time.perf_counter() - t
+
+
 def run_qf(ds: Any, com: bool, k: int, client: Any) -> tuple[float, dict[str, float]]:
     """Seconds of one ``qf.compute`` and the summed per-chunk timings."""
     import quantem_flow as qf
@@ -285,6 +315,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--det", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-libertem", action="store_true")
+    p.add_argument(
+        "--numpy",
+        action="store_true",
+        help="also the plain NumPy way per row: blocks of 4096 frames cast to float32 times "
+        "the mask rows (BLAS threads)",
+    )
     p.add_argument("--rows", default="raw,raw_com,h5,bslz4,persisted")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--label", default="")
@@ -364,7 +400,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     def add(key: str, seconds: float) -> None:
         samples.setdefault(key, []).append(seconds)
 
-    in_ram = np.load(paths["npy"]) if "persisted" in wanted else None  # as persisted chunks
+    in_ram = (
+        np.load(paths["npy"]) if "persisted" in wanted else None
+    )  # as persisted chunks (and NumPy's persisted row)
+
+    def numpy_row(fmt: str, com: bool) -> float:
+        import h5py
+
+        masks = numpy_masks(k, com)
+        if fmt == "persisted":
+            assert in_ram is not None
+            return run_numpy(in_ram, masks)
+        if fmt == "npy":
+            return run_numpy(np.load(paths["npy"], mmap_mode="r"), masks)
+        with h5py.File(paths[fmt], "r") as f:
+            return run_numpy(f["data"], masks)
+
     rng = random.Random(14)
     for rep in range(a.repeats):
         add("ceiling_1", ceiling(paths["npy"], 1, nbytes))
@@ -376,11 +427,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             fmt, com = rows[row]
             # every mode and LiberTEM once, in an order shuffled per row and repeat: a run
             # right after LiberTEM's pass (its own cluster) measured slower here
-            order: list[str] = list(clients) + (
-                ["libertem"] if lt_run is not None and row != "persisted" else []
+            order: list[str] = (
+                list(clients)
+                + (["libertem"] if lt_run is not None and row != "persisted" else [])
+                + (["numpy"] if a.numpy else [])
             )
             rng.shuffle(order)
             for mode in order:
+                if mode == "numpy":
+                    add(f"{row}/numpy", numpy_row(fmt, com))
+                    continue
                 if mode == "libertem":
                     for name, secs in lt_run(fmt, com).items():
                         add(f"{row}/libertem_{name}", secs)
@@ -408,13 +464,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     )
     cols = "".join(f"{m:>9}" for m in clients)
-    print(f"{'row':<10}{cols} {'libertem':>9}  default chunk timings")
+    print(f"{'row':<10}{cols} {'libertem':>9} {'numpy':>9}  default chunk timings")
     for row in wanted:
         lt = [rate[k_] for k_ in rate if k_.startswith(f"{row}/libertem")]
         tm = timings.get(f"{row}/default", {})
         vals = "".join(f"{rate[f'{row}/{m}']:9.2f}" for m in clients)
+        npy_rate = rate.get(f"{row}/numpy", float("nan"))
         print(
-            f"{row:<10}{vals} {(max(lt) if lt else float('nan')):9.2f}  "
+            f"{row:<10}{vals} {(max(lt) if lt else float('nan')):9.2f} {npy_rate:9.2f}  "
             + " ".join(
                 f"{k_.replace('_total', '')}={v:.2f}"
                 for k_, v in tm.items()
