@@ -104,30 +104,26 @@ def test_a_kernel_not_yet_run_compiles_in_the_background_then_takes_over(
     monkeypatch.setattr(warmup, "_threads", {})
     weights = _stacks()["bf_adf_com_fractional"].reshape(5, -1)
     frames = probe_data(rng, scan=(4, 4), det=SHAPE).reshape(16, -1)
-    first = PreparedFramePass(
-        weights,
-        dtype=frames.dtype,
-        n_frames=16,
-        want_sum=True,
-        want_max=False,
-        frame_shape=SHAPE,
-        background_jit=True,
-    )
+
+    def prepared() -> PreparedFramePass:
+        return PreparedFramePass(
+            weights,
+            dtype=frames.dtype,
+            n_frames=16,
+            want_sum=True,
+            want_max=False,
+            frame_shape=SHAPE,
+            background_jit=True,
+        )
+
+    first = prepared()
     assert first.variant["variant"] == "exact-numpy"
     assert first.variant["compiled_variant"]["variant"] == "structured"
     first.run(frames)
     key = first.kernel_key
     assert warmup.wait(key, timeout_s=120)  # the thread compiled (or loaded) it
     assert "error" not in warmup.history[key]
-    second = PreparedFramePass(
-        weights,
-        dtype=frames.dtype,
-        n_frames=16,
-        want_sum=True,
-        want_max=False,
-        frame_shape=SHAPE,
-        background_jit=True,
-    )
+    second = prepared()
     assert second.variant["variant"] == "structured"
     second.run(frames)
     for a, b in zip(first.result()[:2], second.result()[:2], strict=True):

@@ -25,6 +25,7 @@ from quantem_flow import config
 from quantem_flow.errors import CorruptChunkError, ParameterError
 from quantem_flow.io.mapped import MappedFile, mapped_file, supported
 from quantem_flow.io.read_method import choose_read_method, forget_probes
+from tests.io.writers import write_raw
 
 pytestmark = pytest.mark.skipif(
     not supported(), reason="this platform has no madvise(MADV_DONTNEED) for maps"
@@ -89,7 +90,7 @@ def _write_sources(data: np.ndarray, tmp_path: Path) -> dict[str, qf.Dataset4D]:
     import h5py
 
     np.save(tmp_path / "d.npy", data)
-    data.tofile(tmp_path / "d.raw")
+    write_raw(tmp_path / "d.raw", data.reshape(-1, *DET), dtype="<u2")
     with h5py.File(tmp_path / "d.h5", "w") as f:
         f.create_dataset("data", data=data.reshape(-1, *DET))  # contiguous, unfiltered
     frames = np.concatenate([data.reshape(-1, *DET)[:5] * 0 + 7, data.reshape(-1, *DET)])
@@ -149,9 +150,7 @@ def test_views_that_are_not_stored_bytes_read_with_pread_and_say_why(
     data = _frames(rng)
     np.save(tmp_path / "swapped.npy", data.astype(">u2"))
     head = 6
-    with open(tmp_path / "records.raw", "wb") as f:
-        for frame in data.reshape(-1, *DET):
-            f.write(b"\x01" * head + frame.tobytes())
+    write_raw(tmp_path / "records.raw", data.reshape(-1, *DET), dtype="<u2", header_bytes=head)
     plain = qf.open(tmp_path / "swapped.npy", chunk_rows=3)
     cases = {
         "another byte order": plain,
