@@ -105,12 +105,26 @@ def warm(path: Path) -> None:
             pass
 
 
+def split_timed(run: Any, total: int, threads: int) -> float:
+    """Seconds for ``threads`` threads to run ``run(a, b)`` over equal parts of ``[0, total)``."""
+    bounds = np.linspace(0, total, threads + 1).astype(np.int64)
+    ts = [
+        threading.Thread(target=run, args=(int(bounds[i]), int(bounds[i + 1])))
+        for i in range(threads)
+    ]
+    t = time.perf_counter()
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    return time.perf_counter() - t
+
+
 def ceiling(path: Path, threads: int, nbytes: int) -> float:
     """Seconds to stream the first ``nbytes`` of ``path`` on ``threads`` threads."""
     piece = 16 << 20
     fd = os.open(path, os.O_RDONLY)
     try:
-        bounds = np.linspace(0, nbytes, threads + 1).astype(np.int64)
 
         def run(a: int, b: int) -> None:
             buf = bytearray(piece)
@@ -122,16 +136,7 @@ def ceiling(path: Path, threads: int, nbytes: int) -> float:
                     break
                 pos += got
 
-        ts = [
-            threading.Thread(target=run, args=(int(bounds[i]), int(bounds[i + 1])))
-            for i in range(threads)
-        ]
-        t = time.perf_counter()
-        for th in ts:
-            th.start()
-        for th in ts:
-            th.join()
-        return time.perf_counter() - t
+        return split_timed(run, nbytes, threads)
     finally:
         os.close(fd)
 
@@ -139,21 +144,7 @@ def ceiling(path: Path, threads: int, nbytes: int) -> float:
 def ram_ceiling(block: np.ndarray, threads: int) -> float:
     """Seconds to sum an in-RAM array once on ``threads`` threads (the persisted pass's limit)."""
     flat = block.reshape(-1).view(np.uint64)
-    bounds = np.linspace(0, flat.size, threads + 1).astype(np.int64)
-
-    def run(a: int, b: int) -> None:
-        np.add.reduce(flat[a:b])
-
-    ts = [
-        threading.Thread(target=run, args=(int(bounds[i]), int(bounds[i + 1])))
-        for i in range(threads)
-    ]
-    t = time.perf_counter()
-    for th in ts:
-        th.start()
-    for th in ts:
-        th.join()
-    return time.perf_counter() - t
+    return split_timed(lambda a, b: np.add.reduce(flat[a:b]), flat.size, threads)
 
 
 def h5py_decode(path: Path) -> float:

@@ -78,20 +78,12 @@ def correlation(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def run_once(frames: np.ndarray, det: int, backend: str) -> tuple[Any, float]:
-    from bench_ssb import ALPHA_MRAD, C10, KV, geometry
+    from bench_ssb import ALPHA_MRAD, C10, KV, calibration
 
     import quantem_flow as qf
     from quantem_flow.operators.ssb import ssb
 
-    g = geometry(det)
-    cal = qf.Calibration(
-        scan_sampling=g["dx"],
-        scan_units="Å",
-        detector_sampling=g["det_mrad"],
-        detector_units="mrad",
-        accelerating_voltage_kV=KV,
-    )
-    ds = qf.open(frames, calibration=cal)
+    ds = qf.open(frames, calibration=calibration(det))
     lazy = ssb(ds, voltage_kV=KV, semiangle_mrad=ALPHA_MRAD, defocus_A=C10, backend=backend)
     t = time.perf_counter()
     with qf.config.set(progress=False):

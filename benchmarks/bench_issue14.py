@@ -53,15 +53,7 @@ def _ssb_child(root: Path, out: Path) -> dict[str, Any]:
     from quantem_flow.operators.ssb import ssb
 
     npy, truth = b.generate(256, 128)
-    g = b.geometry(128)
-    cal = qf.Calibration(
-        scan_sampling=g["dx"],
-        scan_units="Å",
-        detector_sampling=g["det_mrad"],
-        detector_units="mrad",
-        accelerating_voltage_kV=b.KV,
-    )
-    ds = qf.open(npy, calibration=cal)
+    ds = qf.open(npy, calibration=b.calibration(128))
     rows: dict[str, Any] = {"code": str(qf.__file__)}
     for label in ("cold", "warm"):
         lazy = ssb(ds, voltage_kV=b.KV, semiangle_mrad=b.ALPHA_MRAD, defocus_A=b.C10, backend="cpu")

@@ -64,6 +64,18 @@ def geometry(det: int) -> dict[str, float]:
     return {"lam": lam, "dk": dk, "dx": 1.0 / (det * dk), "det_mrad": lam * dk * 1e3}
 
 
+def calibration(det: int) -> qf.Calibration:
+    """The data's calibration: scan step in Å, detector pixels in mrad, the voltage."""
+    g = geometry(det)
+    return qf.Calibration(
+        scan_sampling=g["dx"],
+        scan_units="Å",
+        detector_sampling=g["det_mrad"],
+        detector_units="mrad",
+        accelerating_voltage_kV=KV,
+    )
+
+
 def generate(scan: int, det: int, seed: int = 11) -> tuple[Path, Path]:
     """Write the dataset (u16 .npy) and its true phase (once)."""
     DATA_DIR.mkdir(exist_ok=True)
@@ -115,7 +127,6 @@ def correlation(a: np.ndarray, b: np.ndarray) -> float:
 def one(kind: str, scan: int, det: int, pixel_block: int, backend: str) -> dict[str, Any]:
     """One configuration (run in its own subprocess)."""
     npy, truth_path = generate(scan, det)
-    g = geometry(det)
     if kind == "fft":
         meta = json.loads(os.environ["BENCH_SSB_NPIX"])
         n_pix = int(meta)
@@ -131,14 +142,7 @@ def one(kind: str, scan: int, det: int, pixel_block: int, backend: str) -> dict[
         seconds = time.perf_counter() - t
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return {"fft_alone_s": seconds, "n_fft": n_pix, "peak_rss_bytes": rss}
-    cal = qf.Calibration(
-        scan_sampling=g["dx"],
-        scan_units="Å",
-        detector_sampling=g["det_mrad"],
-        detector_units="mrad",
-        accelerating_voltage_kV=KV,
-    )
-    ds = qf.open(npy, calibration=cal)
+    ds = qf.open(npy, calibration=calibration(det))
     lazy = ssb(
         ds,
         voltage_kV=KV,
