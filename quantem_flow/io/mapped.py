@@ -35,7 +35,7 @@ import numpy as np
 
 from ..errors import CorruptChunkError
 
-__all__ = ["MAX_MAPS", "MappedFile", "forget_map", "mapped_file", "supported"]
+__all__ = ["MAX_MAPS", "MappedFile", "mapped_file", "supported"]
 
 _PAGE = mmap.PAGESIZE
 
@@ -132,12 +132,6 @@ class MappedFile:
 MAX_MAPS = 8
 _MAPS: collections.OrderedDict[str, MappedFile] = collections.OrderedDict()
 _LOCK = threading.Lock()
-
-
-def forget_map(path: Path) -> None:
-    """Drop this process's map of ``path`` (it closes once no piece of it is in use)."""
-    with _LOCK:
-        _MAPS.pop(str(path), None)
 
 
 def mapped_file(path: Path) -> MappedFile:
