@@ -421,6 +421,30 @@ class Dataset4D:
             made["payload"] = describe()  # codec, layout: recorded in provenance
         return payload, made
 
+    def for_resident_tasks(self) -> Dataset4D:
+        """The dataset as tasks on its resident chunks need it, without data they never read.
+
+        The same description (shape, dtype, chunks, calibration, representation,
+        identity) over :meth:`Source.for_resident_tasks`: a persisted in-memory
+        dataset's queries then ship no copy of the array to the workers.
+        """
+        source = self._source.for_resident_tasks()
+        if source is self._source:
+            return self
+        kwargs: dict[str, Any] = {
+            "calibration": self._calibration,
+            "chunk_rows": self._chunk_rows_requested,
+            "chunk_mib": self._chunk_mib,
+            "notes": self._notes,
+            "_scan_block": self._scan_block,
+            "_detector_ops": self._detector_ops,
+            "_representation": self._representation,
+            "_representation_options": self._representation_options,
+            "_opened": self._opened,
+            "_resident": self._resident,  # on the client; never pickled (__getstate__)
+        }
+        return type(self)(source, **kwargs)
+
     def _with_resident(self, resident: Any) -> Dataset4D:
         return self._derive(_resident=resident)
 

@@ -410,3 +410,32 @@ def test_placement_of_a_chunk_whose_holder_was_lost_is_unknown_not_an_error() ->
     placed = _placement_of(["k0", "k1", "k2"], dask_scheduler=scheduler)
     assert placed["who_has"] == {"k0": ["tcp://a"], "k1": []}
     assert placed["nthreads"] == {"tcp://a": 2}
+
+
+def test_passes_on_a_persisted_in_memory_dataset_ship_no_copy_of_the_array(
+    rng: np.random.Generator,
+) -> None:
+    import pickle
+
+    from quantem_flow.errors import UnsupportedOperationError
+    from quantem_flow.io.base import ResidentOnlySource
+
+    data = probe_data(rng, scan=(24, 20))
+    ds = qf.open(data, chunk_rows=4)
+    p = ds.persist(client="synchronous")
+    refs = p.resident.graph_refs()
+    resident = lower_pass(p, {}, want_sum=True, want_max=False, runtime="cpu", resident=refs)
+    from_source = lower_pass(ds, {}, want_sum=True, want_max=False, runtime="cpu")
+    # the pass over the source carries the array; the pass over resident chunks does not
+    assert len(pickle.dumps(from_source.spec)) > data.nbytes
+    assert len(pickle.dumps(resident.spec)) < data.nbytes // 4
+    stand_in = resident.spec.dataset.source
+    assert isinstance(stand_in, ResidentOnlySource)
+    assert stand_in.identity == ds.source.identity and stand_in.shape == data.shape
+    with pytest.raises(UnsupportedOperationError, match="stayed on the client") as err:
+        stand_in.read((0, 1), (0, 1))
+    assert "rows=(0, 1)" in str(pickle.loads(pickle.dumps(err.value)))
+    # and the queries still equal the reference, identity and provenance as before
+    bf, adf, com = qf.compute(*queries(p))
+    check_against_reference(data, bf, adf, com)
+    assert bf.provenance.source == qf.compute(queries(ds)[0])[0].provenance.source

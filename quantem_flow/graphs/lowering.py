@@ -139,7 +139,8 @@ def lower_pass(
         else np.zeros((0, k), dtype=np.float64)
     )
     spec = PassSpec(
-        dataset=ds,
+        # tasks on resident chunks read no source: an in-memory array stays on the client
+        dataset=ds if resident is None else ds.for_resident_tasks(),
         weights=w,
         want_sum=want_sum,
         want_max=want_max,

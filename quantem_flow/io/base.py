@@ -32,10 +32,12 @@ from ..errors import (
     ScanShapeError,
     ShapeError,
     SourceNotFoundError,
+    UnsupportedOperationError,
 )
 
 __all__ = [
     "FrameSource",
+    "ResidentOnlySource",
     "ScanShapeChoice",
     "Source",
     "SourceIdentity",
@@ -296,8 +298,6 @@ class Source(abc.ABC):
         a counted file as ``paired``).  The payload covers the source's full
         detector; detector transforms are applied by the caller.
         """
-        from ..errors import UnsupportedOperationError
-
         raise UnsupportedOperationError(
             f"the {self.format} reader cannot read {representation!r} payloads directly; it "
             f"reads {sorted(self.payload_representations | {'dense'})}. Convert with "
@@ -306,6 +306,16 @@ class Source(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release open file handles (they reopen on the next read)."""
+
+    def for_resident_tasks(self) -> Source:
+        """The source as a task on resident chunks needs it (they read no bytes).
+
+        A source that carries its data (an in-memory array) returns a stand-in
+        with its shape, dtype and identity only, so a query on a persisted
+        dataset does not ship the array to the workers with every pass; any
+        other source returns itself.
+        """
+        return self
 
     def check_block(self, rows: tuple[int, int], cols: tuple[int, int]) -> None:
         """Raise if a block lies outside the scan."""
@@ -645,4 +655,67 @@ def drop_unusable_samplings(
         notes.append(
             f"the {kind} sampling {pair} converted from {what} is not finite and positive; the "
             f"{kind} was left uncalibrated"
+        )
+
+
+class ResidentOnlySource(Source):
+    """A source's description without its data, for tasks on resident chunks.
+
+    Made by :meth:`Source.for_resident_tasks` of sources that carry their data
+    (:class:`~quantem_flow.io.memory.ArraySource`).  Shape, dtype, identity,
+    notes, metadata and calibration are the original's; reading raises
+    :class:`~quantem_flow.errors.UnsupportedOperationError`, since the data
+    stayed with the client.
+    """
+
+    def __init__(self, original: Source):
+        self.format = original.format  # type: ignore[misc]  # the original's, for provenance
+        self.native_representation = original.native_representation  # type: ignore[misc]
+        self.opened_as = original.opened_as
+        self._shape = original.shape
+        self._dtype = original.dtype
+        self._identity = original.identity
+        self._notes = list(original.notes)
+        self._metadata = dict(original.metadata)
+        self._calibration = original.calibration
+        self._original = type(original).__name__
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """The original's logical shape."""
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """The original's dtype."""
+        return self._dtype
+
+    @property
+    def identity(self) -> SourceIdentity:
+        """The original's identity."""
+        return self._identity
+
+    @property
+    def notes(self) -> list[str]:
+        """The original's notes."""
+        return list(self._notes)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The original's metadata."""
+        return dict(self._metadata)
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """The original's calibration."""
+        return self._calibration
+
+    def read(
+        self, rows: tuple[int, int], cols: tuple[int, int], *, buffer: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Refuse: the data stayed with the client."""
+        raise UnsupportedOperationError(
+            f"scan block rows={rows} cols={cols} was asked of a {self._original} that stayed "
+            "on the client: tasks on a persisted dataset read its resident chunks, not the "
+            "source. If the chunks were lost, persist the dataset again from the client"
         )

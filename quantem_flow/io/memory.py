@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import DtypeError, ShapeError
-from .base import Source, SourceIdentity, header_digest, resolve_scan_shape
+from .base import ResidentOnlySource, Source, SourceIdentity, header_digest, resolve_scan_shape
 
 __all__ = ["ArraySource"]
 
@@ -92,6 +92,10 @@ class ArraySource(Source):
     def streams_blocks(self) -> bool:
         """Blocks of an in-memory array are views or copies of their own bytes."""
         return True
+
+    def for_resident_tasks(self) -> Source:
+        """A stand-in without the array: tasks on resident chunks never read it."""
+        return ResidentOnlySource(self)
 
     def read(
         self, rows: tuple[int, int], cols: tuple[int, int], *, buffer: np.ndarray | None = None
