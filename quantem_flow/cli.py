@@ -213,6 +213,55 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- explore -------------------------------------------------------------------------------
+def _explore(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from . import open as open_dataset
+    from .explore import InputSpec, explore
+    from .io import detect_format
+
+    options: dict[str, Any] = {}
+    if args.scan_shape is not None:
+        options["scan_shape"] = _scan_shape_option(args.scan_shape)
+    fmt = args.format or detect_format(args.file)
+    if args.dataset_path is not None:
+        options["dataset_path"] = args.dataset_path
+    elif fmt == "hdf5":
+        options["dataset_path"], note = _hdf5_default_path(Path(args.file).expanduser())
+        _say(f"note: {note}")
+    ds = open_dataset(args.file, format=fmt, **options)
+    client, where = _start_client(args.scheduler)
+    _say(f"persisting {ds.nbytes / 2**30:.2f} GiB on the {where}...")
+    spec_options = {k: (list(v) if isinstance(v, tuple) else v) for k, v in options.items()}
+    explorer = explore(
+        ds,
+        client=client,
+        host=args.host,
+        port=args.port,
+        input_spec=InputSpec(path=str(args.file), format=fmt, options=spec_options),
+        export_dir=args.export_dir,
+    )
+    _say(
+        f"quantem-flow explore: {explorer.url}",
+        "open it in a browser (the token is the key; share it only with people you trust);",
+        "Ctrl-C stops the explorer.",
+    )
+    if args.host not in ("127.0.0.1", "localhost"):
+        _say(f"warning: serving on {args.host}: anyone who can reach it and has the URL can use it")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait(args.timeout if args.timeout else None)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        explorer.close()
+        _say("explorer stopped; resident chunks released")
+    return 0
+
+
 # -- run and demo -------------------------------------------------------------------------
 def _start_client(scheduler: str | None) -> tuple[Any, str]:
     """Return ``(client, description)`` for ``--scheduler``."""
@@ -806,6 +855,41 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset-path", help="dataset inside an HDF5 file, e.g. /data")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_info)
+
+    p = sub.add_parser(
+        "explore",
+        help="explore a dataset in the browser: drag virtual detectors, watch the image follow",
+    )
+    p.add_argument("file", help="data file or Zarr store")
+    p.add_argument("--format", help="reader name (default: guessed from the name)")
+    p.add_argument(
+        "--scan-shape",
+        nargs="+",
+        metavar="R C",
+        help="scan rows and columns, for files of flat frames (or 'square', recorded)",
+    )
+    p.add_argument("--dataset-path", help="dataset inside an HDF5 file, e.g. /data")
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDRESS|synchronous",
+        help="tcp://host:port of a running Dask scheduler, or 'synchronous'; "
+        "default: an embedded local cluster on 127.0.0.1",
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface to serve on (default 127.0.0.1: this machine only)",
+    )
+    p.add_argument("--port", type=int, default=0, help="TCP port (default: a free one)")
+    p.add_argument(
+        "--export-dir",
+        default="quantem-flow-explore",
+        help="folder the Export button writes the pipeline, snippet and masks to",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=0, help="stop after this many seconds (0: never)"
+    )
+    p.set_defaults(func=_explore)
 
     p = sub.add_parser("run", help="run a YAML pipeline (docs/pipelines.md)")
     p.add_argument("pipeline", nargs="?", help="the pipeline .yaml file")

@@ -30,7 +30,17 @@ LAYERS = (
 )
 RANK = {name: i for i, name in enumerate(LAYERS)}
 FOUNDATION = ("errors", "config", "calibration", "provenance", "results")
-FRONT = ("__init__", "__main__", "cli", "pipeline", "synthetic", "convert", "bench", "plotting")
+FRONT = (
+    "__init__",
+    "__main__",
+    "cli",
+    "pipeline",
+    "synthetic",
+    "convert",
+    "bench",
+    "plotting",
+    "explore",
+)
 
 
 def layer_of(module: str) -> str:

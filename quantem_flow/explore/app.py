@@ -18,6 +18,7 @@ or a user may need to find has a Bokeh ``name``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -79,21 +80,20 @@ def make_document(
     export_dir: str,
 ) -> None:
     """Fill a Bokeh ``doc`` with the explorer of ``session``."""
+    import bokeh.plotting
     from bokeh.events import Tap
     from bokeh.layouts import column, row
-    from bokeh.models import (
-        Button,
+    from bokeh.models import (  # type: ignore[attr-defined]
         ColorBar,
         ColumnDataSource,
-        Div,
         LinearColorMapper,
         PointDrawTool,
         PolyDrawTool,
-        PreText,
         Range1d,
-        Select,
     )
-    from bokeh.plotting import figure
+    from bokeh.models.widgets import Button, Div, PreText, Select
+
+    figure: Any = bokeh.plotting.figure  # its glyph methods are typed narrower than they take
 
     ds = session.dataset
     axes = _Axes(session)
@@ -111,9 +111,9 @@ def make_document(
         title="Diffraction pattern (log scale)",
         width=440,
         height=440,
-        x_range=Range1d(x0, x1),
+        x_range=Range1d(start=x0, end=x1),
         # row 0 at the top: the range runs from the last row (bottom) to row 0 (top)
-        y_range=Range1d(y_bottom, y_top),
+        y_range=Range1d(start=y_bottom, end=y_top),
         tools="pan,wheel_zoom,reset,save",
         x_axis_label=axes.label("c"),
         y_axis_label=axes.label("r"),
@@ -162,8 +162,8 @@ def make_document(
         title="Virtual image",
         width=480,
         height=440,
-        x_range=Range1d(-0.5 * sx, (C - 0.5) * sx),
-        y_range=Range1d((R - 0.5) * sy, -0.5 * sy),
+        x_range=Range1d(start=-0.5 * sx, end=(C - 0.5) * sx),
+        y_range=Range1d(start=(R - 0.5) * sy, end=-0.5 * sy),
         tools="pan,wheel_zoom,reset,save",
         x_axis_label=f"R_c ({scan_units})",
         y_axis_label=f"R_r ({scan_units})",
@@ -202,11 +202,14 @@ def make_document(
     pat.multi_line("xs", "ys", source=outline, line_color="#ff7f0e", line_width=2)
 
     # -- controls -----------------------------------------------------------------------------
-    kind_select = Select(title="Detector", value=session.detector.kind, options=list(KINDS),
+    options: Any = [*KINDS]
+    kind_select = Select(title="Detector", value=session.detector.kind, options=options,
                          name="kind_select")  # fmt: skip
-    view_select = Select(title="Image", value=session.view, options=list(VIEWS),
+    options = [*VIEWS]
+    view_select = Select(title="Image", value=session.view, options=options,
                          name="view_select")  # fmt: skip
-    nav_select = Select(title="Navigator", value="mean", options=["mean", "max"],
+    options = ["mean", "max"]
+    nav_select = Select(title="Navigator", value="mean", options=options,
                         name="navigator_select")  # fmt: skip
     keep_button = Button(label="Keep detector", name="keep_button")
     export_button = Button(label="Export", button_type="primary", name="export_button")
@@ -219,8 +222,7 @@ def make_document(
         text=(
             f"<b>quantem-flow explore</b>: {R} x {C} scan of {kr} x {kc} px {ds.dtype} patterns, "
             f"persisted on the cluster ({ds.nbytes / 2**30:.2f} GiB, {len(ds.chunks)} chunks); "
-            f"detector in {axes.units}"
-            + ("" if axes.calibrated else " (uncalibrated)")
+            f"detector in {axes.units}" + ("" if axes.calibrated else " (uncalibrated)")
         ),
     )
 
@@ -241,7 +243,7 @@ def make_document(
             xs.append([axes.x(c) for c in cols])
             ys.append([axes.y(r) for r in rows])
         else:
-            v = list(det.vertices) + [det.vertices[0]]
+            v = [*det.vertices, det.vertices[0]]
             xs.append([axes.x(c) for _, c in v])
             ys.append([axes.y(r) for r, _ in v])
         return xs, ys
@@ -321,10 +323,8 @@ def make_document(
             elif what == "error" and session.error:
                 status.text = f"<span id='qf-status' style='color:#c00'>{session.error}</span>"
 
-        try:
+        with contextlib.suppress(Exception):  # the page is closing
             doc.add_next_tick_callback(apply)
-        except Exception:  # the page is closing
-            pass
 
     unsubscribe = session.subscribe(on_session)
     doc.on_session_destroyed(lambda _ctx: unsubscribe())
@@ -344,7 +344,10 @@ def make_document(
         det = state["detector"]
         if det is None or not len(new["x"]):
             return
-        pts = [(axes.row(float(y)), axes.col(float(x))) for x, y in zip(new["x"], new["y"])]
+        pts = [
+            (axes.row(float(y)), axes.col(float(x)))
+            for x, y in zip(new["x"], new["y"], strict=True)
+        ]
         if det.kind in ("disk", "annulus"):
             radii = [math.hypot(p[0] - det.center[0], p[1] - det.center[1]) for p in pts]
             outer = radii[0]
@@ -371,7 +374,7 @@ def make_document(
         if not len(new["xs"]) or len(new["xs"][-1]) < 3:
             return
         xs, ys = new["xs"][-1], new["ys"][-1]
-        verts = tuple((axes.row(float(y)), axes.col(float(x))) for x, y in zip(xs, ys))
+        verts = tuple((axes.row(float(y)), axes.col(float(x))) for x, y in zip(xs, ys, strict=True))
         session.set_detector(Detector("polygon", vertices=verts, name=session.detector.name))
 
     def kind_chosen(_attr: str, _old: Any, new: str) -> None:
@@ -384,20 +387,24 @@ def make_document(
             session.set_detector(Detector("disk", center=centre, outer=max(radius, 1.0), name="bf"))
         elif new == "annulus":
             session.set_detector(
-                Detector("annulus", center=centre, inner=1.5 * radius, outer=3.0 * radius,
-                         name="adf")  # fmt: skip
+                Detector(
+                    "annulus", center=centre, inner=1.5 * radius, outer=3.0 * radius, name="adf"
+                )
             )
         elif new == "rectangle":
-            r, c = int(round(centre[0])), int(round(centre[1]))
+            r, c = round(centre[0]), round(centre[1])
             h = max(int(radius), 1)
             session.set_detector(
                 Detector("rectangle", region=(r - h, r + h, c - h, c + h), name="rect")
             )
         else:  # a square polygon to start from; redraw it with the polygon tool
-            r, c, h = centre[0], centre[1], max(radius, 1.0)
+            rr, cc, hh = centre[0], centre[1], max(radius, 1.0)
             session.set_detector(
-                Detector("polygon", vertices=((r - h, c), (r, c + h), (r + h, c), (r, c - h)),
-                         name="mask")  # fmt: skip
+                Detector(
+                    "polygon",
+                    vertices=((rr - hh, cc), (rr, cc + hh), (rr + hh, cc), (rr, cc - hh)),
+                    name="mask",
+                )
             )
 
     def navigator_chosen(_attr: str, _old: Any, new: str) -> None:
@@ -406,10 +413,13 @@ def make_document(
         nav.title.text = f"{new.capitalize()} diffraction pattern (log scale)"
 
     def tapped(event: Any) -> None:
-        r = int(round(event.y / sy))
-        c = int(round(event.x / sx))
+        r = round(event.y / sy)
+        c = round(event.x / sx)
         if 0 <= r < R and 0 <= c < C:
             session.set_position(r, c)
+
+    def keep_clicked() -> None:
+        session.keep()
 
     def export_clicked() -> None:
         detectors = [*session.kept, session.detector]
@@ -432,7 +442,7 @@ def make_document(
     kind_select.on_change("value", kind_chosen)
     view_select.on_change("value", lambda _a, _o, new: session.set_view(new))
     nav_select.on_change("value", navigator_chosen)
-    keep_button.on_click(lambda: session.keep())
+    keep_button.on_click(keep_clicked)
     export_button.on_click(export_clicked)
     img.on_event(Tap, tapped)
 

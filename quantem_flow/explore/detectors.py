@@ -148,7 +148,8 @@ class Detector:
                 f"({self.center[0]:.2f}, {self.center[1]:.2f})"
             )
         if self.kind == "rectangle":
-            return f"rectangle rows {self.region[0]}:{self.region[1]}, cols {self.region[2]}:{self.region[3]}"
+            r0, r1, c0, c1 = self.region
+            return f"rectangle rows {r0}:{r1}, cols {c0}:{c1}"
         return f"polygon of {len(self.vertices)} vertices"
 
     def to_dict(self) -> dict[str, Any]:

@@ -151,13 +151,11 @@ def python_snippet(ds: Dataset4D, detectors: Sequence[Detector], spec: InputSpec
         lines.append(f"ds = qf.open({spec.path!r}, format={spec.format!r}{options})")
         lines.append(
             "ds = ds.with_calibration("
-            + ", ".join(
-                f"{k}={tuple(v) if isinstance(v, list) else v!r}" for k, v in cal.items()
-            )
+            + ", ".join(f"{k}={tuple(v) if isinstance(v, list) else v!r}" for k, v in cal.items())
             + ")"
         )
         for t in _transforms(ds):
-            (kind, value), = t.items()
+            ((kind, value),) = t.items()
             lines.append(f"ds = ds.{kind}({tuple(value)!r})")
         lines.append(f"ds = ds.rechunk(rows={ds.chunk_rows})")
     lines.append("")
@@ -187,7 +185,7 @@ def export_files(
     spec: InputSpec | None,
     folder: str | Path,
 ) -> dict[str, Path]:
-    """Write ``pipeline.yaml`` (when the input is a file), ``explore.py``, masks and ``detectors.json``.
+    """Write the export: ``pipeline.yaml`` (input from a file), ``explore.py``, masks, JSON.
 
     Returns
     -------

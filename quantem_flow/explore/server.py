@@ -36,7 +36,7 @@ def _token_auth(token: str) -> Any:
     from bokeh.server.auth_provider import AuthProvider
     from tornado.web import RequestHandler
 
-    class Refused(RequestHandler):  # type: ignore[misc]
+    class Refused(RequestHandler):
         def get(self) -> None:
             self.set_status(403)
             self.write(
@@ -57,7 +57,7 @@ def _token_auth(token: str) -> Any:
             return "user"
         return None
 
-    class TokenAuth(AuthProvider):  # type: ignore[misc]
+    class TokenAuth(AuthProvider):
         @property
         def get_user(self) -> Any:
             return get_user
@@ -116,9 +116,9 @@ class Explorer:
             raise self._error
         if self._server is None:
             raise RuntimeError("the explorer's server did not start within 60 s")
-        self.port = int(self._server.port)
+        self.port: int = int(self._server.port)
         shown_host = "127.0.0.1" if host in ("127.0.0.1", "localhost") else host
-        self.url = f"http://{shown_host}:{self.port}{APP_PATH}?token={self.token}"
+        self.url: str = f"http://{shown_host}:{self.port}{APP_PATH}?token={self.token}"
 
     def _serve(self, port: int) -> None:
         from bokeh.application import Application

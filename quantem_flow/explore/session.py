@@ -125,7 +125,13 @@ class ExplorerSession:
 
     # -- listeners --------------------------------------------------------------------------
     def subscribe(self, listener: Callable[[str], None]) -> Callable[[], None]:
-        """Call ``listener(what)`` on every change (``"detector"``, ``"image"``...); returns an unsubscribe."""
+        """Call ``listener(what)`` on every change (``"detector"``, ``"image"``...).
+
+        Returns
+        -------
+        Callable
+            Removes the listener.
+        """
         with self._lock:
             self._listeners.append(listener)
 
