@@ -18,7 +18,11 @@ or a user may need to find has a Bokeh ``name``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
+import html
+import json
 import math
 from typing import Any
 
@@ -265,7 +269,15 @@ def make_document(
             }
         return {"x": [], "y": []}, {"x": [], "y": []}
 
-    state: dict[str, Any] = {"detector": None}
+    state: dict[str, Any] = {"detector": None, "handles": None}
+    # handle positions this page was sent: the browser may echo one back after the detector
+    # moved on (a drag tool syncing every source it edits); an echo is not a user's move
+    sent: collections.deque[tuple[tuple[float, ...], tuple[float, ...]]] = collections.deque(
+        maxlen=256
+    )
+
+    def points(data: Any) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        return tuple(float(v) for v in data["x"]), tuple(float(v) for v in data["y"])
 
     def show_detector() -> None:
         det = session.detector
@@ -273,6 +285,9 @@ def make_document(
         xs, ys = outline_of(det)
         outline.data = {"xs": xs, "ys": ys}
         centre, hs = handles_of(det)
+        sent.append(points(centre))
+        sent.append(points(hs))
+        state["handles"] = points(hs)
         if dict(centre_source.data) != centre:
             centre_source.data = centre
         if dict(handle_source.data) != hs:
@@ -291,8 +306,10 @@ def make_document(
         colorbar.title = update.units
         what = update.detector.describe() if update.view == "virtual image" else update.view
         img.title.text = f"{update.view}: {what}"
+        geometry = html.escape(json.dumps(update.detector.to_dict()), quote=True)
         status.text = (
-            f"<span id='qf-status' data-exact='{int(update.exact)}'>"
+            f"<span id='qf-status' data-exact='{int(update.exact)}' data-view='{update.view}' "
+            f"data-detector='{geometry}'>"
             f"{'exact' if update.exact else 'coarse'} image of {what} "
             f"({update.seconds * 1e3:.0f} ms, units {update.units})</span>"
         )
@@ -334,6 +351,8 @@ def make_document(
         det = state["detector"]
         if det is None or det.kind not in ("disk", "annulus") or not len(new["x"]):
             return
+        if points(new) in sent:
+            return
         centre = (axes.row(float(new["y"][0])), axes.col(float(new["x"][0])))
         if centre != det.center:
             session.set_detector(
@@ -344,12 +363,26 @@ def make_document(
         det = state["detector"]
         if det is None or not len(new["x"]):
             return
+        now = points(new)
+        if now in sent:
+            return
+        before = state["handles"]
+        state["handles"] = now
         pts = [
             (axes.row(float(y)), axes.col(float(x)))
             for x, y in zip(new["x"], new["y"], strict=True)
         ]
         if det.kind in ("disk", "annulus"):
-            radii = [math.hypot(p[0] - det.center[0], p[1] - det.center[1]) for p in pts]
+            current = [det.outer] + ([det.inner] if det.kind == "annulus" else [])
+            radii = [
+                # only a handle the user moved changes its radius
+                r0
+                if before is not None
+                and i < len(before[0])
+                and (before[0][i], before[1][i]) == (now[0][i], now[1][i])
+                else math.hypot(p[0] - det.center[0], p[1] - det.center[1])
+                for i, (p, r0) in enumerate(zip(pts, current, strict=False))
+            ]
             outer = radii[0]
             inner = radii[1] if det.kind == "annulus" and len(radii) > 1 else 0.0
             if det.kind == "annulus" and inner >= outer:
@@ -422,10 +455,16 @@ def make_document(
         session.keep()
 
     def export_clicked() -> None:
-        detectors = [*session.kept, session.detector]
-        names = [d.name for d in detectors]
-        if len(set(names)) != len(names):  # the current one was kept already
-            detectors = list(session.kept)
+        current = session.detector
+        kept = list(session.kept)
+        if any(dataclasses.replace(k, name=current.name) == current for k in kept):
+            detectors = kept  # the current one was kept already
+        else:
+            names = {k.name for k in kept}
+            name = current.name
+            while name in names:
+                name += "_"
+            detectors = [*kept, dataclasses.replace(current, name=name)]
         written = export_files(ds, detectors, input_spec, export_dir)
         text = [f"Written to {export_dir}: {', '.join(sorted(p.name for p in written.values()))}"]
         if input_spec is not None:
