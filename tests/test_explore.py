@@ -96,8 +96,14 @@ def test_export_reruns_to_the_same_images(data_file: Path, tmp_path: Path) -> No
     ]
     spec = input_spec_of(ds)
     assert spec is not None and spec.format == "npy"
-    written = export_files(ds, dets, spec, tmp_path)
+    written = export_files(ds, dets, spec, tmp_path, client="synchronous")
     assert {"pipeline", "python", "detectors", "box_mask.npy", "tri_mask.npy"} <= set(written)
+    from PIL import Image
+
+    for name in ("adf.png", "box.png", "tri.png", "mean_pattern.png"):
+        with Image.open(written[name]) as png:  # one PNG per image, scan- or detector-shaped
+            assert png.size == ((20, 24) if name != "mean_pattern.png" else (21, 18))
+            assert str(png.info.get("Software", "")).startswith("quantem-flow")
     expected = qf.compute(*(d.lazy(ds) for d in dets), client="synchronous")
     results = qf.run_pipeline(written["pipeline"], client="synchronous")
     for det, img in zip(dets, expected, strict=True):
@@ -114,6 +120,9 @@ def test_export_reruns_to_the_same_images(data_file: Path, tmp_path: Path) -> No
     np.testing.assert_array_equal(
         np.load(tmp_path / "out.npy"), np.stack([e.data for e in expected])
     )
+    # exporting again replaces the files it wrote
+    again = export_files(ds, dets[:1], spec, tmp_path, client="synchronous")
+    assert list(qf.run_pipeline(again["pipeline"], client="synchronous")) == ["adf"]
 
 
 @pytest.mark.cluster
@@ -334,6 +343,19 @@ def test_drag_tap_and_export_in_chromium(data_file: Path, tmp_path: Path) -> Non
             assert "(5, 13)" in title
             np.testing.assert_allclose(
                 _shown_image(page, "pattern_source"), np.log1p(np.load(data_file)[5, 13]), rtol=1e-6
+            )
+            # the sum over the 3 x 3 positions around it (int64, exact before the log)
+            page.locator("select").nth(3).select_option("3 x 3 sum")
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and "rows 4:7" not in title:
+                title = page.evaluate(
+                    "() => Bokeh.documents[0].get_model_by_name('position_pattern').title.text"
+                )
+                time.sleep(0.1)
+            assert "rows 4:7, cols 12:15" in title
+            summed = np.load(data_file)[4:7, 12:15].sum(axis=(0, 1), dtype=np.int64)
+            np.testing.assert_allclose(
+                _shown_image(page, "pattern_source"), np.log1p(summed), rtol=1e-12
             )
 
             # export, and run the pipeline it wrote

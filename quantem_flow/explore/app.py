@@ -181,6 +181,8 @@ def make_document(
     )  # fmt: skip
     colorbar = ColorBar(color_mapper=img_mapper, title="counts", name="image_colorbar")
     img.add_layout(colorbar, "right")
+    box_source = ColumnDataSource({"x": [], "y": [], "w": [], "h": []}, name="region_box")
+    img.rect("x", "y", "w", "h", source=box_source, fill_alpha=0, line_color="red", line_width=1.5)
     pos_source = ColumnDataSource({"x": [], "y": []}, name="position_marker")
     img.scatter("x", "y", source=pos_source, marker="x", size=14, line_color="red", line_width=2)
 
@@ -215,6 +217,9 @@ def make_document(
     options = ["mean", "max"]
     nav_select = Select(title="Navigator", value="mean", options=options,
                         name="navigator_select")  # fmt: skip
+    options = ["1 position", "3 x 3 sum", "5 x 5 sum", "9 x 9 sum"]
+    region_select = Select(title="Pattern of", value=options[0], options=options,
+                           name="region_select")  # fmt: skip
     keep_button = Button(label="Keep detector", name="keep_button")
     export_button = Button(label="Export", button_type="primary", name="export_button")
     status = Div(text="", name="status", width=900)
@@ -316,9 +321,20 @@ def make_document(
 
     def show_position() -> None:
         r, c = session.position
+        size = int(region_select.value.split()[0])
+        r0, r1, c0, c1 = session.region_of(r, c, size)
         pos_source.data = {"x": [c * sx], "y": [r * sy]}
-        pat_source.data = {"image": [_log_image(session.pattern(r, c))]}
-        pat.title.text = f"Pattern at scan position ({r}, {c}) (log scale)"
+        box_source.data = {
+            "x": [((c0 + c1) / 2 - 0.5) * sx] if size > 1 else [],
+            "y": [((r0 + r1) / 2 - 0.5) * sy] if size > 1 else [],
+            "w": [(c1 - c0) * sx] if size > 1 else [],
+            "h": [(r1 - r0) * sy] if size > 1 else [],
+        }
+        pat_source.data = {"image": [_log_image(session.pattern(r, c, size=size))]}
+        if size == 1:
+            pat.title.text = f"Pattern at scan position ({r}, {c}) (log scale)"
+        else:
+            pat.title.text = f"Sum of rows {r0}:{r1}, cols {c0}:{c1} around ({r}, {c}) (log scale)"
 
     def show_kept() -> None:
         kept_div.text = "Kept: " + (
@@ -465,7 +481,7 @@ def make_document(
             while name in names:
                 name += "_"
             detectors = [*kept, dataclasses.replace(current, name=name)]
-        written = export_files(ds, detectors, input_spec, export_dir)
+        written = export_files(ds, detectors, input_spec, export_dir, client=session.client)
         text = [f"Written to {export_dir}: {', '.join(sorted(p.name for p in written.values()))}"]
         if input_spec is not None:
             import yaml
@@ -481,6 +497,7 @@ def make_document(
     kind_select.on_change("value", kind_chosen)
     view_select.on_change("value", lambda _a, _o, new: session.set_view(new))
     nav_select.on_change("value", navigator_chosen)
+    region_select.on_change("value", lambda _a, _o, _n: show_position())
     keep_button.on_click(keep_clicked)
     export_button.on_click(export_clicked)
     img.on_event(Tap, tapped)
@@ -494,7 +511,7 @@ def make_document(
     doc.add_root(
         column(
             describe,
-            row(kind_select, view_select, nav_select, keep_button, export_button),
+            row(kind_select, view_select, nav_select, region_select, keep_button, export_button),
             status,
             row(nav, img, pat),
             kept_div,

@@ -184,13 +184,22 @@ def export_files(
     detectors: Sequence[Detector],
     spec: InputSpec | None,
     folder: str | Path,
+    *,
+    figures: bool = True,
+    client: Any = None,
 ) -> dict[str, Path]:
     """Write the export: ``pipeline.yaml`` (input from a file), ``explore.py``, masks, JSON.
+
+    With ``figures``, each detector's image (computed on ``ds`` through
+    ``client``, as :func:`quantem_flow.compute` takes it) and the mean
+    pattern are written as PNGs too (:func:`~quantem_flow.save_png`, their
+    display recorded in the file; an earlier export's PNGs are replaced).
 
     Returns
     -------
     dict
-        ``{"pipeline": path, "python": path, "detectors": path, <mask name>: path}``.
+        ``{"pipeline": path, "python": path, "detectors": path, <mask name>: path,
+        <name>.png: path}``.
     """
     import yaml
 
@@ -212,4 +221,13 @@ def export_files(
     path = out / "detectors.json"
     path.write_text(json.dumps([d.to_dict() for d in detectors], indent=1))
     written["detectors"] = path
+    if figures:
+        from ..graphs import compute
+        from ..operators import mean_diffraction
+        from ..operators.display import save_png
+
+        results = compute(*(d.lazy(ds) for d in detectors), mean_diffraction(ds), client=client)
+        names = [f"{d.name}.png" for d in detectors] + ["mean_pattern.png"]
+        for name, res in zip(names, results, strict=True):
+            written[name] = save_png(res, out / name, overwrite=True)
     return written

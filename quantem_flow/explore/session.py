@@ -191,17 +191,24 @@ class ExplorerSession:
         return kept
 
     # -- patterns -------------------------------------------------------------------------
-    def pattern(self, row: int, col: int) -> np.ndarray:
-        """The diffraction pattern at scan position ``(row, col)``, float64."""
-        return np.asarray(self.dataset.frame(row, col), dtype=np.float64)
+    def region_of(self, row: int, col: int, size: int) -> tuple[int, int, int, int]:
+        """The half-open ``size x size`` scan region around ``(row, col)``, within the scan."""
+        if size < 1:
+            raise ParameterError(f"a region is at least 1 x 1 positions, got size={size}")
+        R, C = self.dataset.scan_shape
+        r0 = min(max(row - (size - 1) // 2, 0), max(R - size, 0))
+        c0 = min(max(col - (size - 1) // 2, 0), max(C - size, 0))
+        return r0, min(r0 + size, R), c0, min(c0 + size, C)
 
-    def region_mean(self, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
-        """The mean pattern over the half-open scan region ``rows x cols``."""
-        from ..operators import mean_diffraction as mean_op
+    def pattern(self, row: int, col: int, *, size: int = 1) -> np.ndarray:
+        """The pattern at ``(row, col)``, or the sum over the ``size x size`` region around it.
 
-        sub = self.dataset.crop_scan((rows[0], rows[1], cols[0], cols[1]))
-        (res,) = _compute(mean_op(sub), client=self.client)
-        return np.asarray(res.data, dtype=np.float64)
+        Integer data are summed in int64 (exact); the result is float64 for display.
+        """
+        r0, r1, c0, c1 = self.region_of(row, col, size)
+        block = self.dataset.load_block((r0, r1), (c0, c1))
+        acc = np.int64 if block.dtype.kind in "iub" else np.float64
+        return np.asarray(block.sum(axis=(0, 1), dtype=acc), dtype=np.float64)
 
     # -- images ------------------------------------------------------------------------------
     def request(self) -> None:
