@@ -383,3 +383,56 @@ def test_drag_tap_and_export_in_chromium(data_file: Path, tmp_path: Path) -> Non
     assert "Traceback" not in err, err
     assert code == 0, (out, err)
     assert "explorer stopped" in out
+
+
+def test_a_calibrated_navigator_is_in_mrad_and_its_handles_move_detectors_in_px(
+    data_file: Path, tmp_path: Path
+) -> None:
+    from bokeh.document import Document
+
+    from quantem_flow.explore.app import make_document
+
+    ds = qf.open(data_file).with_calibration(
+        detector_sampling=(0.5, 0.5),
+        detector_units="mrad",
+        detector_origin=(19.5, 22.0),
+        scan_sampling=(0.2, 0.2),
+        scan_units="nm",
+    )
+    session = ExplorerSession(ds, client="synchronous")
+    try:
+        doc = Document()
+        make_document(doc, session, input_spec=input_spec_of(ds), export_dir=str(tmp_path))
+        nav = doc.get_model_by_name("navigator")
+        assert nav.xaxis[0].axis_label == "k_c (mrad from the beam centre)"
+        img = doc.get_model_by_name("scan_image")
+        assert img.xaxis[0].axis_label == "R_c (nm)"
+        det = session.detector
+        centre = doc.get_model_by_name("centre_handle").data
+        assert centre["x"][0] == pytest.approx((det.center[1] - 22.0) * 0.5)
+        assert centre["y"][0] == pytest.approx((det.center[0] - 19.5) * 0.5)
+        # the radius handle dragged 1 mrad further out: the disk grows by 2 px
+        handles = doc.get_model_by_name("radius_handles")
+        x = list(handles.data["x"])
+        x[0] += 1.0
+        handles.data = {"x": x, "y": list(handles.data["y"])}
+        assert session.detector.outer == pytest.approx(det.outer + 2.0)
+        assert session.detector.center == det.center
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if session.latest is not None and session.latest.detector == session.detector:
+                break
+            time.sleep(0.05)
+        np.testing.assert_array_equal(session.latest.image, reference(data_file, session.detector))
+        # a rectangle from two corners in mrad: the pixels whose centres lie inside
+        session.set_detector(Detector("rectangle", region=(10, 20, 12, 30), name="rect"))
+        doc2 = Document()
+        make_document(doc2, session, input_spec=None, export_dir=str(tmp_path))
+        corners = doc2.get_model_by_name("radius_handles")
+        corners.data = {
+            "x": [(11.6 - 22.0) * 0.5, (30.2 - 22.0) * 0.5],
+            "y": [(9.5 - 19.5) * 0.5, (20.4 - 19.5) * 0.5],
+        }
+        assert session.detector.region == (10, 21, 12, 31)
+    finally:
+        session.close()
