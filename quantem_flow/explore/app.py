@@ -90,6 +90,7 @@ def make_document(
     from bokeh.models import (  # type: ignore[attr-defined]
         ColorBar,
         ColumnDataSource,
+        CustomJS,
         LinearColorMapper,
         PointDrawTool,
         PolyDrawTool,
@@ -152,6 +153,22 @@ def make_document(
         fill_color="#1f77b4", line_color="white",
     )  # fmt: skip
     nav.add_tools(PointDrawTool(renderers=[centre_r, handle_r], add=False, drag=True))
+    # Bokeh's drag tool tells the server where a point went only when the drag ends; the
+    # image should follow while the user drags, so every redraw of a handle during the drag
+    # is copied to a source the server listens to (an echo of the server's own update is
+    # recognised there and ignored)
+    live_source = ColumnDataSource({"x": [], "y": [], "which": []}, name="live_drag")
+    for source, which in ((centre_source, "centre"), (handle_source, "handles")):
+        source.js_on_change(
+            "change",
+            CustomJS(
+                args={"live": live_source, "which": which},
+                code="""
+                const x = Array.from(cb_obj.data.x), y = Array.from(cb_obj.data.y);
+                live.data = {x: x, y: y, which: x.map(() => which)};
+                """,
+            ),
+        )
     poly_source = ColumnDataSource({"xs": [], "ys": []}, name="polygon_source")
     poly_r = nav.patches(
         "xs", "ys", source=poly_source, fill_alpha=0.2, fill_color="#2ca02c",
@@ -243,6 +260,8 @@ def make_document(
         if det.kind in ("disk", "annulus"):
             radii = [det.outer] + ([det.inner] if det.kind == "annulus" and det.inner > 0 else [])
             for r in radii:
+                if not math.isfinite(r):
+                    continue
                 xs.append([axes.x(det.center[1] + r * math.cos(a)) for a in t])
                 ys.append([axes.y(det.center[0] + r * math.sin(a)) for a in t])
         elif det.kind == "rectangle":
@@ -260,7 +279,10 @@ def make_document(
     def handles_of(det: Detector) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
         if det.kind in ("disk", "annulus"):
             centre = {"x": [axes.x(det.center[1])], "y": [axes.y(det.center[0])]}
-            radii = [det.outer] + ([det.inner] if det.kind == "annulus" else [])
+            # a radius to infinity (a ring to the edge) has its handle at the farthest corner
+            reach = math.hypot(max(det.center[0], kr - 1 - det.center[0]),
+                               max(det.center[1], kc - 1 - det.center[1]))  # fmt: skip
+            radii = [min(det.outer, reach)] + ([det.inner] if det.kind == "annulus" else [])
             hs = {
                 "x": [axes.x(det.center[1] + r) for r in radii],
                 "y": [axes.y(det.center[0])] * len(radii),
@@ -491,8 +513,18 @@ def make_document(
         text += ["# explore.py", python_snippet(ds, detectors, input_spec)]
         export_text.text = "\n".join(text)
 
+    def live_moved(_attr: str, _old: Any, new: Any) -> None:
+        if not len(new["which"]):
+            return
+        data = {"x": list(new["x"]), "y": list(new["y"])}
+        if new["which"][0] == "centre":
+            centre_moved("data", None, data)
+        else:
+            handles_moved("data", None, data)
+
     centre_source.on_change("data", centre_moved)
     handle_source.on_change("data", handles_moved)
+    live_source.on_change("data", live_moved)
     poly_source.on_change("data", polygon_drawn)
     kind_select.on_change("value", kind_chosen)
     view_select.on_change("value", lambda _a, _o, new: session.set_view(new))
