@@ -4,9 +4,10 @@ Measured in the browser: Debian's Chromium, driven by Playwright for Python, on
 the explorer of ``qf.explore`` (the dataset persisted on the embedded default,
 or on the worker layout given).  An ADF ring (inner radius 20-26 px, outer to
 the detector's corners) is placed around the pattern's centre; then, per
-query, the mouse drags the ring's inner handle by one pointer move of +4.5
-or -4.0 px in turn (11-13 screen px, past the drag tool's 10 px threshold;
-the inner radius goes 20, 24.5, 20.5, 25, 21, ...) and the page records, with
+query, the mouse drags the ring's inner handle by one pointer move of +6
+or -5.5 px in turn (15-17 screen px, past the drag tool's 10 px threshold;
+the inner radius goes 20, 26, 20.5, 26.5, 21, ...; a pointer-down the drag
+tool did not take is tried again and counted as a retry) and the page records, with
 ``performance.now()``:
 
 * ``t0``: the pointer move the drag tool turned into a new detector;
@@ -88,9 +89,7 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 
 
-def run_case(
-    page: Any, ex: Any, queries: int, warmup: int
-) -> dict[str, Any]:
+def run_case(page: Any, ex: Any, queries: int, warmup: int) -> dict[str, Any]:
     session = ex.session
     kr, kc = session.dataset.detector_shape
     centre = ((kr - 1) / 2, (kc - 1) / 2)
@@ -108,35 +107,41 @@ def run_case(
     lat: list[float] = []
     painted: list[float] = []
     compute: list[float] = []
+    retries = 0
     for i in range(queries):
         det = session.detector
-        # one pointer move of 4-4.5 px (11-13 screen px: past the drag tool's 10 px threshold)
-        step = 4.5 if i % 2 == 0 else -4.0
-        start = page.evaluate(_JS_XY, ["navigator", det.center[1] + det.inner, det.center[0]])
-        end = page.evaluate(
-            _JS_XY, ["navigator", det.center[1] + det.inner + step, det.center[0]]
-        )
-        n_draws = page.evaluate("() => qfT.draws.length")
-        page.mouse.move(*start)
-        page.mouse.down()
-        n_moves = page.evaluate("() => qfT.moves.length")
-        page.mouse.move(*end)  # the button stays down: the image must follow the drag
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            latest = session.latest
-            if (
-                latest is not None
-                and latest.detector.inner != det.inner
-                and latest.detector == session.detector
-                and page.evaluate("() => qfT.draws.length") > n_draws
-            ):
-                break
-            time.sleep(0.002)
-        else:
-            raise RuntimeError(
-                f"query {i}: no new image within 60 s: {session.detector}, {session.latest}, "
-                f"{page.evaluate('() => [qfT.moves.length, qfT.draws.length]')}, {start}, {end}"
+        # one pointer move of 5.5-6 px (15-17 screen px: past the drag tool's 10 px threshold)
+        step = 6.0 if i % 2 == 0 else -5.5
+        for attempt in range(3):  # a pointer-down the drag tool did not take is tried again
+            start = page.evaluate(_JS_XY, ["navigator", det.center[1] + det.inner, det.center[0]])
+            end = page.evaluate(
+                _JS_XY, ["navigator", det.center[1] + det.inner + step, det.center[0]]
             )
+            n_draws = page.evaluate("() => qfT.draws.length")
+            page.mouse.move(*start)
+            page.mouse.down()
+            n_moves = page.evaluate("() => qfT.moves.length")
+            page.mouse.move(*end)  # the button stays down: the image must follow the drag
+            deadline = time.monotonic() + (60 if attempt == 2 else 3)
+            done = False
+            while time.monotonic() < deadline:
+                latest = session.latest
+                if (
+                    latest is not None
+                    and latest.detector.inner != det.inner
+                    and latest.detector == session.detector
+                    and page.evaluate("() => qfT.draws.length") > n_draws
+                ):
+                    done = True
+                    break
+                time.sleep(0.002)
+            if done:
+                break
+            page.mouse.up()
+            retries += 1
+            time.sleep(0.3)
+        else:
+            raise RuntimeError(f"query {i}: no new image in three tries: {session.detector}")
         time.sleep(0.05)
         t0 = page.evaluate(f"() => qfT.moves[{n_moves}]")
         t1 = page.evaluate(f"() => qfT.draws.find(t => t > {t0})")
@@ -153,6 +158,7 @@ def run_case(
         "p50_s": statistics.median(lat),
         "p95_s": percentile(lat, 95),
         "painted_s": painted,
+        "retries": retries,
         "painted_p50_s": statistics.median(painted),
         "compute_p50_s": statistics.median(compute),
         "path": session.latest.result.provenance.execution.get("query_route", {}),

@@ -332,7 +332,11 @@ def make_document(
             img_mapper.update(low=float(lo), high=float(hi) if hi > lo else float(lo) + 1.0)
         colorbar.title = update.units
         what = update.detector.describe() if update.view == "virtual image" else update.view
-        img.title.text = f"{update.view}: {what}"
+        img.title.text = (
+            f"Virtual image ({update.detector.kind})"
+            if update.view == "virtual image"
+            else update.view
+        )
         geometry = html.escape(json.dumps(update.detector.to_dict()), quote=True)
         status.text = (
             f"<span id='qf-status' data-exact='{int(update.exact)}' data-view='{update.view}' "
@@ -356,7 +360,7 @@ def make_document(
         if size == 1:
             pat.title.text = f"Pattern at scan position ({r}, {c}) (log scale)"
         else:
-            pat.title.text = f"Sum of rows {r0}:{r1}, cols {c0}:{c1} around ({r}, {c}) (log scale)"
+            pat.title.text = f"Sum of rows {r0}:{r1}, cols {c0}:{c1} (log scale)"
 
     def show_kept() -> None:
         kept_div.text = "Kept: " + (
