@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import quantem_flow as qf  # noqa: E402
-from quantem_flow.explore import Detector, explore  # noqa: E402
+from quantem_flow.explorer import Detector, explore  # noqa: E402
 
 DEFAULT_DATA = Path("/tmp/qf-bench14/data_256x256x128x128.npy")
 

@@ -55,7 +55,7 @@ _GRAPH_NAMES = ("close_embedded_cluster", "compute", "embedded_client")
 
 def __getattr__(name: str) -> Any:
     if name == "explore":  # Bokeh and the server load only when a user explores
-        from .explore import explore
+        from .explorer import explore
 
         globals()["explore"] = explore
         return explore
@@ -80,7 +80,7 @@ from .dataset import register_persist as _register_persist  # noqa: E402
 _register_persist(_persist)
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the lazy names are these
-    from .explore import explore
+    from .explorer import explore
     from .graphs import close_embedded_cluster, compute, embedded_client
 
 try:

@@ -219,7 +219,7 @@ def _explore(args: argparse.Namespace) -> int:
     import threading
 
     from . import open as open_dataset
-    from .explore import InputSpec, explore
+    from .explorer import InputSpec, explore
     from .io import detect_format
 
     options: dict[str, Any] = {}

@@ -25,7 +25,7 @@ import pytest
 
 import quantem_flow as qf
 from quantem_flow.errors import ParameterError
-from quantem_flow.explore import (
+from quantem_flow.explorer import (
     Detector,
     ExplorerSession,
     export_files,
@@ -390,7 +390,7 @@ def test_a_calibrated_navigator_is_in_mrad_and_its_handles_move_detectors_in_px(
 ) -> None:
     from bokeh.document import Document
 
-    from quantem_flow.explore.app import make_document
+    from quantem_flow.explorer.app import make_document
 
     ds = qf.open(data_file).with_calibration(
         detector_sampling=(0.5, 0.5),
@@ -436,3 +436,19 @@ def test_a_calibrated_navigator_is_in_mrad_and_its_handles_move_detectors_in_px(
         assert session.detector.region == (10, 21, 12, 31)
     finally:
         session.close()
+
+
+def test_qf_explore_serves_on_loopback_with_a_token_and_closes(data_file: Path) -> None:
+    ex = qf.explore(qf.open(data_file), client="synchronous")
+    try:
+        assert ex.url.startswith("http://127.0.0.1:") and "token=" in ex.url
+        assert f'src="{ex.url}"' in ex._repr_html_()  # a notebook shows the page inline
+        with urllib.request.urlopen(ex.url, timeout=30) as page:
+            assert page.status == 200 and b"bokeh" in page.read().lower()
+        assert ex.session.dataset.is_persisted
+    finally:
+        ex.close()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(ex.url, timeout=5)
+    with pytest.raises(ParameterError, match="Dataset4D"):
+        qf.explore(np.zeros((2, 2, 4, 4)))  # type: ignore[arg-type]

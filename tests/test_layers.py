@@ -39,7 +39,7 @@ FRONT = (
     "convert",
     "bench",
     "plotting",
-    "explore",
+    "explorer",
 )
 
 

@@ -85,7 +85,7 @@ class Explorer:
     url
         The page's URL, token included.
     session
-        The shared state (:class:`~quantem_flow.explore.session.ExplorerSession`).
+        The shared state (:class:`~quantem_flow.explorer.session.ExplorerSession`).
     """
 
     def __init__(
@@ -230,7 +230,7 @@ def explore(
         TCP port; ``0`` picks a free one.
     input_spec
         How to open the file again, for the exported pipeline (default:
-        what the dataset records, :func:`~quantem_flow.explore.export.input_spec_of`).
+        what the dataset records, :func:`~quantem_flow.explorer.export.input_spec_of`).
     export_dir
         Folder the Export button writes to.
 
