@@ -452,3 +452,48 @@ def test_qf_explore_serves_on_loopback_with_a_token_and_closes(data_file: Path) 
         urllib.request.urlopen(ex.url, timeout=5)
     with pytest.raises(ParameterError, match="Dataset4D"):
         qf.explore(np.zeros((2, 2, 4, 4)))  # type: ignore[arg-type]
+
+
+def _wait_latest(session: ExplorerSession, view: str, det: Detector) -> Any:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        latest = session.latest
+        if latest is not None and latest.view == view and latest.detector == det:
+            return latest
+        time.sleep(0.05)
+    raise AssertionError(f"no {view} image of {det}; error: {session.error}")
+
+
+def test_views_and_a_detector_mostly_off_the_detector(data_file: Path) -> None:
+    import warnings
+
+    ds = qf.open(data_file)
+    session = ExplorerSession(ds, client="synchronous")
+    try:
+        # a disk mostly off the 40 x 44 detector: computed, the warning kept as a note
+        edge = Detector("disk", center=(0.0, 0.0), outer=12.0, name="bf")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            session.set_detector(edge)
+            latest = _wait_latest(session, "virtual image", edge)
+        assert latest.notes and "off the" in latest.notes[0]
+        assert not [w for w in caught if "off the" in str(w.message)]
+        np.testing.assert_array_equal(latest.image, reference(data_file, edge))
+        # CoM magnitude and iDPC around the current detector's centre
+        det = Detector("disk", center=(19.5, 21.5), outer=7.0, name="bf")
+        session.set_detector(det)
+        session.set_view("CoM magnitude")
+        com_view = _wait_latest(session, "CoM magnitude", det)
+        (com,) = qf.compute(qf.center_of_mass(ds, center=det.center), client="synchronous")
+        np.testing.assert_array_equal(com_view.image, np.hypot(com.data[0], com.data[1]))
+        assert com_view.units == "px"
+        session.set_view("iDPC phase")
+        phase_view = _wait_latest(session, "iDPC phase", det)
+        (phase,) = qf.compute(
+            qf.idpc(qf.center_of_mass(ds, center=det.center)), client="synchronous"
+        )
+        np.testing.assert_allclose(phase_view.image, phase.data, rtol=0, atol=1e-12)
+        with pytest.raises(ParameterError, match="view must be one of"):
+            session.set_view("ptychography")
+    finally:
+        session.close()

@@ -344,6 +344,12 @@ def make_document(
             f"{'exact' if update.exact else 'coarse'} image of {what} "
             f"({update.seconds * 1e3:.0f} ms, units {update.units})</span>"
         )
+        if update.notes:
+            status.text += (
+                "<br><span style='color:#b35900'>allowed and recorded in the provenance: "
+                + html.escape(update.notes[0].split(":", 1)[-1].strip())
+                + "</span>"
+            )
 
     def show_position() -> None:
         r, c = session.position

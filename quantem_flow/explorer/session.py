@@ -16,13 +16,14 @@ import dataclasses
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ..dataset import Dataset4D
-from ..errors import ParameterError
+from ..errors import ImplausibleParameterWarning, ParameterError
 from ..operators import center_of_mass, estimate_probe, idpc, max_diffraction, mean_diffraction
 from ..results import Result
 from .detectors import Detector
@@ -56,6 +57,9 @@ class ImageUpdate:
         Wall time of the computation.
     exact
         ``True``: the full-resolution result of ``qf.compute``.
+    notes
+        What was allowed that is normally refused (a detector mostly off the
+        detector), as its warning said.
     """
 
     view: str
@@ -65,6 +69,7 @@ class ImageUpdate:
     units: str
     seconds: float
     exact: bool = True
+    notes: tuple[str, ...] = ()
 
 
 def _compute(*lazy: Any, client: Any) -> tuple[Any, ...]:
@@ -218,7 +223,25 @@ class ExplorerSession:
             self._wake.notify()
 
     def compute_now(self, view: str, detector: Detector) -> ImageUpdate:
-        """Compute one image in this thread (what the background thread does per request)."""
+        """Compute one image in this thread (what the background thread does per request).
+
+        A detector the user placed mostly off the detector is computed anyway
+        (``allow_implausible``): its warning is recorded in the result's
+        provenance and in :attr:`ImageUpdate.notes`, not printed once per
+        drag step; any other warning raised meanwhile is passed on.
+        """
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            update = self._compute_now(view, detector)
+        notes = []
+        for w in caught:
+            if issubclass(w.category, ImplausibleParameterWarning):
+                notes.append(str(w.message))
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return dataclasses.replace(update, notes=tuple(notes))
+
+    def _compute_now(self, view: str, detector: Detector) -> ImageUpdate:
         t0 = time.perf_counter()
         if view == "virtual image":
             (res,) = _compute(detector.lazy(self.dataset), client=self.client)
