@@ -141,7 +141,13 @@ def run_case(page: Any, ex: Any, queries: int, warmup: int) -> dict[str, Any]:
             retries += 1
             time.sleep(0.3)
         else:
-            raise RuntimeError(f"query {i}: no new image in three tries: {session.detector}")
+            latest = session.latest
+            raise RuntimeError(
+                f"query {i}: no new image in three tries: the session's detector "
+                f"{session.detector}, its latest image's {latest and latest.detector}, the page "
+                f"{page.evaluate('() => [qfT.moves.length, qfT.draws.length]')} moves/draws, "
+                f"status {page.locator('#qf-status').get_attribute('data-detector')}"
+            )
         time.sleep(0.05)
         t0 = page.evaluate(f"() => qfT.moves[{n_moves}]")
         t1 = page.evaluate(f"() => qfT.draws.find(t => t > {t0})")

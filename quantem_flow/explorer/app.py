@@ -154,21 +154,32 @@ def make_document(
     )  # fmt: skip
     nav.add_tools(PointDrawTool(renderers=[centre_r, handle_r], add=False, drag=True))
     # Bokeh's drag tool tells the server where a point went only when the drag ends; the
-    # image should follow while the user drags, so every redraw of a handle during the drag
-    # is copied to a source the server listens to (an echo of the server's own update is
-    # recognised there and ignored)
+    # image should follow while the user drags, so every redraw of a handle *by the drag*
+    # is copied to a source the server listens to.  Not copied: a redraw of a source with
+    # no point selected (the tool redraws every source it edits, the dragged one holds
+    # the selected point) and one that follows a set of the data (the server's update,
+    # or the drag's end, which reaches the server as it is: Bokeh announces the set just
+    # before the redraw, and the page remembers it per source)
     live_source = ColumnDataSource({"x": [], "y": [], "which": []}, name="live_drag")
     for source, which in ((centre_source, "centre"), (handle_source, "handles")):
+        source.js_on_change(
+            "data",
+            CustomJS(code="(window.qfDataSet = window.qfDataSet || {})[cb_obj.id] = true;"),
+        )
         source.js_on_change(
             "change",
             CustomJS(
                 args={"live": live_source, "which": which},
                 code="""
+                const set = window.qfDataSet || {};
+                if (set[cb_obj.id]) { set[cb_obj.id] = false; return; }
+                if (cb_obj.selected.indices.length == 0) { return; }  // not the dragged one
                 const x = Array.from(cb_obj.data.x), y = Array.from(cb_obj.data.y);
                 live.data = {x: x, y: y, which: x.map(() => which)};
                 """,
             ),
         )
+
     poly_source = ColumnDataSource({"xs": [], "ys": []}, name="polygon_source")
     poly_r = nav.patches(
         "xs", "ys", source=poly_source, fill_alpha=0.2, fill_color="#2ca02c",
@@ -297,8 +308,9 @@ def make_document(
         return {"x": [], "y": []}, {"x": [], "y": []}
 
     state: dict[str, Any] = {"detector": None, "handles": None}
-    # handle positions this page was sent: the browser may echo one back after the detector
-    # moved on (a drag tool syncing every source it edits); an echo is not a user's move
+    # handle positions this page was sent: at a drag's end the tool sends every source it
+    # edits, one it did not drag as the page holds it, which may be a position the server
+    # has moved on from; that is not a user's move
     sent: collections.deque[tuple[tuple[float, ...], tuple[float, ...]]] = collections.deque(
         maxlen=256
     )
@@ -395,11 +407,11 @@ def make_document(
     doc.on_session_destroyed(lambda _ctx: unsubscribe())
 
     # -- page -> session ---------------------------------------------------------------------
-    def centre_moved(_attr: str, _old: Any, new: Any) -> None:
+    def centre_moved(_attr: str, _old: Any, new: Any, live: bool = False) -> None:
         det = state["detector"]
         if det is None or det.kind not in ("disk", "annulus") or not len(new["x"]):
             return
-        if points(new) in sent:
+        if not live and points(new) in sent:  # a drag's end may resend what it was sent
             return
         centre = (axes.row(float(new["y"][0])), axes.col(float(new["x"][0])))
         if centre != det.center:
@@ -407,12 +419,12 @@ def make_document(
                 Detector(det.kind, center=centre, inner=det.inner, outer=det.outer, name=det.name)
             )
 
-    def handles_moved(_attr: str, _old: Any, new: Any) -> None:
+    def handles_moved(_attr: str, _old: Any, new: Any, live: bool = False) -> None:
         det = state["detector"]
         if det is None or not len(new["x"]):
             return
         now = points(new)
-        if now in sent:
+        if not live and now in sent:  # a drag's end may resend what it was sent
             return
         before = state["handles"]
         state["handles"] = now
@@ -528,9 +540,9 @@ def make_document(
             return
         data = {"x": list(new["x"]), "y": list(new["y"])}
         if new["which"][0] == "centre":
-            centre_moved("data", None, data)
+            centre_moved("data", None, data, live=True)
         else:
-            handles_moved("data", None, data)
+            handles_moved("data", None, data, live=True)
 
     centre_source.on_change("data", centre_moved)
     handle_source.on_change("data", handles_moved)

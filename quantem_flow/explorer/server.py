@@ -169,8 +169,11 @@ class Explorer:
         finally:
             self._stopped.set()
 
-    def close(self, *, release: bool = True) -> None:
-        """Stop the server and the session (releasing the chunks it persisted)."""
+    def close(self, *, release: bool = True, keep_session: bool = False) -> None:
+        """Stop the server and the session (releasing the chunks it persisted).
+
+        ``keep_session``: stop the server only (another server may serve the session).
+        """
         loop = self._loop
         if loop is not None and self._server is not None and not self._stopped.is_set():
 
@@ -182,7 +185,8 @@ class Explorer:
 
             loop.call_soon_threadsafe(stop)
             self._thread.join(timeout=10)
-        self.session.close(release=release)
+        if not keep_session:
+            self.session.close(release=release)
 
     def __enter__(self) -> Explorer:
         return self
