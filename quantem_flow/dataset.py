@@ -223,7 +223,12 @@ class Dataset4D:
             return min(self._chunk_rows_requested, rows)
         kr, kc = self._source.shape[2:]
         row_bytes = self.shape[1] * kr * kc * self._source.dtype.itemsize
-        return max(1, min(rows, int(self._chunk_mib * 2**20 // max(row_bytes, 1))))
+        target = max(1, min(rows, int(self._chunk_mib * 2**20 // max(row_bytes, 1))))
+        unit = self._source.row_chunk_multiple
+        if unit is not None and unit > 0 and self._scan_block[0] % unit == 0:
+            # whole stored row chunks per task: none is read (or computed) twice
+            return min(rows, max(unit, target // unit * unit))
+        return target
 
     @property
     def chunks(self) -> list[tuple[int, int]]:
@@ -608,7 +613,7 @@ def _load_block(ds: Dataset4D, r0: int, r1: int) -> np.ndarray:
 
 
 def open(
-    path_or_array: str | os.PathLike[str] | np.ndarray,
+    path_or_array: str | os.PathLike[str] | np.ndarray | Any,
     *,
     format: str | None = None,
     calibration: Calibration | dict[str, Any] | None = None,
@@ -622,7 +627,13 @@ def open(
     ----------
     path_or_array
         A file (HDF5, Dectris master, ``.npy``, raw, EMPAD ``.xml``, Merlin
-        ``.mib``), a Zarr v3 store, or an in-memory array.
+        ``.mib``...), a Zarr store, or an array held in this session, opened
+        lazily without copying: a NumPy or Dask array (its row chunks kept),
+        an xarray ``DataArray`` (its coordinates' ``units`` give the
+        calibration), a ``zarr.Array`` or ``h5py.Dataset`` (reopened by path),
+        any object with ``shape``, ``dtype`` and slicing, or a list (copied).
+        4-D ``(R_r, R_c, k_r, k_c)``, or 3-D ``(frames, k_r, k_c)`` with
+        ``scan_shape=``.
     format
         Reader name (see :data:`quantem_flow.io.READERS`); guessed from the
         path when ``None``.

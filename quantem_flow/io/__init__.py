@@ -153,14 +153,20 @@ def detect_format(path: str | os.PathLike[str]) -> str:
 
 
 def open_source(
-    path_or_array: str | os.PathLike[str] | np.ndarray, *, format: str | None = None, **options: Any
+    path_or_array: str | os.PathLike[str] | np.ndarray | Any,
+    *,
+    format: str | None = None,
+    **options: Any,
 ) -> Source:
     """Open an input with the right reader.
 
     Parameters
     ----------
     path_or_array
-        A file, directory or in-memory array.
+        A file, directory or in-memory array: NumPy, Dask, xarray
+        ``DataArray``, ``zarr.Array``, ``h5py.Dataset``, a list, or any array
+        object with ``shape``, ``dtype`` and slicing
+        (:mod:`quantem_flow.io.array_like`).
     format
         Reader name; detected from the content and name when ``None``
         (:func:`detect_format`).
@@ -176,7 +182,10 @@ def open_source(
 
 
 def open_source_explained(
-    path_or_array: str | os.PathLike[str] | np.ndarray, *, format: str | None = None, **options: Any
+    path_or_array: str | os.PathLike[str] | np.ndarray | Any,
+    *,
+    format: str | None = None,
+    **options: Any,
 ) -> tuple[Source, str]:
     """Open an input like :func:`open_source` and say how its reader was chosen.
 
@@ -191,6 +200,10 @@ def open_source_explained(
         if format not in (None, "memory"):
             raise ParameterError(f"an in-memory array needs format='memory', got {format!r}")
         return reader_class("memory")(path_or_array, **options), "in-memory array"
+    if not isinstance(path_or_array, (str, os.PathLike)):
+        from .array_like import open_array_like
+
+        return open_array_like(path_or_array, format=format, **options)
     fmt: str | None = format
     how = f"given (format={format!r})"
     from .base import check_regular

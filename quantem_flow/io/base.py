@@ -256,6 +256,16 @@ class Source(abc.ABC):
         return None
 
     @property
+    def row_chunk_multiple(self) -> int | None:
+        """Scan rows per stored chunk, when the input is chunked by whole scan rows.
+
+        A dataset's default chunks are then a multiple of it, so no stored
+        chunk is read by two tasks (a Dask array's row chunks).  ``None``
+        (the default) leaves the chunk size to ``chunk_mib`` alone.
+        """
+        return None
+
+    @property
     def nbytes(self) -> int:
         """Logical (decoded) size in bytes."""
         return int(math.prod(self.shape)) * int(self.dtype.itemsize)

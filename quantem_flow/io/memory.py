@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..calibration import Calibration
 from ..errors import DtypeError, ShapeError
 from .base import ResidentOnlySource, Source, SourceIdentity, header_digest, resolve_scan_shape
 
@@ -22,6 +23,12 @@ class ArraySource(Source):
         ``(R_r, R_c, k_r, k_c)``, or ``(frames, k_r, k_c)`` with ``scan_shape``.
     scan_shape
         ``(rows, cols)`` or ``"square"`` for 3-D input.
+    calibration
+        A calibration the wrapped object recorded (an xarray's coordinates).
+    calibration_from
+        Where ``calibration`` came from, for provenance.
+    notes
+        Choices made while wrapping (a list copied into an array), recorded.
 
     Notes
     -----
@@ -32,13 +39,23 @@ class ArraySource(Source):
 
     format: ClassVar[str] = "memory"
 
-    def __init__(self, array: np.ndarray, *, scan_shape: Sequence[int] | str | None = None):
+    def __init__(
+        self,
+        array: np.ndarray,
+        *,
+        scan_shape: Sequence[int] | str | None = None,
+        calibration: Calibration | None = None,
+        calibration_from: str | None = None,
+        notes: Sequence[str] = (),
+    ):
         a = np.asarray(array)
+        self._calibration = calibration
+        self._calibration_from = calibration_from
         if a.dtype.kind not in "uif":
             raise DtypeError(
                 f"4D-STEM data must be integer or real floating point, got dtype {a.dtype}"
             )
-        self._notes: list[str] = []
+        self._notes: list[str] = list(notes)
         if a.ndim == 3:
             choice = resolve_scan_shape(a.shape[0], scan_shape)
             if choice.note:
@@ -72,6 +89,18 @@ class ArraySource(Source):
     def dtype(self) -> np.dtype[Any]:
         """Dtype of the array."""
         return self._array.dtype
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """The calibration given with the array (an xarray's coordinates), if any."""
+        return self._calibration
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """Where the calibration came from, when one was given."""
+        if self._calibration is None:
+            return {}
+        return {"calibration_from": self._calibration_from or "given with the array"}
 
     @property
     def identity(self) -> SourceIdentity:
