@@ -128,14 +128,29 @@ def figure_title(result: Result) -> str:
     return head if not bits else f"{head}\n{', '.join(bits)}"
 
 
-def _axis_label(axis: Axis) -> str:
+def _axis_label(axis: Axis, *, measured_from: str = "") -> str:
     names = {
         "scan_row": "scan row",
         "scan_col": "scan column",
         "k_row": "k row",
         "k_col": "k column",
     }
-    return f"{names.get(axis.name, axis.name)} ({axis.units})"
+    where = f" from {measured_from}" if measured_from else ""
+    return f"{names.get(axis.name, axis.name)} ({axis.units}{where})"
+
+
+def pattern_origin_text(result: Result) -> str:
+    """What a pattern's detector axes are measured from: ``"the beam centre"``, or ``""``.
+
+    Read from the result's ``axes_origin`` record
+    (:func:`quantem_flow.operators.patterns.pattern_axes`); ``"the detector
+    corner"`` when no beam centre was known, ``""`` for pixel indices.
+    """
+    record = result.provenance.parameters.get("axes_origin")
+    if not isinstance(record, dict) or record.get("px") is None:
+        return ""
+    source = str(record.get("from", ""))
+    return "the detector corner" if source.startswith("the detector corner") else "the beam centre"
 
 
 def _extent(row: Axis, col: Axis) -> tuple[float, float, float, float]:
@@ -211,6 +226,7 @@ def _draw_image(
     high_percentile: float,
     log: bool = False,
     scalebar: bool = False,
+    measured_from: str = "",
 ) -> Any:
     from matplotlib.colors import LogNorm, Normalize
 
@@ -236,8 +252,8 @@ def _draw_image(
         extent=_extent(row, col),
         interpolation="nearest",
     )
-    ax.set_xlabel(_axis_label(col))
-    ax.set_ylabel(_axis_label(row))
+    ax.set_xlabel(_axis_label(col, measured_from=measured_from))
+    ax.set_ylabel(_axis_label(row, measured_from=measured_from))
     if scalebar:
         _scalebar(ax, col)
         ax.set_xticks([])
@@ -394,8 +410,14 @@ def _draw_detectors(ax: Any, pattern: DiffractionImage, detectors: Iterable[Resu
             notes.append(f"{geo['name']}: computed on a detector of another shape")
             continue
         units = geo["units"]
+        inner, outer = geo["inner"], geo["outer"]
         if units == "px":
             scale_r, scale_c = row.sampling, col.sampling
+            if row.units != "px" and math.isclose(row.sampling, col.sampling, rel_tol=1e-9):
+                # the legend speaks the axes' unit: radii given in px are shown in it too
+                units = row.units
+                inner, outer = inner * row.sampling, outer * row.sampling
+                scale_r = scale_c = 1.0
         elif units == row.units == col.units:
             scale_r = scale_c = 1.0
         else:
@@ -404,9 +426,9 @@ def _draw_detectors(ax: Any, pattern: DiffractionImage, detectors: Iterable[Resu
         cy = (geo["center_px"][0] - row.origin) * row.sampling
         cx = (geo["center_px"][1] - col.origin) * col.sampling
         color = _OVERLAY_COLORS[i % len(_OVERLAY_COLORS)]
-        label = f"{geo['name']}: {_ring_text(geo['inner'], geo['outer'], units)}"
+        label = f"{geo['name']}: {_ring_text(inner, outer, units)}"
         first = True
-        for radius in (geo["inner"], geo["outer"]):
+        for radius in (inner, outer):
             if radius <= 0 or not math.isfinite(radius):
                 continue
             patch = Ellipse(
@@ -543,6 +565,7 @@ def plot_result(
             high_percentile=high_percentile,
             log=is_pattern if log is None else bool(log),
             scalebar=scalebar and not is_pattern,
+            measured_from=pattern_origin_text(result) if is_pattern else "",
         )
         if is_pattern:
             assert isinstance(result, DiffractionImage)

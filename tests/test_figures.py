@@ -98,9 +98,11 @@ def test_diffraction_in_mrad_with_detectors(results):
     mean = results["mean"]
     fig = mean.plot(detectors=[results["bf"], results["adf"]])
     ax = fig.axes[0]
-    assert ax.get_xlabel() == "k column (mrad)"
-    assert ax.get_ylabel() == "k row (mrad)"
-    assert ax.images[0].get_extent()[1] == pytest.approx(35.5 * 0.9)
+    assert ax.get_xlabel() == "k column (mrad from the beam centre)"
+    assert ax.get_ylabel() == "k row (mrad from the beam centre)"
+    origin_col = mean.axes[1].origin  # the beam centre (given or found), recorded
+    assert mean.provenance.parameters["axes_origin"]["px"][1] == origin_col
+    assert ax.images[0].get_extent()[1] == pytest.approx((35.5 - origin_col) * 0.9)
     ellipses = [p for p in ax.patches if type(p).__name__ == "Ellipse"]
     assert len(ellipses) == 3  # bf outer, adf inner and outer
     widths = sorted(round(e.width, 6) for e in ellipses)

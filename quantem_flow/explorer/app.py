@@ -39,20 +39,22 @@ class _Axes:
     """Detector pixels <-> display coordinates (mrad or 1/Å from the origin, or px)."""
 
     def __init__(self, session: ExplorerSession):
-        cal = session.dataset.calibration
         kr, kc = session.dataset.detector_shape
-        units = str(cal.detector_units)
-        origin = cal.detector_origin
-        self.calibrated = units != "px" and origin is not None
-        if self.calibrated:
-            assert origin is not None
-            self.origin = (float(origin[0]), float(origin[1]))
-            self.scale = (float(cal.detector_sampling[0]), float(cal.detector_sampling[1]))
-            self.units = units
-        else:
-            self.origin = (0.0, 0.0)
-            self.scale = (1.0, 1.0)
-            self.units = "px"
+        row, col = session.pattern_axes
+        # the same axes as the mean pattern's figure: angles from the beam centre
+        # (given, or found from the data), pixel indices when uncalibrated
+        self.calibrated = row.units != "px"
+        self.origin = (float(row.origin), float(col.origin))
+        self.scale = (float(row.sampling), float(col.sampling))
+        self.units = str(row.units)
+        found = str(session.pattern_origin.get("from", ""))
+        self.measured_from = (
+            ""
+            if not self.calibrated
+            else "the detector corner"
+            if found.startswith("the detector corner")
+            else "the beam centre"
+        )
         self.shape = (kr, kc)
 
     def y(self, row: float) -> float:
@@ -68,7 +70,7 @@ class _Axes:
         return x / self.scale[1] + self.origin[1]
 
     def label(self, axis: str) -> str:
-        where = " from the beam centre" if self.calibrated else ""
+        where = f" from {self.measured_from}" if self.measured_from else ""
         return f"k_{axis} ({self.units}{where})"
 
 

@@ -101,6 +101,10 @@ class ExplorerSession:
         self.mean_pattern = np.asarray(mean.data, dtype=np.float64)
         self.max_pattern = np.asarray(peak.data, dtype=np.float64)
         self.pattern_units = str(mean.units)
+        #: The pattern's detector axes and what they are measured from (the beam
+        #: centre when known or found: ``axes_origin`` in the provenance).
+        self.pattern_axes = mean.axes
+        self.pattern_origin = dict(mean.provenance.parameters.get("axes_origin") or {})
         kr, kc = self.dataset.detector_shape
         try:
             probe = estimate_probe(self.mean_pattern)

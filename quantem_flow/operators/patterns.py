@@ -6,8 +6,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..calibration import Axis
 from ..dataset import Dataset4D
-from ..errors import ParameterError
+from ..errors import ParameterError, QuantemFlowError
 from ..results import DiffractionImage
 from .base import ChunkOperator, ChunkPlan, LazyResult, PassOutputs, PlanContext, make_provenance
 from .virtual import value_units
@@ -34,6 +35,7 @@ class DiffractionPattern(ChunkOperator):
         ds = ctx.dataset
         red = self.reduction
         integer = ds.dtype.kind in "ui"
+        axes, origin_record = pattern_axes(ds, ctx)
 
         def finalize(out: PassOutputs) -> DiffractionImage:
             if red == "max":
@@ -49,11 +51,11 @@ class DiffractionPattern(ChunkOperator):
             return DiffractionImage(
                 data=data,
                 units=value_units(ds) + (" per frame" if red == "mean" else ""),
-                axes=ds.calibration.detector_axes(ds.detector_shape),
+                axes=axes,
                 provenance=make_provenance(
                     ds,
                     operator=f"{red}_diffraction",
-                    parameters=self.parameters(),
+                    parameters={**self.parameters(), "axes_origin": origin_record},
                     outputs=out,
                     accumulation_dtype=acc if red != "max" or not integer else None,
                 ),
@@ -66,6 +68,52 @@ class DiffractionPattern(ChunkOperator):
             parameters=self.parameters(),
             finalize=finalize,
         )
+
+
+def pattern_axes(ds: Dataset4D, ctx: PlanContext) -> tuple[tuple[Axis, Axis], dict[str, Any]]:
+    """The detector axes of a pattern result, measured from the beam centre where known.
+
+    Angles and spatial frequencies are measured from the beam centre: the
+    calibration's ``detector_origin`` when given, else, on a calibrated
+    detector, the probe centre found from the data (the estimate that
+    ``center="auto"`` uses, so a virtual detector drawn on the pattern sits
+    where it was computed).  An uncalibrated detector keeps pixel indices
+    (what ``center=(row, col)`` takes).
+
+    Returns
+    -------
+    tuple
+        ``(row axis, column axis)`` and the provenance record ``axes_origin``:
+        ``{"px": [row, col] or None, "from": ...}``.
+    """
+    cal = ds.calibration
+    shape = ds.detector_shape
+    if cal.detector_origin is not None:
+        record: dict[str, Any] = {
+            "px": list(cal.detector_origin),
+            "from": "calibration.detector_origin (the beam centre)",
+        }
+        return cal.detector_axes(shape), record
+    if not cal.detector_is_calibrated:
+        return cal.detector_axes(shape), {
+            "px": None,
+            "from": "none: an uncalibrated detector's axes are pixel indices from the corner",
+        }
+    try:
+        probe = ctx.probe()
+    except QuantemFlowError as exc:
+        return cal.detector_axes(shape), {
+            "px": [0.0, 0.0],
+            "from": f"the detector corner: no beam centre is known and none was found ({exc}); "
+            "give Calibration(detector_origin=(row, col))",
+        }
+    centre = (float(probe.center[0]), float(probe.center[1]))
+    axes = cal.replace(detector_origin=centre).detector_axes(shape)
+    return axes, {
+        "px": list(centre),
+        "from": "the beam centre found from the data (the probe estimate center='auto' uses)",
+        "probe": probe.to_dict(),
+    }
 
 
 def _pattern(ds: Dataset4D, reduction: str, name: str | None) -> LazyResult:
