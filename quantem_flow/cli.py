@@ -275,7 +275,7 @@ def _start_client(scheduler: str | None) -> tuple[Any, str]:
     else:
         if "://" not in scheduler:
             raise ParameterError(
-                f"--scheduler takes a scheduler address such as tcp://127.0.0.1:8786 or "
+                f"the scheduler must be an address such as tcp://127.0.0.1:8786 or "
                 f"'synchronous', got {scheduler!r}"
             )
         from distributed import Client
@@ -350,8 +350,18 @@ def _figures_dir(targets: Any, given: str | None) -> Path | None:
     return None
 
 
-def _check_figures(names: Sequence[str], folder: Path | None, overwrite: bool) -> None:
-    """Refuse, before anything is computed, to replace figures without --overwrite."""
+def _check_figures(
+    names: Sequence[str],
+    folder: Path | None,
+    overwrite: bool,
+    *,
+    remedy: str = "pass --overwrite, --figures DIR, or --no-figures",
+) -> None:
+    """Refuse, before anything is computed, to replace figures without --overwrite.
+
+    ``remedy`` names only options of the command that calls it (a test keeps
+    every option named in a message real).
+    """
     if folder is None:
         return
     from .io.results_store import check_replaceable
@@ -364,8 +374,7 @@ def _check_figures(names: Sequence[str], folder: Path | None, overwrite: bool) -
         return
     if existing:
         raise ParameterError(
-            f"figure file(s) already exist: {[str(p) for p in existing[:4]]}; pass --overwrite, "
-            "--figures DIR, or --no-figures"
+            f"figure file(s) already exist: {[str(p) for p in existing[:4]]}; {remedy}"
         )
 
 
@@ -505,7 +514,6 @@ def _demo(args: argparse.Namespace) -> int:
         import yaml
 
         planned_pipe = load_pipeline(yaml.safe_load(template), base_dir=out)
-        _check_figures(list(planned_pipe.outputs), out / "figures", False)
         planned = planned_pipe.save_targets()
         existing = [p for p in (data_path, yaml_path) if p.exists()] + planned.existing()
         if existing:
@@ -513,6 +521,12 @@ def _demo(args: argparse.Namespace) -> int:
                 f"{str(out)!r} already holds demo files ({[p.name for p in existing][:4]}); "
                 "pass --overwrite to replace them or choose another --output-dir"
             )
+        _check_figures(
+            list(planned_pipe.outputs),
+            out / "figures",
+            False,
+            remedy="pass --overwrite to replace them or choose another --output-dir",
+        )
     R, C = params["scan_shape"]
     kr, kc = params["detector_shape"]
     _say(
