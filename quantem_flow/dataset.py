@@ -45,6 +45,39 @@ def _check_region(region: Sequence[int], shape: tuple[int, int], what: str) -> R
     return (r0, r1, c0, c1)
 
 
+def _region_of(
+    region: Sequence[int] | None,
+    rows: Sequence[int] | None,
+    cols: Sequence[int] | None,
+    shape: tuple[int, int],
+    what: str,
+) -> Sequence[int]:
+    """A region given as one sequence or as ``rows=``/``cols=`` pairs, as one sequence."""
+    if region is not None:
+        if rows is not None or cols is not None:
+            raise ParameterError(
+                f"{what} takes a region (r0, r1, c0, c1) or rows=/cols=, not both; got "
+                f"region={region!r}, rows={rows!r}, cols={cols!r}"
+            )
+        return region
+    if rows is None and cols is None:
+        raise ParameterError(
+            f"{what} needs a region: rows=(start, stop) and/or cols=(start, stop), or "
+            "(row_start, row_stop, col_start, col_stop); half-open, in pixels"
+        )
+    pairs: list[int] = []
+    for name, pair, size in (("rows", rows, shape[0]), ("cols", cols, shape[1])):
+        if pair is None:
+            pairs.extend((0, size))
+            continue
+        try:
+            start, stop = (int(v) for v in pair)
+        except (TypeError, ValueError) as exc:
+            raise ParameterError(f"{what}: {name} must be (start, stop), got {pair!r}") from exc
+        pairs.extend((start, stop))
+    return pairs
+
+
 class Dataset4D:
     """A lazy 4D-STEM dataset ``I[R_r, R_c, k_r, k_c]``.
 
@@ -464,15 +497,57 @@ class Dataset4D:
             raise ParameterError("give rows or mib, not both")
         return self._derive(chunk_rows=rows, chunk_mib=mib if mib is not None else self._chunk_mib)
 
-    def crop_scan(self, region: Sequence[int]) -> Dataset4D:
-        """Keep the half-open scan region ``(row_start, row_stop, col_start, col_stop)``."""
-        r0, r1, c0, c1 = _check_region(region, self.scan_shape, "scan region")
+    def crop_scan(
+        self,
+        region: Sequence[int] | None = None,
+        *,
+        rows: Sequence[int] | None = None,
+        cols: Sequence[int] | None = None,
+    ) -> Dataset4D:
+        """Keep a half-open scan region.
+
+        Parameters
+        ----------
+        region
+            ``(row_start, row_stop, col_start, col_stop)`` scan positions.
+        rows, cols
+            Or the same as keywords: ``rows=(r0, r1)``, ``cols=(c0, c1)``; an
+            axis not given is kept whole.
+
+        Returns
+        -------
+        Dataset4D
+            The lazy view (nothing is read).
+        """
+        box = _region_of(region, rows, cols, self.scan_shape, "crop_scan")
+        r0, r1, c0, c1 = _check_region(box, self.scan_shape, "scan region")
         b = self._scan_block
         return self._derive(_scan_block=(b[0] + r0, b[0] + r1, b[2] + c0, b[2] + c1))
 
-    def crop_detector(self, region: Sequence[int]) -> Dataset4D:
-        """Keep the half-open detector region ``(row_start, row_stop, col_start, col_stop)``."""
-        r = _check_region(region, self.detector_shape, "detector region")
+    def crop_detector(
+        self,
+        region: Sequence[int] | None = None,
+        *,
+        rows: Sequence[int] | None = None,
+        cols: Sequence[int] | None = None,
+    ) -> Dataset4D:
+        """Keep a half-open detector region (the calibration's origin follows).
+
+        Parameters
+        ----------
+        region
+            ``(row_start, row_stop, col_start, col_stop)`` detector pixels.
+        rows, cols
+            Or the same as keywords: ``rows=(r0, r1)``, ``cols=(c0, c1)``; an
+            axis not given is kept whole.
+
+        Returns
+        -------
+        Dataset4D
+            The lazy view (nothing is read).
+        """
+        box = _region_of(region, rows, cols, self.detector_shape, "crop_detector")
+        r = _check_region(box, self.detector_shape, "detector region")
         cal = self._calibration.detector_cropped(r[0], r[2])
         return self._derive(
             _detector_ops=(*self._detector_ops, DetectorOp("crop", r)), calibration=cal
