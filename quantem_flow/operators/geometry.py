@@ -69,7 +69,10 @@ def annulus(
 ) -> np.ndarray:
     """Return the boolean annulus ``inner <= d < outer`` (a disk when inner is 0).
 
-    The half-open rule means adjacent annuli never share a pixel.
+    The half-open rule means adjacent annuli never share a pixel.  LiberTEM
+    counts the other side of each boundary (``inner < d <= outer``); the two
+    differ only on pixels exactly at a radius, as at integer centres
+    (docs/conventions.md: 12 pixels for a 10 px disk at (64, 64)).
     """
     if not (0 <= inner < outer):
         raise ParameterError(

@@ -66,7 +66,8 @@ class VirtualImage(ChunkOperator):
         ``"bf"``, ``"abf"``, ``"adf"``, ``"annular"`` or ``"mask"``.
     inner, outer
         Radii in ``units`` (``"auto"`` derives them from the probe radius,
-        see :data:`AUTO_RADII`); pixels with ``inner <= d < outer`` count.
+        see :data:`AUTO_RADII`); pixels with ``inner <= d < outer`` count
+        (LiberTEM counts ``inner < d <= outer``: docs/conventions.md).
     units
         ``"px"``, ``"mrad"`` or ``"1/Å"``; calibrated units need a calibrated
         detector.
@@ -397,6 +398,10 @@ def virtual_annular(
     name: str | None = None,
 ) -> LazyResult:
     """Counts in the annulus ``inner <= d < outer`` around the centre.
+
+    Half-open, so adjacent annuli share no pixel; LiberTEM's ring counts
+    ``inner < d <= outer``, which differs on pixels exactly at a radius
+    (docs/conventions.md).
 
     Parameters
     ----------
