@@ -150,10 +150,43 @@ def _hdf5_default_path(path: Path) -> tuple[str, str]:
     )
 
 
+def _info_results(path: Path, *, as_json: bool) -> int:
+    """``info`` on a results file: its results, not a 4D-STEM input."""
+    from .io.results_store import describe_results
+
+    doc = describe_results(path)
+    if as_json:
+        print(json.dumps(doc, indent=2, ensure_ascii=False, default=str))
+        return 0
+    _say(f"file:      {doc['path']}")
+    _say(
+        f"kind:      quantem-flow results ({doc['format']}, layout {doc['layout_version']}, "
+        f"written by {doc['written_by']}); not a 4D-STEM input"
+    )
+    _say(f"results:   {len(doc['results'])}")
+    for r in doc["results"]:
+        shape = " x ".join(str(n) for n in r["shape"])
+        _say(
+            f"  {r['name']:<14} {r['kind']:<17} {shape:<12} {r['dtype']:<8} {r['units']:<18} "
+            f"axes {', '.join(r['axes'])}"
+        )
+    sources = {
+        (str(r["source"].get("paths")), str(r["source"].get("header_sha256")))
+        for r in doc["results"]
+    }
+    for paths, digest in sorted(sources):
+        _say(f"source:    {paths} (header SHA-256 {digest[:16]}...)")
+    _say(f"load with: {doc['load_with']}")
+    return 0
+
+
 def _info(args: argparse.Namespace) -> int:
     from . import open as open_dataset
     from .io import detect_format
+    from .io.results_store import is_results_store
 
+    if args.format is None and is_results_store(Path(args.file).expanduser()):
+        return _info_results(Path(args.file).expanduser(), as_json=bool(args.json))
     options: dict[str, Any] = {}
     notes: list[str] = []
     if args.scan_shape is not None:

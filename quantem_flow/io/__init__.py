@@ -212,6 +212,14 @@ def open_source_explained(
     try:
         if fmt is None:
             from .registry import detect
+            from .results_store import is_results_store
+
+            if is_results_store(path_or_array):
+                raise FormatError(
+                    f"{str(path_or_array)!r} is a quantem-flow results file, not a 4D-STEM "
+                    f"input; load it with qf.load_results({str(path_or_array)!r}) (or "
+                    "describe it with quantem-flow info)"
+                )
 
             detection = detect(Path(path_or_array))
             fmt, how = detection.format, f"detected by {detection.how}"

@@ -56,6 +56,8 @@ from .base import check_exists
 __all__ = [
     "RESULTS_LAYOUT_VERSION",
     "check_replaceable",
+    "describe_results",
+    "is_results_store",
     "load_results",
     "not_ours_reason",
     "results_to_json",
@@ -714,6 +716,107 @@ def _load_zarr(path: Path) -> dict[str, Result]:
             raise FormatError(f"{str(path)!r}: {name!r} should be a group holding an array 'data'")
         out[name] = _build(path, name, data[...], dict(group.attrs))
     return out
+
+
+def is_results_store(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a results file or store :func:`save_results` wrote.
+
+    Recognised by the root attribute ``quantem_flow_results_version``, never
+    by name; reads no array.
+    """
+    p = Path(path)
+    if p.is_dir():
+        return _is_results_zarr(p)
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(8)
+    except OSError:
+        return False
+    if head != b"\x89HDF\r\n\x1a\n":
+        return False
+    import h5py
+
+    try:
+        with h5py.File(p, "r") as f:
+            return _VERSION_ATTR in f.attrs
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
+def describe_results(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Describe a results file without reading its arrays.
+
+    Returns
+    -------
+    dict
+        ``path``, ``format``, ``layout_version``, ``written_by`` and
+        ``results``: one entry per result in saved order with its ``kind``,
+        ``shape``, ``dtype``, ``units``, axis units, ``operator`` and the
+        ``source`` it was computed from (format, paths, shape and the
+        SHA-256 of its headers); and ``load_with``.
+
+    Raises
+    ------
+    FormatError
+        When ``path`` is not a results file.
+    """
+    p = check_exists(path, what="results file")
+    entries: list[tuple[str, tuple[int, ...], str, Mapping[str, Any]]] = []
+    if p.is_dir():
+        import zarr
+
+        root: Any = zarr.open_group(str(p), mode="r")
+        attrs: dict[str, Any] = dict(root.attrs)
+        names = _check_root(p, "Zarr", [str(k) for k in root], attrs)
+        for name in names:
+            arr: Any = root[name]["data"]
+            entries.append((name, tuple(arr.shape), str(arr.dtype), dict(root[name].attrs)))
+        fmt = "zarr"
+    else:
+        from .hdf5 import open_h5
+
+        with open_h5(p) as f:
+            attrs = dict(f.attrs)
+            names = _check_root(p, "HDF5", list(f.keys()), attrs)
+            for name in names:
+                dset = f[name]["data"]
+                entries.append((name, tuple(dset.shape), str(dset.dtype), dict(f[name].attrs)))
+        fmt = "hdf5"
+    results = []
+    for name, shape, dtype, gattrs in entries:
+        try:
+            axes = json.loads(_text(gattrs.get("axes", "[]")))
+            prov = json.loads(_text(gattrs.get("provenance", "{}")))
+        except ValueError:
+            axes, prov = [], {}
+        source = prov.get("source") or {}
+        results.append(
+            {
+                "name": name,
+                "kind": _text(gattrs.get(_KIND_ATTR, "?")),
+                "shape": list(shape),
+                "dtype": dtype,
+                "units": _text(gattrs.get("units", "?")),
+                "axes": [
+                    f"{a.get('name')} ({a.get('units')})" for a in axes if isinstance(a, dict)
+                ],
+                "operator": prov.get("operator"),
+                "source": {
+                    "format": source.get("format"),
+                    "paths": source.get("paths"),
+                    "shape": source.get("shape"),
+                    "header_sha256": source.get("header_sha256"),
+                },
+            }
+        )
+    return {
+        "path": str(p),
+        "format": fmt,
+        "layout_version": int(attrs[_VERSION_ATTR]),
+        "written_by": f"quantem-flow {_text(attrs.get(_PACKAGE_ATTR, '?'))}",
+        "results": results,
+        "load_with": f"qf.load_results({str(p)!r})",
+    }
 
 
 def _foreign_to_format_error(func: Callable[..., _T]) -> Callable[..., _T]:
