@@ -161,12 +161,12 @@ def test_layout_is_readable_without_quantem_flow(tmp_path: Path, rng: np.random.
     results = _all_results(rng)
     path = save_results(results, tmp_path / "r.h5")
     with h5py.File(path, "r") as f:
-        assert int(f.attrs["quantem_flow_results_version"]) == 1
+        assert int(f.attrs["quantem_flow_results_version"]) == 2
         assert "quantem_flow_version" in f.attrs
         g = f["com"]
         assert g.attrs["quantem_flow_kind"] == "VectorField"
         assert g.attrs["units"] == "mrad"
-        assert json.loads(g.attrs["axes"])[0]["name"] == "component"
+        assert json.loads(g.attrs["quantem_flow_axes"])[0]["name"] == "component"
         assert json.loads(g.attrs["provenance"])["operator"] == "com"
         np.testing.assert_array_equal(g["data"][()], results["com"].data)
 
@@ -374,8 +374,8 @@ def test_newer_layout_and_broken_group_raise_format_error(
         load_results(path)
     path = save_results(_all_results(rng), tmp_path / "t.h5")
     with h5py.File(path, "r+") as f:
-        del f["mean"].attrs["axes"]
-    with pytest.raises(FormatError, match=r"lacks the attribute\(s\) \['axes'\]"):
+        del f["mean"].attrs["quantem_flow_axes"]
+    with pytest.raises(FormatError, match=r"lacks the attribute\(s\) \['quantem_flow_axes'\]"):
         load_results(path)
 
 
@@ -386,7 +386,7 @@ def test_json_export(tmp_path: Path, rng: np.random.Generator) -> None:
     text = results_to_json(results, out)
     assert out.read_text(encoding="utf-8").strip() == text
     doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))
-    assert doc["quantem_flow_results_version"] == 1
+    assert doc["quantem_flow_results_version"] == 2
     assert list(doc["results"]) == list(results)
     com = doc["results"]["com"]
     assert com["provenance"]["operator"] == "com"

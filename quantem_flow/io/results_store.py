@@ -5,16 +5,26 @@ Layout
 One file (HDF5) or directory (Zarr v3) holds any number of results.  The
 root carries the attributes
 
-* ``quantem_flow_results_version`` -- the layout version, ``1``;
+* ``quantem_flow_results_version`` -- the layout version, ``2``;
 * ``quantem_flow_version`` -- the version of quantem-flow that wrote it;
 * ``quantem_flow_result_names`` -- JSON list of the result groups, in the
-  order they were saved.
+  order they were saved;
+* ``default`` -- the first result's name (NeXus: what a viewer opens).
 
 Every result is one group, named by its key, holding the array ``data`` and
 the attributes ``quantem_flow_kind`` (``"ScanImage"``, ``"VectorField"``...),
-``units``, ``name``, ``axes`` (JSON list of :meth:`Axis.to_dict`) and
-``provenance`` (JSON of :meth:`Provenance.to_dict`).  Any HDF5 or Zarr tool
-can read the arrays; :func:`load_results` rebuilds the typed results.
+``units``, ``name``, ``quantem_flow_axes`` (JSON list of :meth:`Axis.to_dict`;
+layout 1 named it ``axes``) and ``provenance`` (JSON of
+:meth:`Provenance.to_dict`).  :func:`load_results` rebuilds the typed results
+and reads layouts 1 and 2.
+
+Layout 2 also writes each group in the conventions other tools read without
+quantem-flow (:mod:`quantem_flow.io.nexus`): a NeXus ``NXdata`` group
+(``@signal``, ``@axes``, ``AXISNAME_indices``) with one coordinate dataset per
+axis (``@units``, ``@long_name``), ``data`` with ``@units`` and
+``@long_name``, HDF5 dimension scales, and in Zarr the same attributes plus
+``dimension_names`` (xarray reads them).  h5web, silx and NeXpy show each result as an
+image with calibrated axes.
 
 Safety
 ------
@@ -64,7 +74,7 @@ __all__ = [
     "save_results",
 ]
 
-RESULTS_LAYOUT_VERSION = 1
+RESULTS_LAYOUT_VERSION = 2
 _T = TypeVar("_T")
 """Version of the on-disk layout written by :func:`save_results`."""
 
@@ -72,7 +82,9 @@ _VERSION_ATTR = "quantem_flow_results_version"
 _PACKAGE_ATTR = "quantem_flow_version"
 _NAMES_ATTR = "quantem_flow_result_names"
 _KIND_ATTR = "quantem_flow_kind"
-_GROUP_ATTRS = (_KIND_ATTR, "units", "name", "axes", "provenance")
+#: The axes as JSON (layout 2; layout 1 called it ``axes``, which NeXus now uses).
+_AXES_ATTR = "quantem_flow_axes"
+_GROUP_ATTRS = (_KIND_ATTR, "units", "name", _AXES_ATTR, "provenance")
 _FORMATS = ("hdf5", "zarr")
 _SUFFIXES = {".h5": "hdf5", ".hdf5": "hdf5", ".zarr": "zarr"}
 
@@ -165,7 +177,7 @@ def _group_attrs(result: Result) -> dict[str, str]:
         _KIND_ATTR: type(result).kind,
         "units": str(result.units),
         "name": str(result.name),
-        "axes": _dumps([a.to_dict() for a in result.axes]),
+        _AXES_ATTR: _dumps([a.to_dict() for a in result.axes]),
         "provenance": _dumps(result.provenance.to_dict()),
     }
 
@@ -207,16 +219,28 @@ def _write_hdf5(target: Path, results: Mapping[str, Result]) -> None:
     with h5py.File(target, "x", track_order=True) as f:
         for key, value in _root_attrs(names).items():
             f.attrs[key] = value
+        if names:  # NeXus: the result a viewer opens first
+            f.attrs["default"] = names[0]
         for name, result in results.items():
             _write_hdf5_group(f, name, result)
 
 
 def _write_hdf5_group(f: Any, name: str, result: Result) -> None:
+    from .nexus import measured_from, write_hdf5_axes
+
     data = _storable(result, name)
-    group = f.create_group(name)
-    group.create_dataset("data", data=data)
+    group = f.create_group(name, track_order=True)
+    dset = group.create_dataset("data", data=data)
     for key, value in _group_attrs(result).items():
         group.attrs[key] = value
+    write_hdf5_axes(
+        group,
+        dset,
+        name=str(result.name or name),
+        units=str(result.units),
+        axes=result.axes,
+        origin_from=measured_from(result.provenance.parameters),
+    )
 
 
 def _write_zarr(target: Path, results: Mapping[str, Result]) -> None:
@@ -224,15 +248,26 @@ def _write_zarr(target: Path, results: Mapping[str, Result]) -> None:
 
     root = zarr.open_group(str(target), mode="w-", zarr_format=3)
     root.attrs.update(_root_attrs(list(results)))
+    if results:
+        root.attrs["default"] = next(iter(results))
     for name, result in results.items():
         _write_zarr_group(root, name, result)
 
 
 def _write_zarr_group(root: Any, name: str, result: Result) -> None:
+    from .nexus import measured_from, write_zarr_data
+
     data = _storable(result, name)
     group = root.create_group(name)
-    group.create_array("data", data=data)
     group.attrs.update(_group_attrs(result))
+    write_zarr_data(
+        group,
+        data,
+        name=str(result.name or name),
+        units=str(result.units),
+        axes=result.axes,
+        origin_from=measured_from(result.provenance.parameters),
+    )
 
 
 def _fsync(path: Path) -> None:
@@ -653,7 +688,14 @@ def _check_root(path: Path, kind: str, keys: list[str], attrs: Mapping[str, Any]
     return names
 
 
+def _axes_json(attrs: Mapping[str, Any]) -> Any:
+    """The axes attribute: ``quantem_flow_axes`` (layout 2) or ``axes`` (layout 1)."""
+    return attrs[_AXES_ATTR] if _AXES_ATTR in attrs else attrs.get("axes")
+
+
 def _build(path: Path, name: str, data: Any, attrs: Mapping[str, Any]) -> Result:
+    if _AXES_ATTR not in attrs and isinstance(attrs.get("axes"), (str, bytes)):
+        attrs = {**attrs, _AXES_ATTR: attrs["axes"]}  # written by layout 1
     missing = [a for a in _GROUP_ATTRS if a not in attrs]
     if missing:
         raise FormatError(
@@ -665,7 +707,7 @@ def _build(path: Path, name: str, data: Any, attrs: Mapping[str, Any]) -> Result
             "kind": _text(attrs[_KIND_ATTR]),
             "name": _text(attrs["name"]),
             "units": _text(attrs["units"]),
-            "axes": json.loads(_text(attrs["axes"])),
+            "axes": json.loads(_text(attrs[_AXES_ATTR])),
             "provenance": json.loads(_text(attrs["provenance"])),
         }
         return result_from_parts(np.asarray(data), metadata)
@@ -785,7 +827,7 @@ def describe_results(path: str | os.PathLike[str]) -> dict[str, Any]:
     results = []
     for name, shape, dtype, gattrs in entries:
         try:
-            axes = json.loads(_text(gattrs.get("axes", "[]")))
+            axes = json.loads(_text(_axes_json(gattrs) or "[]"))
             prov = json.loads(_text(gattrs.get("provenance", "{}")))
         except ValueError:
             axes, prov = [], {}
