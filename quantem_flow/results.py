@@ -42,6 +42,28 @@ def register_plotter(plotter: Callable[..., Any]) -> None:
     _PLOTTER[:] = [plotter]
 
 
+def _binary(ufunc: np.ufunc) -> tuple[Callable[[Any, Any], Any], Callable[[Any, Any], Any]]:
+    """The forward and reflected operator methods of ``ufunc`` (as NumPy's mixin makes them)."""
+
+    def forward(self: Any, other: Any) -> Any:
+        return ufunc(self, other)
+
+    def reflected(self: Any, other: Any) -> Any:
+        return ufunc(other, self)
+
+    forward.__name__ = f"__{ufunc.__name__}__"
+    reflected.__name__ = f"__r{ufunc.__name__}__"
+    return forward, reflected
+
+
+def _unary(ufunc: np.ufunc) -> Callable[[Any], Any]:
+    def method(self: Any) -> Any:
+        return ufunc(self)
+
+    method.__name__ = f"__{ufunc.__name__}__"
+    return method
+
+
 @dataclasses.dataclass(eq=False)
 class Result:
     """Base of every typed result.
@@ -114,6 +136,36 @@ class Result:
                 f"casting {self.data.dtype} to {np.dtype(dtype)} needs a copy, but copy=False"
             )
         return self.data.astype(dtype)
+
+    # -- NumPy's array protocols (quantem_flow.result_math) ------------------------------
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        """Element-wise NumPy on results: axes kept, units combined, provenance recorded."""
+        from .result_math import apply_ufunc
+
+        return apply_ufunc(self, ufunc, method, *inputs, **kwargs)
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        """NumPy functions on the data; element-wise ones (``np.clip``...) give a result."""
+        from .result_math import apply_function
+
+        return apply_function(self, func, types, args, kwargs)
+
+    # arithmetic and ordering operators; == and != stay identity, so results hash
+    __add__, __radd__ = _binary(np.add)
+    __sub__, __rsub__ = _binary(np.subtract)
+    __mul__, __rmul__ = _binary(np.multiply)
+    __truediv__, __rtruediv__ = _binary(np.true_divide)
+    __floordiv__, __rfloordiv__ = _binary(np.floor_divide)
+    __mod__, __rmod__ = _binary(np.remainder)
+    __pow__, __rpow__ = _binary(np.power)
+    __matmul__, __rmatmul__ = _binary(np.matmul)
+    __lt__ = _binary(np.less)[0]
+    __le__ = _binary(np.less_equal)[0]
+    __gt__ = _binary(np.greater)[0]
+    __ge__ = _binary(np.greater_equal)[0]
+    __neg__ = _unary(np.negative)
+    __pos__ = _unary(np.positive)
+    __abs__ = _unary(np.absolute)
 
     def to_xarray(self) -> Any:
         """Return an ``xarray.DataArray`` with coordinates, units and provenance.

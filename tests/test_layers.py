@@ -29,7 +29,7 @@ LAYERS = (
     "front",
 )
 RANK = {name: i for i, name in enumerate(LAYERS)}
-FOUNDATION = ("errors", "config", "calibration", "provenance", "results")
+FOUNDATION = ("errors", "config", "calibration", "provenance", "results", "result_math")
 FRONT = (
     "__init__",
     "__main__",
