@@ -89,7 +89,7 @@ def _choose_client(client: Any, datasets: list[Dataset4D]) -> Any:
                 "client='synchronous' or persist it on this client"
             )
         return "synchronous"
-    if client is None or client is res.client:
+    if client is None or client is res.client or client == res.scheduler:
         return res.client
     if isinstance(client, str) or str(client.scheduler.address) != res.scheduler:
         raise ParameterError(
@@ -251,9 +251,11 @@ def compute(
     *results
         Lazy results (or lists/dicts of them).
     client
-        A ``distributed.Client`` (any cluster); ``None`` for the embedded
-        local cluster on 127.0.0.1 (started once per process); or
-        ``"synchronous"`` to run in this process without workers (debugging).
+        A ``distributed.Client`` (any cluster), or its scheduler's address
+        (``"tcp://host:port"``, as ``quantem-flow run --scheduler`` takes;
+        connected once per process); ``None`` for the embedded local cluster
+        on 127.0.0.1 (started once per process); or ``"synchronous"`` to run
+        in this process without workers (debugging).
     backend
         ``"auto"`` (best available runtime, recorded) or a runtime name.
     progress

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from typing import Any
 
 from ..errors import ParameterError
@@ -31,15 +32,59 @@ def progress_default() -> bool:
     return bool(sys.stderr.isatty())
 
 
+#: Clients this process connected by address (``compute(client="tcp://...")``), reused.
+_BY_ADDRESS: dict[str, Any] = {}
+_BY_ADDRESS_LOCK = threading.Lock()
+
+
+def client_for_address(address: str, *, timeout_s: float = 10.0) -> Any:
+    """A ``distributed.Client`` connected to the scheduler at ``address``, reused per address.
+
+    Parameters
+    ----------
+    address
+        ``"tcp://host:port"`` (or ``tls://``, ``ws://``...), as ``quantem-flow
+        run --scheduler`` takes.
+    timeout_s
+        Seconds to wait for the scheduler to answer.
+
+    Raises
+    ------
+    ParameterError
+        For a string that is not an address, or a scheduler that does not answer.
+    """
+    if "://" not in address:
+        raise ParameterError(
+            f"client must be None, a distributed.Client, a scheduler address such as "
+            f"'tcp://127.0.0.1:8786', or 'synchronous'; got {address!r}"
+        )
+    with _BY_ADDRESS_LOCK:
+        known = _BY_ADDRESS.get(address)
+        if known is not None and known.status == "running":
+            return known
+        from distributed import Client
+
+        try:
+            client = Client(address, set_as_default=False, timeout=timeout_s)
+        except (OSError, TimeoutError) as exc:
+            raise ParameterError(
+                f"could not connect to the scheduler at {address} within {timeout_s:g} s "
+                f"({type(exc).__name__}: {exc}); check the address and that the scheduler runs"
+            ) from exc
+        _BY_ADDRESS[address] = client
+        return client
+
+
 class Runner:
     """Runs graphs on a distributed client or synchronously in this process.
 
     Parameters
     ----------
     client
-        ``None`` (the embedded local cluster), a ``distributed.Client`` or
-        ``"synchronous"``.  On a distributed client the placement plugin is
-        installed on the scheduler once.
+        ``None`` (the embedded local cluster), a ``distributed.Client``, a
+        scheduler address (``"tcp://host:port"``, connected once per process
+        by :func:`client_for_address`) or ``"synchronous"``.  On a distributed
+        client the placement plugin is installed on the scheduler once.
 
     Attributes
     ----------
@@ -59,9 +104,7 @@ class Runner:
         self.departures: list[dict[str, Any]] = []
         self.synchronous = isinstance(client, str) and client == "synchronous"
         if isinstance(client, str) and not self.synchronous:
-            raise ParameterError(
-                f"client must be None, a distributed.Client or 'synchronous', got {client!r}"
-            )
+            client = client_for_address(client)
         if self.synchronous:
             self.client = None
             self._where = "synchronous (in this process, no workers)"
