@@ -294,6 +294,16 @@ class Dataset4D:
             f"{', persisted' if self._resident is not None else ''})"
         )
 
+    def _repr_html_(self) -> str:
+        """The summary a Jupyter notebook shows (reads no frame)."""
+        from .html_repr import dataset_html
+
+        path = getattr(self._source, "path", None) or self._source.opened_as or "in memory"
+        text = dataset_html(self.describe(), path=str(path), format=self._source.format)
+        if self._resident is not None:
+            text = text.replace("(lazy: nothing read to show this)", "(persisted on the cluster)")
+        return text
+
     # -- derived datasets ---------------------------------------------------------
     def _derive(self, **changes: Any) -> Dataset4D:
         kwargs: dict[str, Any] = {

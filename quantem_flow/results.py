@@ -204,6 +204,12 @@ class Result:
             )
         return _PLOTTER[0](self, **options)
 
+    def _repr_html_(self) -> str:
+        """What a Jupyter notebook shows: a thumbnail, shape, units, axes, provenance summary."""
+        from .html_repr import result_html
+
+        return result_html(self)
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(name={self.name!r}, shape={self.shape}, "

@@ -133,6 +133,12 @@ def test_jupyter_notebook(tmp_path: Path) -> None:
         nbformat.v4.new_code_cell("\n".join(LINES[4:])),
         nbformat.v4.new_code_cell("bf"),
         nbformat.v4.new_code_cell("fig = bf.plot()\nfig.axes[0].get_xlabel()"),
+        nbformat.v4.new_code_cell("ds"),
+        nbformat.v4.new_code_cell(
+            "from quantem_flow.graphs.runner import progress_bar_class\n"
+            "(adf,) = qf.compute(qf.virtual_adf(ds), progress=True)\n"
+            "print('BAR ' + progress_bar_class().__module__)"
+        ),
     ]
     os.environ.setdefault("JUPYTER_PLATFORM_DIRS", "1")
     client = nbclient.NotebookClient(
@@ -158,6 +164,16 @@ def test_jupyter_notebook(tmp_path: Path) -> None:
     assert "ScanImage(name='bf'" in joined
     assert "'scan column (px)'" in joined
     assert "Nanny failed to start" not in joined
+    # rich output: a result's thumbnail and summary, a dataset's summary (nothing read)
+    bf_html = nb.cells[2]["outputs"][0]["data"]["text/html"]
+    assert 'src="data:image/png;base64,' in bf_html and "ScanImage" in bf_html
+    assert "counts" in bf_html and "virtual_bf" in bf_html
+    assert "lazy: nothing read" in nb.cells[4]["outputs"][0]["data"]["text/html"]
+    # the progress bar is a widget, and tqdm warns of nothing
+    bar_outputs = nb.cells[5]["outputs"]
+    assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in bar_outputs)
+    assert "BAR tqdm.notebook" in joined
+    assert "TqdmWarning" not in joined and "IProgress not found" not in joined
     pids = res["pids"]
     assert isinstance(pids, list) and len(pids) == 2
     assert _gone(pids) == [], "worker processes outlived the kernel"

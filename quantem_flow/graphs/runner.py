@@ -13,7 +13,7 @@ from .tasks import ChunkPartial
 
 logger = logging.getLogger("quantem_flow.runner")
 
-__all__ = ["Runner", "progress_default"]
+__all__ = ["Runner", "client_for_address", "progress_bar_class", "progress_default"]
 
 
 def progress_default() -> bool:
@@ -21,7 +21,8 @@ def progress_default() -> bool:
 
     Turn bars off with ``qf.config.set(progress=False)`` or the environment
     variable ``QUANTEM_FLOW_PROGRESS=0``.  In a Jupyter kernel the bar is a
-    notebook widget (``tqdm.auto``; text when ipywidgets is missing).
+    notebook widget when ipywidgets is installed (the ``notebook`` extra), text
+    otherwise (:func:`progress_bar_class`).
     """
     from .. import config
 
@@ -73,6 +74,47 @@ def client_for_address(address: str, *, timeout_s: float = 10.0) -> Any:
             ) from exc
         _BY_ADDRESS[address] = client
         return client
+
+
+def _in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel showing rich output."""
+    if "ipykernel" not in sys.modules:
+        return False
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - ipykernel depends on IPython
+        return False
+    shell = get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+_WIDGET_HINT_SHOWN: list[bool] = []
+
+
+def progress_bar_class() -> Any:
+    """The tqdm class of the progress bar: a widget in a notebook when ipywidgets is there.
+
+    In a Jupyter kernel without ipywidgets (``pip install
+    'quantem-flow[notebook]'``) the bar is text, and the hint is logged once,
+    instead of tqdm's ``TqdmWarning`` on every pass.
+    """
+    if _in_notebook():
+        try:
+            import ipywidgets  # noqa: F401
+        except ImportError:
+            if not _WIDGET_HINT_SHOWN:
+                _WIDGET_HINT_SHOWN.append(True)
+                logger.warning(
+                    "progress bars are text: install ipywidgets for a notebook widget "
+                    "(pip install 'quantem-flow[notebook]')"
+                )
+        else:
+            from tqdm.notebook import tqdm as notebook_tqdm
+
+            return notebook_tqdm
+    from tqdm.std import tqdm as text_tqdm
+
+    return text_tqdm
 
 
 class Runner:
@@ -333,8 +375,7 @@ class Runner:
         try:
             watch = progress or any(s is not None for s in self.gathered)
             if watch and chunk_futures:
-                from tqdm.auto import tqdm
-
+                tqdm = progress_bar_class()
                 with (
                     self.client.as_current(),
                     tqdm(
