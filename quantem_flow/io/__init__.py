@@ -87,7 +87,7 @@ SUFFIXES: dict[str, tuple[str, ...]] = {
     "dectris": ("_master.h5", "_master.hdf5"),
     "zarr": (".zarr",),
     "empad": (".xml",),
-    "mib": (".mib",),
+    "mib": (".mib", ".hdr"),
     "dm4": (".dm4",),
     "emd": (".emd", ".py4dstem"),
     "velox": (".emd",),

@@ -61,7 +61,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..calibration import Calibration
-from ..errors import CorruptChunkError, FormatError, ShapeError
+from ..errors import CorruptChunkError, FormatError, ScanShapeError, ShapeError, SourceNotFoundError
 from .base import (
     FrameSource,
     SourceIdentity,
@@ -318,17 +318,78 @@ def parse_hdr(path: Path) -> dict[str, str]:
     return out
 
 
+_FRAMES_IN_ACQUISITION = "Frames in Acquisition (Number)"
+_FRAMES_PER_TRIGGER = "Frames per Trigger (Number)"
+
+
+def _mib_beside(hdr: Path) -> tuple[Path, str]:
+    """The ``.mib`` file an acquisition header describes: same stem, else the only one."""
+    same = hdr.with_suffix(".mib")
+    if same.is_file():
+        return (
+            same.resolve(),
+            f"entry: the acquisition header {hdr.name!r}; frames from {same.name!r}",
+        )
+    candidates = sorted(p for p in hdr.parent.glob(f"{hdr.stem}*.mib") if p.is_file())
+    if len(candidates) == 1:
+        return candidates[0].resolve(), (
+            f"entry: the acquisition header {hdr.name!r}; frames from {candidates[0].name!r}, "
+            "the only .mib file of that name"
+        )
+    found = [p.name for p in candidates[:6]]
+    raise SourceNotFoundError(
+        f"the Merlin header {str(hdr)!r} was given, but no frames file {same.name!r} is beside "
+        f"it"
+        + (f"; several match its name: {found}; open the one to read" if found else "")
+        + ". Copy the .mib file next to its .hdr, or open the .mib itself"
+    )
+
+
+def _int_field(hdr: dict[str, str] | None, key: str) -> int | None:
+    if hdr is None:
+        return None
+    try:
+        return int(str(hdr.get(key, "")).split()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def _trigger_hint(hdr: dict[str, str] | None, frames: int) -> str | None:
+    """What the header's trigger settings suggest for the scan shape (never applied silently)."""
+    per = _int_field(hdr, _FRAMES_PER_TRIGGER)
+    if per is None or not 1 < per < frames or frames % per:
+        return None
+    return (
+        f"The .hdr records {per} frames per trigger: if each trigger started a scan row, the "
+        f"scan is scan_shape=({frames // per}, {per})"
+    )
+
+
+def _hdr_checks(hdr: dict[str, str] | None, n_frames: int, path: Path) -> list[str]:
+    """Notes where the header disagrees with the frames file (an acquisition cut short)."""
+    declared = _int_field(hdr, _FRAMES_IN_ACQUISITION)
+    if declared is None or declared == n_frames:
+        return []
+    return [
+        f"the .hdr declares {declared} frames in the acquisition, but {path.name!r} holds "
+        f"{n_frames}" + (" (the acquisition stopped early?)" if n_frames < declared else "")
+    ]
+
+
 class MerlinSource(FrameSource):
     """A Merlin ``.mib`` file of processed-mode frames.
 
     Parameters
     ----------
     path
-        The ``.mib`` file.
+        The ``.mib`` file, or its ``.hdr`` acquisition header (the ``.mib``
+        of the same name beside it is read; recorded as a note).
     scan_shape
         ``(rows, cols)``; ``"square"`` to assume a square scan (recorded as
         a note); ``None`` to read a JSON sidecar (``x.mib.json`` or
-        ``x.json``).  The ``.hdr`` file is not used for the scan shape.
+        ``x.json``).  The ``.hdr`` file does not set the scan shape (its
+        "Frames per Trigger" means a scan row only with line triggering); when
+        no shape is given, the error says the shape it suggests.
     frame_offset
         Leading frames to skip (for example flyback or trigger frames).
 
@@ -348,7 +409,11 @@ class MerlinSource(FrameSource):
         scan_shape: Sequence[int] | str | None = None,
         frame_offset: int = 0,
     ):
-        self._path = check_exists(path, what="Merlin .mib file")
+        given = check_exists(path, what="Merlin .mib file")
+        self._entry_note: str | None = None
+        if given.suffix.lower() == ".hdr":  # users point at the acquisition header
+            given, self._entry_note = _mib_beside(given)
+        self._path = given
         size = self._path.stat().st_size
         with open(self._path, "rb") as f:
             probe = f.read(_PROBE_BYTES)
@@ -397,14 +462,21 @@ class MerlinSource(FrameSource):
         hdr = self._path.with_suffix(".hdr")
         self._hdr_path: Path | None = hdr.resolve() if hdr.is_file() else None
         self._hdr = parse_hdr(self._hdr_path) if self._hdr_path is not None else None
-        self._set_frames(
-            n_frames=n_frames,
-            frame_shape=(rows, cols),
-            dtype=self._file_dtype,
-            scan_shape=scan_shape,
-            path=self._path,
-            frame_offset=frame_offset,
-        )
+        try:
+            self._set_frames(
+                n_frames=n_frames,
+                frame_shape=(rows, cols),
+                dtype=self._file_dtype,
+                scan_shape=scan_shape,
+                path=self._path,
+                frame_offset=frame_offset,
+            )
+        except ScanShapeError as exc:
+            hint = _trigger_hint(self._hdr, n_frames - frame_offset)
+            if hint is None:
+                raise
+            raise ScanShapeError(f"{exc}. {hint}") from exc
+        self._hdr_notes = _hdr_checks(self._hdr, n_frames, self._path)
         self._raw: RawSource | None = None
         self._handle_file: PositionalFile | None = None
         if self._counter_depth is None:
@@ -505,6 +577,12 @@ class MerlinSource(FrameSource):
             "hdr": dict(self._hdr) if self._hdr is not None else None,
             **self.scan_metadata(),
         }
+
+    @property
+    def notes(self) -> list[str]:
+        """The scan-shape choice, the entry used and where the ``.hdr`` disagrees."""
+        entry = [self._entry_note] if self._entry_note else []
+        return [*entry, *super().notes, *self._hdr_notes]
 
     @property
     def calibration(self) -> Calibration | None:

@@ -90,8 +90,8 @@ def npy(path: Path, head: bytes) -> bool:
 
 
 def mib(path: Path, head: bytes) -> bool:
-    """A Merlin frame header: the file starts with ``MQ1,``."""
-    return head.startswith(b"MQ1,")
+    """A Merlin frame header (``MQ1,``), or a Merlin acquisition header ``.hdr`` (``HDR,``)."""
+    return head.startswith(b"MQ1,") or (head.startswith(b"HDR,") and path.suffix.lower() == ".hdr")
 
 
 def zarr(path: Path, head: bytes) -> bool:

@@ -11,6 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
+import quantem_flow as qf
 from quantem_flow.calibration import Calibration
 from quantem_flow.errors import (
     CorruptChunkError,
@@ -427,9 +428,28 @@ def test_mib_metadata_and_hdr(tmp_path: Path) -> None:
     assert md["last_sequence_number"] == 6
     assert md["hdr"]["Frames per Trigger (Number)"] == "3"
     assert len(src.identity.paths) == 2
-    # The .hdr is metadata only: it never sets the scan shape.
-    with pytest.raises(ScanShapeError):
+    # The .hdr never sets the scan shape; the error says what its triggers suggest.
+    with pytest.raises(ScanShapeError, match=r"3 frames per trigger.*scan_shape=\(2, 3\)"):
         open_source(p)
+
+
+def test_mib_hdr_as_the_entry(tmp_path: Path) -> None:
+    frames = _frames(6, (64, 64))
+    hdr = {"Frames in Acquisition (Number)": "8", "Frames per Trigger (Number)": "2"}
+    p = writers.write_mib(tmp_path / "scan.mib", frames, hdr=hdr)
+    header = p.with_suffix(".hdr")
+    by_header = qf.open(header, scan_shape=(2, 3))
+    assert by_header.source.format == "mib" and by_header.source.path == p.resolve()
+    np.testing.assert_array_equal(by_header.load_block((0, 2)), frames.reshape(2, 3, 64, 64))
+    notes = " ".join(by_header.source.notes)
+    assert "entry: the acquisition header 'scan.hdr'" in notes
+    assert "declares 8 frames in the acquisition, but 'scan.mib' holds 6" in notes
+    # the frames file missing: the project's error, naming what to do
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    (lone / "other.hdr").write_text(header.read_text())
+    with pytest.raises(SourceNotFoundError, match=r"no frames file 'other\.mib'"):
+        qf.open(lone / "other.hdr", scan_shape=(2, 3))
 
 
 # -- EMPAD: the scan shape rule and the XML's calibration (issue 15) -----------------------
