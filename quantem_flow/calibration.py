@@ -223,6 +223,11 @@ class Calibration:
     accelerating_voltage_kV
         Beam energy in kV, needed to convert ``1/Å`` to ``mrad`` and for
         phase in radians.
+    scan_step_signs
+        Direction of the scan steps (row, col): ``-1`` where the file records
+        positions that decrease with the index (a negative step), whose
+        magnitude is ``scan_sampling``.  A DPC with a fixed ``rotation_deg``
+        maps the field into the scan's index frame with it.
     """
 
     scan_sampling: tuple[float, float] = (1.0, 1.0)
@@ -231,8 +236,15 @@ class Calibration:
     detector_units: str = "px"
     detector_origin: tuple[float, float] | None = None
     accelerating_voltage_kV: float | None = None
+    scan_step_signs: tuple[int, int] = (1, 1)
 
     def __post_init__(self) -> None:
+        signs = tuple(self.scan_step_signs)
+        if len(signs) != 2 or any(v not in (1, -1) for v in signs):
+            raise ParameterError(
+                f"scan_step_signs must be (row, col) of +1 or -1, got {self.scan_step_signs!r}"
+            )
+        object.__setattr__(self, "scan_step_signs", (int(signs[0]), int(signs[1])))
         object.__setattr__(self, "scan_sampling", _pair(self.scan_sampling, "scan_sampling"))
         object.__setattr__(
             self, "detector_sampling", _pair(self.detector_sampling, "detector_sampling")
@@ -364,6 +376,7 @@ class Calibration:
         d["scan_sampling"] = list(self.scan_sampling)
         d["detector_sampling"] = list(self.detector_sampling)
         d["detector_origin"] = None if self.detector_origin is None else list(self.detector_origin)
+        d["scan_step_signs"] = list(self.scan_step_signs)
         return d
 
     @classmethod
@@ -378,7 +391,7 @@ class Calibration:
         kwargs: dict[str, Any] = dict(d)
         if kwargs.get("detector_origin") is not None:
             kwargs["detector_origin"] = tuple(kwargs["detector_origin"])
-        for name in ("scan_sampling", "detector_sampling"):
+        for name in ("scan_sampling", "detector_sampling", "scan_step_signs"):
             if isinstance(kwargs.get(name), list):
                 kwargs[name] = tuple(kwargs[name])
         return cls(**kwargs)

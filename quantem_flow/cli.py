@@ -126,8 +126,15 @@ def _calibration_lines(cal: Mapping[str, Any]) -> list[str]:
 
     origin = cal.get("detector_origin")
     kv = cal.get("accelerating_voltage_kV")
+    signs = list(cal.get("scan_step_signs") or [1, 1])
+    direction = (
+        ""
+        if signs == [1, 1]
+        else f"; steps {'+' if signs[0] > 0 else '-'}row {'+' if signs[1] > 0 else '-'}col "
+        "(positions decrease where -)"
+    )
     return [
-        f"  scan:      {axis('scan')}",
+        f"  scan:      {axis('scan')}{direction}",
         f"  detector:  {axis('detector')}",
         "  origin:    " + ("unknown" if origin is None else f"({origin[0]:g}, {origin[1]:g}) px"),
         "  voltage:   " + ("unknown" if kv is None else f"{kv:g} kV"),

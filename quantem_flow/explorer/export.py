@@ -95,6 +95,8 @@ def _calibration(ds: Dataset4D) -> dict[str, Any]:
         out["detector_origin"] = list(cal["detector_origin"])
     if cal.get("accelerating_voltage_kV") is not None:
         out["accelerating_voltage_kV"] = cal["accelerating_voltage_kV"]
+    if list(cal.get("scan_step_signs") or [1, 1]) != [1, 1]:
+        out["scan_step_signs"] = list(cal["scan_step_signs"])
     return out
 
 

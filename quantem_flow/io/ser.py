@@ -215,6 +215,53 @@ def parse_emi(path: Path, index: int = 0) -> dict[str, str]:
     return out
 
 
+def _series_beside(ser_or_emi: Path) -> list[tuple[Path, int | None]]:
+    """Every ``<stem>_N.ser`` of one acquisition, in series order, with its element kind."""
+    stem = ser_or_emi.stem
+    if ser_or_emi.suffix.lower() == ".ser":
+        stem = re.sub(r"_\d+$", "", stem)
+    pattern = re.compile(re.escape(stem) + r"_(\d+)\.ser$", re.IGNORECASE)
+    found: list[tuple[int, Path]] = []
+    for cand in ser_or_emi.parent.iterdir():
+        m = pattern.match(cand.name)
+        if m and cand.is_file():
+            found.append((int(m.group(1)), cand))
+    out: list[tuple[Path, int | None]] = []
+    for _, cand in sorted(found):
+        try:
+            with open(cand, "rb") as f:
+                head = f.read(16)
+            kind = struct.unpack_from("<I", head, 6)[0] if len(head) >= 10 else None
+        except OSError:
+            kind = None
+        out.append((cand, kind))
+    return out
+
+
+def _image_series_of(emi: Path) -> tuple[Path, str]:
+    """The series of an ``.emi`` acquisition that holds 2-D elements, and a note saying so."""
+    series = _series_beside(emi)
+    images = [c for c, kind in series if kind == _ELEMENT_2D]
+    if len(images) == 1:
+        others = [c.name for c, _ in series if c != images[0]]
+        also = f" (the other series, {others}, hold spectra or other data)" if others else ""
+        return images[0], f"the .emi file {str(emi)!r} was given; {images[0].name} opened{also}"
+    if not series:
+        raise FormatError(
+            f"{str(emi)!r} is a TIA .emi file; its data are in {emi.stem}_1.ser (and _2, _3...), "
+            "none of which is beside it. Copy the .ser files next to the .emi"
+        )
+    if not images:
+        raise FormatError(
+            f"{str(emi)!r} is a TIA .emi file whose series {[c.name for c, _ in series]} hold no "
+            "2-D elements (spectra only); a 4D-STEM input needs 2-D frames"
+        )
+    raise FormatError(
+        f"{str(emi)!r} is a TIA .emi file with several series of 2-D frames: "
+        f"{[c.name for c in images]}; open the .ser file of the one to read"
+    )
+
+
 class SerSource(FrameSource):
     """A TIA ``.ser`` series of 2-D frames (for example CBED patterns over a STEM scan).
 
@@ -222,7 +269,8 @@ class SerSource(FrameSource):
     ----------
     path
         The ``.ser`` file (``name_1.ser``), or the ``.emi`` file, in which
-        case ``name_1.ser`` beside it is opened (a note says so).
+        case the one series beside it holding 2-D frames is opened (a note
+        says which); an ``.emi`` with several such series asks which to open.
     scan_shape
         ``None`` to use the header's two scan dimensions (or a sidecar for a
         1-D series); ``(rows, cols)`` or ``"square"`` to give it.
@@ -247,13 +295,8 @@ class SerSource(FrameSource):
         given = check_exists(path, what="TIA .ser file")
         self._extra_notes: list[str] = []
         if given.suffix.lower() == ".emi":
-            cand = given.with_name(given.stem + "_1.ser")
-            if not cand.is_file():
-                raise FormatError(
-                    f"{str(given)!r} is a TIA .emi file; its data are in {cand.name!r}, which "
-                    "does not exist beside it. Open the .ser file itself"
-                )
-            self._extra_notes.append(f"the .emi file {str(given)!r} was given; {cand.name} opened")
+            cand, note = _image_series_of(given)
+            self._extra_notes.append(note)
             given = cand.resolve()
         self._path = given
         self._handle_file: PositionalFile | None = None
@@ -264,9 +307,15 @@ class SerSource(FrameSource):
         h = parse_ser_header(probe, self._path)
         self._header = h
         if h["DataTypeID"] == _ELEMENT_1D:
+            images = [c.name for c, kind in _series_beside(self._path) if kind == _ELEMENT_2D]
+            where = (
+                f"; the 2-D frames of this acquisition are in {images}: open that file"
+                if images
+                else "; no series beside it holds 2-D elements"
+            )
             raise FormatError(
                 f"TIA series {p!r} holds 1-D elements (spectra, DataTypeID 0x4120); a 4D-STEM "
-                "input needs 2-D elements (DataTypeID 0x4122)"
+                f"input needs 2-D elements (DataTypeID 0x4122){where}"
             )
         if h["DataTypeID"] != _ELEMENT_2D:
             raise FormatError(
@@ -455,7 +504,7 @@ class SerSource(FrameSource):
     @property
     def notes(self) -> list[str]:
         """Explicit choices made while opening (the row reversal among them)."""
-        return super().notes + list(self._extra_notes)
+        return super().notes + list(self._extra_notes) + self._direction_notes()
 
     @property
     def identity(self) -> SourceIdentity:
@@ -499,7 +548,8 @@ class SerSource(FrameSource):
             **self.scan_metadata(),
         }
 
-    def _scan_step_nm(self) -> tuple[float, float] | None:
+    def _scan_steps_nm(self) -> tuple[float, float] | None:
+        """The signed scan steps (row, col) in nm the dimension records give, if usable."""
         dims = self._header["dimensions"]
         if len(dims) != 2:
             return None
@@ -510,10 +560,34 @@ class SerSource(FrameSource):
             if d["units"].strip().lower() not in ("meters", "metres", "m"):
                 return None
             v = float(d["delta"]) * 1e9
-            if not (math.isfinite(v) and v > 0):
+            if not (math.isfinite(v) and v != 0):
                 return None
             steps.append(v)
         return (steps[0], steps[1])
+
+    def _scan_step_nm(self) -> tuple[float, float] | None:
+        steps = self._scan_steps_nm()
+        return None if steps is None else (abs(steps[0]), abs(steps[1]))
+
+    def _step_signs(self) -> tuple[int, int]:
+        steps = self._scan_steps_nm()
+        if steps is None:
+            return (1, 1)
+        return (1 if steps[0] > 0 else -1, 1 if steps[1] > 0 else -1)
+
+    def _direction_notes(self) -> list[str]:
+        """A negative scan step's direction, as a note."""
+        steps = self._scan_steps_nm()
+        out: list[str] = []
+        if steps is not None and min(steps) < 0:
+            names = [n for n, v in zip(("rows", "columns"), steps, strict=True) if v < 0]
+            out.append(
+                f"calibration: the .ser records a negative scan step along {' and '.join(names)} "
+                f"({steps[0]:.4g}, {steps[1]:.4g} nm): positions decrease with the index. The "
+                "magnitude is the scan sampling and the direction is kept as "
+                "Calibration.scan_step_signs (a DPC with a fixed rotation_deg uses it)"
+            )
+        return out
 
     def _voltage_kv(self) -> float | None:
         for key, value in self._emi.items():
@@ -530,7 +604,7 @@ class SerSource(FrameSource):
     def _calibration_from(self) -> str | None:
         parts = []
         if self._scan_step_nm() is not None:
-            parts.append("scan step from the .ser dimension records (metres)")
+            parts.append("scan step from the .ser dimension records (metres, magnitude)")
         if self._voltage_kv() is not None:
             parts.append("voltage from the .emi ExperimentalDescription 'High tension'")
         if not parts:
@@ -548,6 +622,7 @@ class SerSource(FrameSource):
             scan_sampling=step if step is not None else (1.0, 1.0),
             scan_units="nm" if step is not None else "px",
             accelerating_voltage_kV=kv,
+            scan_step_signs=self._step_signs(),
         )
 
     # -- reading -------------------------------------------------------------------

@@ -153,6 +153,13 @@ def _skewness(x: np.ndarray) -> float:
     return 0.0 if s == 0 else float(np.mean((x - x.mean()) ** 3) / s**3)
 
 
+def _scan_step_signs(field: Result) -> tuple[int, int]:
+    """The scan step directions of the dataset a field was computed on (``(1, 1)`` if unknown)."""
+    cal = field.provenance.dataset.get("calibration") or {}
+    signs = cal.get("scan_step_signs") or (1, 1)
+    return (int(signs[0]), int(signs[1]))
+
+
 def _scan_spacing(field: Result) -> tuple[tuple[float, float], str]:
     ax_r, ax_c = field.axes[1], field.axes[2]
     return (ax_r.sampling, ax_c.sampling), ax_r.units
@@ -242,11 +249,28 @@ class DPC(DerivedOperator):
                 "minimising the curl; the 180 deg ambiguity was resolved by positive phase "
                 "skewness (pass rotation_deg= to override)"
             )
+            if _scan_step_signs(com) != (1, 1):
+                notes.append(
+                    f"the scan steps run {_scan_step_signs(com)} (row, col); the search over "
+                    "rotation and transpose covers that reflection, so the rotation found is "
+                    "that of the scan's index frame"
+                )
             return rotated, params, notes
         transpose = bool(self.transpose) if self.transpose != "auto" else False
         theta = math.radians(float(self.rotation_deg))
         params.update(rotation_deg_found=float(self.rotation_deg), transpose_found=transpose)
-        return rotate_field(field, theta, transpose=transpose), params, notes
+        rotated = rotate_field(field, theta, transpose=transpose)
+        signs = _scan_step_signs(com)
+        if signs != (1, 1):
+            # a fixed rotation maps the detector onto the scan's physical axes; where the
+            # positions decrease with the index, the index frame runs the other way
+            rotated = rotated * np.asarray(signs, dtype=np.float64)[:, None, None]
+            params["scan_step_signs"] = list(signs)
+            notes.append(
+                f"the scan steps run {signs} (row, col): the rotated field's components were "
+                "multiplied by them to follow the scan index (Calibration.scan_step_signs)"
+            )
+        return rotated, params, notes
 
     def finalize(self, inputs: Sequence[Result]) -> Result:
         """Rotate the centre of mass into scan axes."""

@@ -154,3 +154,64 @@ def test_detected_by_content_and_calibrated_by_open(tmp_path: Path) -> None:
     assert ds.shape == (2, 3, 4, 4)
     assert ds.calibration.scan_sampling == pytest.approx((1.0, 2.0))
     assert ds.calibration.accelerating_voltage_kV == 80.0
+
+
+def test_negative_step_keeps_the_magnitude_and_records_the_direction(tmp_path: Path) -> None:
+    import quantem_flow as qf
+
+    a = _data((3, 4, 6, 6))
+    p = write_ser(tmp_path / "neg_1.ser", a, step_m=(-1.874e-9, 2e-10))
+    ds = qf.open(p)
+    cal = ds.calibration
+    assert cal.scan_units == "nm"
+    assert cal.scan_sampling == pytest.approx((1.874, 0.2))  # never silently dropped
+    assert cal.scan_step_signs == (-1, 1)
+    notes = " ".join(ds.source.notes)
+    assert "negative scan step along rows" in notes and "scan_step_signs" in notes
+    assert qf.Calibration.from_dict(cal.to_dict()) == cal  # survives YAML/JSON
+    np.testing.assert_array_equal(ds.load_block((0, 3)), a)
+
+
+def test_fixed_dpc_rotation_follows_the_scan_direction(tmp_path: Path) -> None:
+    import quantem_flow as qf
+
+    rng = np.random.default_rng(4)
+    a = rng.poisson(5.0, size=(4, 5, 12, 12)).astype("uint16")
+    up = qf.open(write_ser(tmp_path / "up_1.ser", a, step_m=(1e-9, 1e-9)))
+    down = qf.open(write_ser(tmp_path / "down_1.ser", a, step_m=(-1e-9, 1e-9)))
+    fields = []
+    for ds in (up, down):
+        (dpc,) = qf.compute(qf.dpc(ds, rotation_deg=30.0, transpose=False), client="synchronous")
+        fields.append(dpc)
+    np.testing.assert_allclose(fields[1].data[0], -fields[0].data[0])
+    np.testing.assert_allclose(fields[1].data[1], fields[0].data[1])
+    assert fields[1].provenance.parameters["scan_step_signs"] == [-1, 1]
+    assert "scan_step_signs" not in fields[0].provenance.parameters
+
+
+def _as_spectra(path: Path) -> Path:
+    """Mark a written series as holding 1-D elements (DataTypeID 0x4120), as an EDS series does."""
+    raw = bytearray(path.read_bytes())
+    raw[6:10] = (0x4120).to_bytes(4, "little")
+    path.write_bytes(bytes(raw))
+    return path
+
+
+def test_emi_with_several_series_opens_the_one_with_frames(tmp_path: Path) -> None:
+    a = _data((2, 3, 4, 4))
+    _as_spectra(write_ser(tmp_path / "eds_1.ser", _data((2, 3, 4, 4))))
+    write_ser(tmp_path / "eds_2.ser", a)
+    emi = write_emi(tmp_path / "eds.emi", high_tension_kv=300.0)
+    src = SerSource(emi)
+    assert src.path.name == "eds_2.ser"
+    np.testing.assert_array_equal(src.read((0, 2), (0, 3)), a)
+    assert any("eds_2.ser opened" in n and "eds_1.ser" in n for n in src.notes)
+    # the spectra series itself: the error names the series with frames
+    with pytest.raises(
+        FormatError, match=r"spectra.*2-D frames of this acquisition are in \['eds_2\.ser'\]"
+    ):
+        SerSource(tmp_path / "eds_1.ser")
+    # two series of frames: asked which
+    write_ser(tmp_path / "eds_3.ser", a)
+    with pytest.raises(FormatError, match="several series of 2-D frames"):
+        SerSource(emi)
