@@ -4,7 +4,9 @@ An EMD file is HDF5 whose groups say what they hold in the attribute
 ``emd_group_type``: ``"file"`` on the file itself (with ``version_major`` /
 ``version_minor``), ``"root"`` on a tree's root, ``0`` on metadata groups,
 ``1`` (or ``"array"``) on an array, ``2``/``3`` on point lists.  An array
-group holds the dataset ``data`` and one dimension vector per axis,
+group holds the dataset ``data`` (Prismatic names it ``datacube``: a group's
+only dataset that is not a dimension vector is taken, noted) and one
+dimension vector per axis,
 ``dim0``, ``dim1``... (``emdfile``; the older EMD 0.2 specification numbers
 them ``dim1``, ``dim2``...), each with ``name`` and ``units`` attributes.  A
 linear dimension vector may be stored as its first two values only.  A
@@ -65,6 +67,27 @@ def _is_array_group(obj: Any) -> bool:
     return value in ARRAY_TYPES
 
 
+def array_dataset_name(group: Any) -> str | None:
+    """The dataset of an EMD array group that holds the array.
+
+    ``data`` (EMD 1.0, py4DSTEM, emdfile); else the group's only other
+    dataset that is not a dimension vector (Prismatic names it
+    ``datacube``); ``None`` when there is none, or several.
+    """
+    import re
+
+    import h5py
+
+    if group.get("data", getclass=True) is h5py.Dataset:
+        return "data"
+    others = [
+        name
+        for name in group
+        if group.get(name, getclass=True) is h5py.Dataset and not re.fullmatch(r"dim\d+", name)
+    ]
+    return others[0] if len(others) == 1 else None
+
+
 def find_emd_arrays(h5file: Any, *, limit: int | None = None) -> list[tuple[str, tuple[int, ...]]]:
     """Return ``(group path, data shape)`` of every EMD array group of an open HDF5 file.
 
@@ -90,9 +113,9 @@ def find_emd_arrays(h5file: Any, *, limit: int | None = None) -> list[tuple[str,
             seen[0] += 1
             if limit is not None and seen[0] > limit:
                 return True  # stop visiting
-            data = obj.get("data", getclass=True) if _is_array_group(obj) else None
-            if data is h5py.Dataset:
-                found.append(("/" + link_name(name), tuple(int(s) for s in obj["data"].shape)))
+            dataset = array_dataset_name(obj) if _is_array_group(obj) else None
+            if dataset is not None:
+                found.append(("/" + link_name(name), tuple(int(s) for s in obj[dataset].shape)))
         return None
 
     h5file.visititems(visit)
@@ -165,8 +188,8 @@ class EmdSource(Hdf5Source):
                 self._group_from = "the file's only EMD array with 4-D data"
             else:
                 group_path = dataset_path.rstrip("/")
-                if group_path.endswith("/data") and isinstance(f.get(group_path), h5py.Dataset):
-                    group_path = group_path[: -len("/data")] or "/"
+                if isinstance(f.get(group_path), h5py.Dataset):  # the array's dataset itself
+                    group_path = group_path.rsplit("/", 1)[0] or "/"
                 self._group_from = "given (dataset_path=)"
             group = f.get(group_path)
             if not isinstance(group, h5py.Group) or not _is_array_group(group):
@@ -174,17 +197,23 @@ class EmdSource(Hdf5Source):
                     f"{group_path!r} in {str(p)!r} is not an EMD array group (a group with "
                     f"emd_group_type 1 holding 'data'); EMD arrays in the file: {listing}"
                 )
-            if not isinstance(group.get("data"), h5py.Dataset) or group["data"].ndim != 4:
-                shape = getattr(group.get("data"), "shape", None)
+            name = array_dataset_name(group)
+            data = group.get(name) if name is not None else None
+            if not isinstance(data, h5py.Dataset) or data.ndim != 4:
+                shape = getattr(data, "shape", None)
                 raise FormatError(
                     f"the EMD array {group_path!r} of {str(p)!r} holds data of shape {shape}; "
                     "expected a 4-D (R_r, R_c, k_r, k_c) datacube"
                 )
-            self._dims = self._read_dims(group, group_path, p, tuple(group["data"].shape))
+            assert name is not None
+            self._array_name = name
+            self._dims = self._read_dims(group, group_path, p, tuple(data.shape))
             self._group_attrs = read_attributes(group)
             self._file_attrs = read_attributes(f)
         self._group_path = group_path
-        super().__init__(p, dataset_path=f"{group_path.rstrip('/')}/data", scan_shape=scan_shape)
+        super().__init__(
+            p, dataset_path=f"{group_path.rstrip('/')}/{self._array_name}", scan_shape=scan_shape
+        )
 
     @staticmethod
     def _read_dims(
@@ -241,7 +270,9 @@ class EmdSource(Hdf5Source):
                     f"so the {kind} was left uncalibrated"
                 )
                 continue
-            unit = units.pop()
+            unit = units.pop().strip()
+            if unit.startswith("[") and unit.endswith("]"):  # "[Å]", "[mrad]"
+                unit = unit[1:-1].strip()
             factor = 1.0
             if kind == "detector" and unit.lower() in _RECIPROCAL_NM:
                 unit, factor = "1/Å", 0.1
@@ -285,7 +316,15 @@ class EmdSource(Hdf5Source):
     @property
     def notes(self) -> list[str]:
         """Explicit choices made while opening."""
-        return [*super().notes, *self._file_calibration()[2]]
+        named = (
+            []
+            if self._array_name == "data"
+            else [
+                f"the EMD array {self._group_path!r} holds its values in {self._array_name!r} "
+                "(as Prismatic writes), not 'data'; read with its dimension vectors"
+            ]
+        )
+        return [*super().notes, *named, *self._file_calibration()[2]]
 
     @property
     def metadata(self) -> dict[str, Any]:

@@ -202,3 +202,32 @@ def test_a_dimension_vector_that_is_not_numeric_is_a_format_error(tmp_path: Path
         f["experiment/datacube/dim1"] = np.array([b"a", b"b"])
     with pytest.raises(FormatError, match=r"'dim1' is \|S1; expected a numeric dataset"):
         EmdSource(p)
+
+
+def test_prismatic_datacube_is_read_with_its_dimension_vectors(tmp_path: Path) -> None:
+    import quantem_flow as qf
+
+    from .writers_emd import write_emd
+
+    rng = np.random.default_rng(8)
+    a = rng.random((3, 4, 10, 12)).astype("float32")
+    p = write_emd(
+        tmp_path / "prismatic.h5",
+        a,
+        group="4DSTEM_simulation/data/datacubes/CBED_array_depth0000",
+        array_name="datacube",
+        one_based=True,
+        full_dims=True,
+        r_units="[Å]",
+        q_units="[mrad]",
+        q_step=1.5,
+        q_first=(-7.5, -9.0),
+    )
+    ds = qf.open(p)
+    assert ds.source.format == "emd"
+    np.testing.assert_array_equal(ds.load_block((0, 3)), a)
+    cal = ds.calibration
+    assert cal.scan_units == "Å" and cal.scan_sampling == pytest.approx((0.8, 1.2))
+    assert cal.detector_units == "mrad" and cal.detector_sampling == pytest.approx((1.5, 3.0))
+    assert cal.detector_origin == pytest.approx((5.0, 3.0))  # where the angles are zero
+    assert any("'datacube'" in n and "Prismatic" in n for n in ds.source.notes)

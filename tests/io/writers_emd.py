@@ -34,13 +34,15 @@ def write_emd(
     group_type: Any = 1,
     extra_arrays: dict[str, np.ndarray] | None = None,
     chunks: tuple[int, ...] | None = None,
+    array_name: str = "data",
 ) -> Path:
     """Write a 4-D ``(R_r, R_c, k_r, k_c)`` array as an EMD 1.0 datacube.
 
     ``full_dims`` writes whole dimension vectors instead of two values,
     ``one_based`` names them ``dim1``..``dim4`` (EMD 0.2), ``group_type``
     is the array's ``emd_group_type`` and ``extra_arrays`` adds more array
-    groups (name -> data) under the root.
+    groups (name -> data) under the root.  ``array_name`` names the dataset
+    holding the datacube (Prismatic writes ``datacube``).
     """
     import h5py
 
@@ -65,7 +67,7 @@ def write_emd(
             g = f.create_group(name)
             g.attrs["emd_group_type"] = group_type
             g.attrs["python_class"] = "DataCube"
-            d = g.create_dataset("data", data=values, chunks=chunks)
+            d = g.create_dataset(array_name, data=values, chunks=chunks)
             d.attrs["units"] = "pixel intensity"
             for axis, (dname, first, step, units) in enumerate(dims):
                 n = values.shape[axis]
