@@ -367,9 +367,24 @@ class Dm4Source(FrameSource):
             four = [i for i, d in enumerate(dims_of) if d is not None and len(d) == 4]
             if len(four) != 1:
                 found = [len(d) if d is not None else None for d in dims_of]
+                shapes = [tuple(d) if d is not None else None for d in dims_of]
+                if not four:
+                    kinds = {1: "a spectrum", 2: "an image", 3: "a stack or spectrum image"}
+                    held = ", ".join(
+                        kinds.get(len(d), f"{len(d)}-D data") if d is not None else "no data"
+                        for d in dims_of
+                    )
+                    raise FormatError(
+                        f"{str(self._path)!r} holds no 4-D STEM dataset: its ImageList entries "
+                        f"are {held} (dimensions {shapes}). quantem-flow reads 4-D data (R_r, "
+                        "R_c, k_r, k_c); a 3-D stack of diffraction patterns can be read with "
+                        "another DM reader (rosettasciio) and given as an array: "
+                        "qf.open(frames, scan_shape=(rows, cols))"
+                    )
                 raise FormatError(
                     f"{str(self._path)!r} holds {len(four)} 4-D images (ImageList entries have "
-                    f"dimensions {found}); expected exactly one. Pass image_index= to choose"
+                    f"dimensions {found}); expected exactly one. Pass image_index= the entry "
+                    f"to read (one of {four})"
                 )
             image_index = four[0]
         if not 0 <= image_index < len(entries):

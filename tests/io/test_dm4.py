@@ -222,3 +222,15 @@ def test_implausible_scales_leave_axes_uncalibrated_with_a_note(
     assert cal.scan_units == "px" and cal.detector_units == "px"
     assert sum("positive" in n for n in src.notes) == 2
     json.dumps(src.metadata)
+
+
+def test_a_file_without_4d_data_is_described_for_what_it_holds(tmp_path: Path) -> None:
+    a = _data()
+    p = write_dm4_4d(tmp_path / "stack.dm4", a, dimensions=[a.shape[3], a.shape[2], 12])
+    with pytest.raises(FormatError) as info:
+        Dm4Source(p)
+    text = str(info.value)
+    assert "holds no 4-D STEM dataset" in text
+    assert "an image" in text and "a stack or spectrum image" in text  # thumbnail, 3-D stack
+    assert "image_index" not in text  # choosing an entry cannot help
+    assert "qf.open(frames, scan_shape=(rows, cols))" in text
