@@ -315,8 +315,8 @@ def _start_client(scheduler: str | None) -> tuple[Any, str]:
     else:
         if "://" not in scheduler:
             raise ParameterError(
-                f"the scheduler must be an address such as tcp://127.0.0.1:8786 or "
-                f"'synchronous', got {scheduler!r}"
+                f"a scheduler address such as tcp://127.0.0.1:8786 or 'synchronous' is needed, "
+                f"got {scheduler!r}"
             )
         from distributed import Client
 

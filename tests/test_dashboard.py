@@ -9,11 +9,14 @@ error, screenshot taken), and without Bokeh it is a plain page that says so.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
+import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -148,7 +151,7 @@ def _browser(url: str, shot: Path) -> dict[str, Any]:
 
             info = {
                 "status": resp.status,
-                "errors": errors,
+                "errors": list(errors),  # not the requests a closing browser aborts
                 "title": page.title(),
                 "throughput": column("qf-throughput", "xs"),
                 "map": column("qf-scan-map", "chunk"),
@@ -271,3 +274,118 @@ def test_the_charts_draw_a_state_and_send_nothing_when_it_does_not_change() -> N
     n = len(events)
     dash.update(state)  # a live page is sent changes only
     assert len(events) == n
+
+
+def _chromium_screenshot(
+    url: str, shot: Path, *, budget_ms: int
+) -> subprocess.CompletedProcess[str]:
+    """A plain ``chromium --headless --screenshot``: no Playwright, no waiting for anything."""
+    chromium = os.environ.get("QF_CHROMIUM") or shutil.which("chromium")
+    assert chromium, "no chromium on PATH; install it (apt-get install chromium)"
+    return subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            f"--screenshot={shot}",
+            "--window-size=1400,1000",
+            f"--virtual-time-budget={budget_ms}",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.cluster
+def test_a_plain_headless_screenshot_shows_the_charts_and_a_short_visit_logs_nothing(
+    rng: np.random.Generator, tmp_path: Path
+) -> None:
+    from distributed import Client
+    from PIL import Image
+
+    from quantem_flow.graphs.cluster import dashboard_url, flow_dashboard_url, start_local_cluster
+
+    cluster = start_local_cluster(n_workers=1, threads_per_worker=1, memory_limit="1 GiB")
+    client = Client(cluster, set_as_default=False)
+    try:
+        data = probe_data(rng, scan=(12, 10))
+        qf.compute(*_queries(qf.open(data, chunk_rows=2)), client=client)
+        url = flow_dashboard_url(client)
+        assert url is not None
+        # the charts come with the page: asked again unchanged, the picture is not resent
+        codes = []
+        for _ in range(5):  # the throughput window moves each second: retry on a change
+            with urllib.request.urlopen(url + "/item.json", timeout=20) as resp:
+                tag = resp.headers["ETag"]
+                assert json.loads(resp.read())["target_id"] == "qf-root"
+            request = urllib.request.Request(url + "/item.json", headers={"If-None-Match": tag})
+            try:
+                with urllib.request.urlopen(request, timeout=20) as again:
+                    codes.append(again.status)
+                    assert again.headers["ETag"] != tag  # resent only because it changed
+            except urllib.error.HTTPError as unchanged:
+                codes.append(unchanged.code)
+                break
+        assert codes[-1] == 304, codes
+        # distributed logs tornado to stderr without propagating: listen on that logger
+        seen_records: list[logging.LogRecord] = []
+        listener = logging.Handler(level=logging.ERROR)
+        listener.emit = seen_records.append  # type: ignore[method-assign]
+        tornado_log = logging.getLogger("tornado.application")
+        tornado_log.addHandler(listener)
+        shot = tmp_path / "plain.png"
+        proc = _chromium_screenshot(url, shot, budget_ms=5000)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        with Image.open(shot) as im:
+            pixels = np.asarray(im.convert("RGB"))
+        below_summary = pixels[120:]  # the charts, not only the navigation bar and summary
+        colours = len(np.unique(below_summary.reshape(-1, 3), axis=0))
+        assert colours > 50, f"only {colours} colours below the summary: the charts did not draw"
+        # a visitor leaving at once, on Dask's pages as on this one
+        status = dashboard_url(client)
+        assert status is not None
+        for page in (status, url):
+            early = _chromium_screenshot(page, tmp_path / "early.png", budget_ms=15000)
+            assert early.returncode == 0
+        time.sleep(1.0)  # the server notices the closed connections
+        tornado_log.removeHandler(listener)
+        uncaught = [r.getMessage() for r in seen_records]
+        assert uncaught == [], uncaught
+    finally:
+        client.close()
+        cluster.close()
+
+
+def test_the_early_leave_filter_drops_only_bokehs_missing_session_assertion() -> None:
+    import sys
+
+    from quantem_flow.graphs.dashboard import EarlyLeaveFilter
+
+    def record_of(filename: str) -> logging.LogRecord:
+        code = compile("def session():\n    assert None is not None\n", filename, "exec")
+        space: dict[str, Any] = {}
+        exec(code, space)
+        try:
+            space["session"]()
+        except AssertionError:
+            info = sys.exc_info()
+        return logging.LogRecord(
+            "tornado.application",
+            logging.ERROR,
+            __file__,
+            1,
+            "Uncaught exception GET /status/ws",
+            None,
+            info,
+        )
+
+    keep = EarlyLeaveFilter()
+    assert keep.filter(record_of("/x/site-packages/bokeh/server/connection.py")) is False
+    assert keep.filter(record_of("/x/site-packages/mine/connection.py")) is True
+    plain = logging.LogRecord("tornado.application", logging.ERROR, __file__, 1, "boom", None, None)
+    assert keep.filter(plain) is True

@@ -29,7 +29,15 @@ LAYERS = (
     "front",
 )
 RANK = {name: i for i, name in enumerate(LAYERS)}
-FOUNDATION = ("errors", "config", "calibration", "provenance", "results", "result_math", "html_repr")
+FOUNDATION = (
+    "errors",
+    "config",
+    "calibration",
+    "provenance",
+    "results",
+    "result_math",
+    "html_repr",
+)
 FRONT = (
     "__init__",
     "__main__",

@@ -98,6 +98,8 @@ def test_every_key_and_option_is_documented() -> None:
             assert f"| `{fmt}` |" in text, fmt
     union = set()
     for fmt in reader_names():
+        if fmt == "memory":  # an array in a session is not a pipeline input
+            continue
         params = inspect.signature(reader_class(fmt).__init__).parameters.values()
         union |= {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
     assert union | {"verify"} == set(reader_options())

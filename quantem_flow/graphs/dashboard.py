@@ -2,10 +2,13 @@
 
 :func:`register_page` adds ``/quantem-flow`` to the scheduler's HTTP server
 when the placement plugin starts (so the page exists before the first
-compute), in Dask's own way (a ``BokehTornado`` application of
-``distributed.dashboard.core.BokehApplication`` with Dask's page template,
-navigation bar and theme), and links it from the navigation bar of Dask's
-pages.  The page draws, from :meth:`PlacementSchedulerPlugin.state`
+compute) and links it from the navigation bar of Dask's pages.  The page is
+plain HTML holding the charts as a standalone Bokeh document in Dask's theme,
+drawn by the BokehJS the scheduler serves for Dask's own pages and refreshed
+by polling ``/quantem-flow/item.json`` (``304`` while nothing changed): no
+websocket, so it renders in any browser (a plain headless screenshot
+included) and a visitor leaving early prints nothing.  The page draws, from
+:meth:`PlacementSchedulerPlugin.state`
 (:mod:`quantem_flow.graphs.scheduler_plugin`), refreshed twice a second:
 
 * per-worker throughput over time (GB/s of logical chunk data finished per
@@ -26,7 +29,6 @@ returns ``False`` and the plugin serves a plain HTML table that says so.
 from __future__ import annotations
 
 import datetime
-import functools
 import html
 import os
 from collections.abc import Mapping, Sequence
@@ -35,9 +37,13 @@ from typing import Any
 
 __all__ = [
     "PAGE",
+    "ROOT_ID",
+    "EarlyLeaveFilter",
     "FlowDashboard",
     "bokeh_available",
+    "document_item",
     "register_page",
+    "render_page",
     "summary",
     "write_html",
 ]
@@ -511,48 +517,191 @@ def _restored_text(d: Mapping[str, Any]) -> str:
     return "no"
 
 
-def _document(scheduler: Any, extra: Mapping[str, Any], doc: Any) -> None:
-    """Build the live page for one browser session (Bokeh ``FunctionHandler``)."""
-    from distributed.dashboard.components.scheduler import BOKEH_THEME, env
+def document_item(state: Mapping[str, Any]) -> tuple[str, str]:
+    """The charts of one state as a standalone Bokeh document (``json_item``), and its tag.
 
-    from .scheduler_plugin import PLUGIN_NAME
+    Returns
+    -------
+    (str, str)
+        The item as JSON text, and a short digest of what it shows: the page
+        asks for the item again with ``If-None-Match`` and gets ``304`` while
+        nothing changed.
+    """
+    import hashlib
+    import json
+
+    from bokeh.core.types import ID
+    from bokeh.embed import json_item
+    from distributed.dashboard.components.scheduler import BOKEH_THEME
 
     dash = FlowDashboard()
-
-    def refresh() -> None:
-        plugin = scheduler.plugins.get(PLUGIN_NAME)
-        if plugin is not None:
-            dash.update(plugin.state())
-
-    refresh()
-    doc.add_periodic_callback(refresh, REFRESH_MS)
-    doc.title = "quantem-flow placement"
-    doc.add_root(dash.root)
-    doc.template = _template(env)
-    doc.template_variables.update(extra)
-    plugin = scheduler.plugins.get(PLUGIN_NAME)
-    text = summary(plugin.state()) if plugin is not None else ""
-    doc.template_variables["qf_summary"] = html.escape(text)
-    doc.theme = BOKEH_THEME
+    dash.update(state)
+    item = json_item(dash.root, target=ID(ROOT_ID), theme=BOKEH_THEME)
+    text = json.dumps(item, separators=(",", ":"), default=str)
+    # the digest ignores the random model ids Bokeh gives each new document
+    stable = json.dumps(dash_snapshot(dash), sort_keys=True, default=str)
+    return text, hashlib.sha256(stable.encode()).hexdigest()[:20]
 
 
-_TEMPLATE = """{% extends "simple.html" %}
-{% block content %}
-<p class="qf-summary" style="margin:4px 8px;font-size:90%;color:#555">{{ qf_summary }}</p>
-{{ super() }}
-{% endblock %}
+def dash_snapshot(dash: FlowDashboard) -> dict[str, Any]:
+    """What the charts show (every data source's columns and the titles), for change detection."""
+    from bokeh.models import ColumnDataSource
+
+    out: dict[str, Any] = {"header": dash.header.text, "map": dash.scan_map.title.text}
+    for name, value in vars(dash).items():
+        if isinstance(value, ColumnDataSource):
+            out[name] = {k: list(v) for k, v in value.data.items()}
+    return out
+
+
+#: The element the charts are drawn in.
+ROOT_ID = "qf-root"
+
+#: The page: Dask's navigation bar, the summary (no JavaScript needed), the charts
+#: embedded as a standalone document (they render without a server round trip, so a
+#: plain ``chromium --headless --screenshot`` shows them), refreshed by polling.
+_PAGE_TEMPLATE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>quantem-flow placement</title>
+{resources}
+<style>
+body {{ margin: 0; font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif;
+  background: #fafafa; }}
+.navbar {{ display: flex; gap: 4px; align-items: center; background: #eee; padding: 0 8px;
+  height: 45px; }}
+.navbar a {{ color: #111; text-decoration: none; padding: 12px 12px; font-size: 17px; }}
+.navbar a:hover, .navbar a.active {{ background: #ddd; }}
+.qf-summary {{ margin: 4px 8px; font-size: 90%; color: #555; }}
+#{root} {{ margin: 0 8px; }}
+</style></head>
+<body>
+<div class="navbar">{links}</div>
+<p class="qf-summary">{summary}</p>
+<div id="{root}"></div>
+<script>
+(function () {{
+  const refreshMs = {refresh_ms};
+  let tag = {tag};
+  let container = document.getElementById("{root}");
+  async function show(item) {{
+    const fresh = document.createElement("div");
+    fresh.id = "{root}-next";
+    fresh.style.display = "none";
+    container.after(fresh);
+    await Bokeh.embed.embed_item(item, fresh.id);
+    fresh.style.display = "";
+    container.remove();
+    fresh.id = "{root}";
+    container = fresh;
+    const docs = Bokeh.documents;  // the page's one document stays documents[0]
+    for (const old of docs.slice(0, -1)) {{ try {{ old.clear(); }} catch (e) {{}} }}
+    docs.splice(0, docs.length - 1);
+  }}
+  async function poll() {{
+    try {{
+      const r = await fetch("{item_url}",
+        {{ headers: {{ "If-None-Match": tag }}, cache: "no-store" }});
+      if (r.status === 200) {{
+        tag = r.headers.get("ETag") || tag;
+        await show(await r.json());
+      }}
+    }} catch (e) {{ /* the scheduler went away: keep the last picture */ }}
+    setTimeout(poll, refreshMs);
+  }}
+  Bokeh.embed.embed_item({item}, "{root}").then(() => setTimeout(poll, refreshMs));
+}})();
+</script>
+</body></html>
 """
 
 
-@functools.cache
-def _template(dask_env: Any) -> Any:
-    """Dask's ``simple.html`` page with a one-line text summary above the charts."""
-    from jinja2 import ChoiceLoader, DictLoader, Environment
+def _page_title(page: str) -> str:
+    return "Quantem-Flow" if page == PAGE.strip("/") else page.replace("-", " ").title()
 
-    loader = ChoiceLoader([DictLoader({"quantem-flow.html": _TEMPLATE}), dask_env.loader])
-    # Bokeh's own pieces (resources, plot div, script) are HTML: no autoescape, as Dask's env;
-    # the summary is escaped where it is made
-    return Environment(loader=loader, autoescape=False).get_template("quantem-flow.html")
+
+def render_page(
+    state: Mapping[str, Any],
+    *,
+    static_root: str,
+    pages: Sequence[str],
+    refresh_ms: int = REFRESH_MS,
+) -> str:
+    """The HTML of ``/quantem-flow`` for one state.
+
+    Parameters
+    ----------
+    state
+        The placement plugin's state.
+    static_root
+        URL path under which the scheduler serves Bokeh's JavaScript (``/``:
+        ``/static/js/bokeh.min.js``).
+    pages
+        Dask's pages for the navigation bar (``"status"``, ``"workers"``...).
+    refresh_ms
+        Milliseconds between polls for a changed picture.
+
+    Returns
+    -------
+    str
+        The page.
+    """
+    from bokeh.resources import Resources
+
+    item, tag = document_item(state)
+    resources = Resources(
+        mode="server", root_url=static_root, components=["bokeh", "bokeh-widgets", "bokeh-tables"]
+    ).render_js()
+    here = PAGE.strip("/")
+    links = "".join(
+        f'<a href="{html.escape(p)}"' + (' class="active"' if p == here else "") + ">"
+        f"{html.escape(_page_title(p))}</a>"
+        for p in pages
+    )
+    return _PAGE_TEMPLATE.format(
+        resources=resources,
+        links=links,
+        summary=html.escape(summary(state)),
+        root=ROOT_ID,
+        refresh_ms=int(refresh_ms),
+        tag=script_literal(tag),
+        item=item.replace("</", "<\\/"),
+        item_url=f"{here}/item.json",
+    )
+
+
+def script_literal(value: Any) -> str:
+    """``value`` as a JavaScript literal safe inside a ``<script>`` element."""
+    import json
+
+    return json.dumps(value).replace("</", "<\\/")
+
+
+class EarlyLeaveFilter:
+    """Drop Bokeh's traceback for a browser that left before its session began.
+
+    Bokeh's websocket handler asserts that a session exists when a
+    connection closes; a visitor leaving in the first moments (a headless
+    screenshot, a closed tab) trips it, and tornado prints the traceback into
+    the terminal of whoever runs the scheduler.  Dask's own pages use that
+    handler (the quantem-flow page has no websocket).  Logged at debug level.
+    """
+
+    def filter(self, record: Any) -> bool:
+        """Whether to keep ``record``."""
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, AssertionError):
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            where = tb.tb_frame.f_code.co_filename if tb is not None else ""
+            if where.replace("\\", "/").endswith("bokeh/server/connection.py"):
+                import logging
+
+                logging.getLogger("quantem_flow.dashboard").debug(
+                    "a browser left before its Bokeh session began: %s", record.getMessage()
+                )
+                return False
+        return True
 
 
 def summary(state: Mapping[str, Any]) -> str:
@@ -575,7 +724,14 @@ def summary(state: Mapping[str, Any]) -> str:
 
 
 def register_page(scheduler: Any, plugin: Any) -> tuple[bool, str]:
-    """Serve the Bokeh page at ``/quantem-flow`` on the scheduler's HTTP server, once.
+    """Serve the charts at ``/quantem-flow`` on the scheduler's HTTP server, once.
+
+    The page is plain HTML holding the charts as a standalone Bokeh document
+    (drawn by the BokehJS the scheduler already serves for Dask's pages),
+    refreshed by polling ``/quantem-flow/item.json``; it needs no websocket,
+    so it renders for any browser, a headless screenshot included, and a
+    visitor leaving early leaves nothing in the terminal.  It is linked from
+    Dask's navigation bar.
 
     Parameters
     ----------
@@ -597,31 +753,51 @@ def register_page(scheduler: Any, plugin: Any) -> tuple[bool, str]:
         return False, "the scheduler has no HTTP server"
     if not bokeh_available():
         return False, _NO_BOKEH
-    from distributed.dashboard.core import BokehApplication
-    from tornado.ioloop import IOLoop
+    import logging
 
-    prefix = "/"  # the prefix of Dask's own Bokeh pages, if it has one
+    from tornado.web import RequestHandler
+
+    prefix = "/"  # where Dask's own Bokeh pages (and BokehJS, under static/) are served
     for other in getattr(app, "applications", []):
         p = getattr(other, "prefix", None)
         if isinstance(p, str) and any(c.__name__ == "BokehTornado" for c in type(other).__mro__):
             prefix = p or "/"
             break
-    variables: dict[str, Any] = {}
+    if not prefix.endswith("/"):
+        prefix += "/"
+    pages: list[str] = [PAGE.strip("/")]
     try:  # Dask's navigation bar: link this page from every Dask page (a shared list)
         from distributed.dashboard.scheduler import template_variables
 
-        variables = template_variables(scheduler)
-        pages = variables.get("pages")
-        if isinstance(pages, list) and PAGE.strip("/") not in pages:
-            pages.append(PAGE.strip("/"))
+        shared = template_variables(scheduler).get("pages")
+        if isinstance(shared, list):
+            if PAGE.strip("/") not in shared:
+                shared.append(PAGE.strip("/"))
+            pages = shared
     except Exception:  # a Dask without that helper: the page works, unlinked
-        variables = {"pages": [PAGE.strip("/")], "plots": [], "jupyter": False}
-    bokeh_app = BokehApplication(
-        {PAGE: _document}, scheduler, prefix=prefix, template_variables=variables
-    )
-    app.add_application(bokeh_app)
-    bokeh_app.initialize(IOLoop.current())
-    bokeh_app.start()
+        pass
+
+    class Page(RequestHandler):
+        def get(self) -> None:
+            self.set_header("Content-Type", "text/html; charset=utf-8")
+            self.set_header("Cache-Control", "no-store")
+            self.write(render_page(plugin.state(), static_root=prefix, pages=list(pages)))
+
+    class Item(RequestHandler):
+        def get(self) -> None:
+            item, tag = document_item(plugin.state())
+            self.set_header("Cache-Control", "no-store")
+            self.set_header("ETag", tag)
+            if self.request.headers.get("If-None-Match") == tag:
+                self.set_status(304)
+                return
+            self.set_header("Content-Type", "application/json")
+            self.write(item)
+
+    app.add_handlers(r".*", [(PAGE + r"/?", Page), (PAGE + r"/item\.json", Item)])
+    tornado_log = logging.getLogger("tornado.application")
+    if not any(isinstance(f, EarlyLeaveFilter) for f in tornado_log.filters):
+        tornado_log.addFilter(EarlyLeaveFilter())
     scheduler._quantem_flow_page = True
     return True, "the Bokeh page is served"
 
