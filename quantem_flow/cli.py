@@ -22,21 +22,21 @@ __all__ = ["DEMO_SIZES", "cli_terms", "main"]
 
 #: Parameters of :func:`quantem_flow.synthetic.synthetic_dataset` for ``demo --size``.
 DEMO_SIZES: dict[str, dict[str, Any]] = {
+    # the wave-optics model: a weak phase object under a 20 mrad, 300 kV probe,
+    # calibrated (scan in Å, detector in mrad), consistent for SSB as for DPC
     "small": {
+        "model": "wave",
         "scan_shape": (48, 64),
         "detector_shape": (64, 72),
-        "probe_radius_px": 8.0,
-        "dose_per_frame": 2000.0,
-        "deflection_px": 1.5,
+        "dose_per_frame": 5e4,
         "seed": 0,
         "dtype": "uint16",
     },
     "medium": {
+        "model": "wave",
         "scan_shape": (128, 128),
         "detector_shape": (96, 96),
-        "probe_radius_px": 11.0,
-        "dose_per_frame": 4000.0,
-        "deflection_px": 2.0,
+        "dose_per_frame": 5e4,
         "seed": 0,
         "dtype": "uint16",
     },
@@ -541,9 +541,51 @@ def _pearson(a: Any, b: Any) -> float:
     return float((x * y).sum() / den) if den > 0 else math.nan
 
 
+def _phase_check_figure(truth: Any, idpc: Any, ssb: Any, path: Path) -> Path:
+    """The truth, the iDPC phase and the SSB phase side by side, each with its correlation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .plotting import _png_metadata
+
+    (row, col) = ssb.axes
+    extent = (
+        -0.5 * col.sampling,
+        (col.size - 0.5) * col.sampling,
+        (row.size - 0.5) * row.sampling,
+        -0.5 * row.sampling,
+    )
+    panels = [
+        ("truth (band-limited to the SSB band)", truth.phase, None),
+        ("iDPC", idpc.data, _pearson(idpc.data, truth.phase)),
+        ("SSB", ssb.phase, _pearson(ssb.phase, truth.phase)),
+    ]
+    fig, axes = plt.subplots(1, 3, figsize=(13.5, 4.0), layout="constrained")
+    for ax, (title, values, r) in zip(axes, panels, strict=True):
+        im = ax.imshow(values, cmap="gray", extent=extent, interpolation="nearest")
+        ax.set_title(title if r is None else f"{title}: r = {r:.3f} with the truth", fontsize=10)
+        ax.set_xlabel(f"scan column ({col.units})")
+        ax.set_ylabel(f"scan row ({row.units})")
+        unit = "rad" if title.startswith(("truth", "SSB")) else idpc.units
+        fig.colorbar(im, ax=ax, label=f"phase ({unit})", shrink=0.85)
+    quality = ssb.provenance.parameters.get("quality", {})
+    fig.suptitle(
+        f"Phase of the synthetic specimen. SSB double-overlap loss "
+        f"{quality.get('double_overlap_loss', float('nan')):.2f} ({quality.get('verdict', '?')}; "
+        "docs/ssb-quality.md)",
+        fontsize=10,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, metadata=_png_metadata())
+    plt.close(fig)
+    return path
+
+
 def _demo(args: argparse.Namespace) -> int:
     from .pipeline import example_pipeline, load_pipeline, prepare_pipeline, run_pipeline
-    from .synthetic import synthetic_truth, write_synthetic
+    from .synthetic import truth_of, write_synthetic
 
     params = DEMO_SIZES[args.size]
     out = Path(args.output_dir).expanduser().absolute()
@@ -570,8 +612,9 @@ def _demo(args: argparse.Namespace) -> int:
     R, C = params["scan_shape"]
     kr, kc = params["detector_shape"]
     _say(
-        "quantem-flow demo: a synthetic weak-phase specimen scanned by a probe whose "
-        "bright-field disk is shifted by the phase gradient, with Poisson noise",
+        "quantem-flow demo: a synthetic weak-phase specimen (a lattice of atoms) scanned by a "
+        "300 kV probe of 20 mrad semiangle, simulated with wave optics, with Poisson noise of "
+        f"{params['dose_per_frame']:g} electrons per frame",
         f"writing synthetic 4D-STEM data: scan {R} x {C}, detector {kr} x {kc}, "
         f"{params['dtype']}, {_mib(R * C * kr * kc * 2)} ...",
     )
@@ -597,16 +640,28 @@ def _demo(args: argparse.Namespace) -> int:
     finally:
         _finish_client(client, scheduler)
     _report_results(results)
-    truth = synthetic_truth(**params)
+    truth = truth_of(**params)
     phase = results["idpc"]
     rot = phase.provenance.parameters.get("rotation", {})
-    r = _pearson(phase.data, truth.phase)
-    _say(
-        f"check:     iDPC phase vs the synthetic truth: Pearson r = {r:.3f} (means removed); "
-        f"rotation found {rot.get('rotation_deg_found', float('nan')):.2f} deg "
-        "(the truth is 0 deg, no transpose)",
-    )
+    r_idpc = _pearson(phase.data, truth.phase)
+    lines = [
+        f"check:     iDPC phase vs the synthetic truth: Pearson r = {r_idpc:.3f} (means "
+        f"removed); rotation found {rot.get('rotation_deg_found', float('nan')):.2f} deg "
+        "(the truth is 0 deg, no transpose)"
+    ]
+    ssb: Any = results.get("ssb")
+    if ssb is not None:
+        r_ssb = _pearson(ssb.phase, truth.phase)
+        quality = ssb.provenance.parameters.get("quality", {})
+        lines.append(
+            f"check:     SSB phase vs the synthetic truth: Pearson r = {r_ssb:.3f}; "
+            f"{quality.get('reading', '')}"
+        )
+    _say(*lines)
     _write_figures(results, out / "figures")
+    if ssb is not None:
+        check = _phase_check_figure(truth, phase, ssb, out / "figures" / "phase_check.png")
+        _say(f"figure:    {check} (truth, iDPC and SSB side by side)")
     _report_files(targets, extra=[("data", data_path), ("pipeline", yaml_path)])
     _say(f"rerun:     quantem-flow run {yaml_path} --overwrite")
     return 0

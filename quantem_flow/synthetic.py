@@ -39,9 +39,11 @@ import numpy as np
 from .errors import DtypeError, ParameterError
 
 __all__ = [
+    "MODELS",
     "SyntheticTruth",
     "synthetic_dataset",
     "synthetic_truth",
+    "truth_of",
     "write_synthetic",
 ]
 
@@ -307,20 +309,68 @@ class _Frames:
         return np.stack([self.row(r) for r in range(r0, r1)])
 
 
+#: The synthetic models: ``"disk"`` (a shifted bright-field disk: fast, exact CoM
+#: answer) and ``"wave"`` (wave optics, :mod:`quantem_flow.synthetic_wave`: physically
+#: consistent for SSB, calibrated).
+MODELS = ("disk", "wave")
+
+
+def truth_of(*, model: str = "disk", **params: Any) -> Any:
+    """The known answer of a synthetic dataset of either model, without making frames.
+
+    Parameters
+    ----------
+    model
+        ``"disk"`` (:func:`synthetic_truth`) or ``"wave"``
+        (:func:`quantem_flow.synthetic_wave.wave_truth`).
+    **params
+        That model's parameters.
+
+    Returns
+    -------
+    SyntheticTruth or WaveTruth
+        The answer; ``.phase`` is the specimen phase at the scan positions.
+    """
+    if model == "disk":
+        return synthetic_truth(**params)
+    if model == "wave":
+        from .synthetic_wave import wave_truth
+
+        return wave_truth(**params)
+    raise ParameterError(f"model must be one of {list(MODELS)}, got {model!r}")
+
+
+def _frames_of(truth: Any) -> Any:
+    if getattr(truth, "model", "disk") == "wave":
+        from .synthetic_wave import WaveFrames
+
+        return WaveFrames(truth)
+    return _Frames(truth)
+
+
 def synthetic_dataset(
     *,
     scan_shape: Sequence[int] = (48, 64),
     detector_shape: Sequence[int] = (64, 72),
     probe_radius_px: float = 8.0,
-    dose_per_frame: float = 2000.0,
+    dose_per_frame: float | None = None,
     deflection_px: float = 1.5,
     seed: int = 0,
     dtype: str = "uint16",
-) -> tuple[np.ndarray, SyntheticTruth]:
+    model: str = "disk",
+    **wave_options: Any,
+) -> tuple[np.ndarray, Any]:
     """Make a synthetic 4D-STEM dataset of a weak phase object, in memory.
 
     Parameters
     ----------
+    model
+        ``"disk"`` (the default: the bright-field disk shifted by the phase
+        gradient, uncalibrated) or ``"wave"`` (wave optics, calibrated,
+        consistent for SSB; :mod:`quantem_flow.synthetic_wave`, whose
+        options ``voltage_kV``, ``semiangle_mrad``, ``detector_mrad``,
+        ``defocus_A`` and ``phase_max_rad`` go in ``**wave_options``;
+        ``probe_radius_px`` and ``deflection_px`` are the disk model's).
     scan_shape
         ``(R_r, R_c)`` scan positions.
     detector_shape
@@ -328,7 +378,8 @@ def synthetic_dataset(
     probe_radius_px
         Radius of the bright-field disk in detector pixels.
     dose_per_frame
-        Expected total counts per frame (Poisson noise).
+        Expected total counts per frame (Poisson noise); ``None``: 2000 for
+        the disk model, 50000 for the wave model.
     deflection_px
         Largest shift of the disk, in detector pixels, where the phase
         gradient is steepest.
@@ -338,13 +389,16 @@ def synthetic_dataset(
     dtype
         Integer or float dtype of the counts; a count that does not fit
         raises :class:`~quantem_flow.errors.DtypeError` (nothing is clipped).
+    **wave_options
+        The wave model's own parameters (above).
 
     Returns
     -------
     data : numpy.ndarray
         ``(R_r, R_c, k_r, k_c)`` counts.
-    truth : SyntheticTruth
-        The known answer: phase, probe centre and radius, shift field.
+    truth : SyntheticTruth or WaveTruth
+        The known answer: phase (and, for the disk model, the probe centre
+        and radius and the shift field; for the wave model, the calibration).
 
     Examples
     --------
@@ -354,7 +408,8 @@ def synthetic_dataset(
     >>> data.shape
     (8, 8, 32, 32)
     """
-    truth = synthetic_truth(
+    truth = _truth_from(
+        model=model,
         scan_shape=scan_shape,
         detector_shape=detector_shape,
         probe_radius_px=probe_radius_px,
@@ -362,8 +417,33 @@ def synthetic_dataset(
         deflection_px=deflection_px,
         seed=seed,
         dtype=dtype,
+        **wave_options,
     )
-    return _Frames(truth).rows(0, truth.scan_shape[0]), truth
+    return _frames_of(truth).rows(0, truth.scan_shape[0]), truth
+
+
+def _truth_from(
+    *,
+    model: str,
+    probe_radius_px: float,
+    deflection_px: float,
+    dose_per_frame: float | None,
+    **common: Any,
+) -> Any:
+    """The truth of ``model`` from :func:`synthetic_dataset`'s parameters."""
+    if model == "disk":
+        if common.keys() - {"scan_shape", "detector_shape", "seed", "dtype"}:
+            extra = sorted(common.keys() - {"scan_shape", "detector_shape", "seed", "dtype"})
+            raise ParameterError(f"options {extra} are the wave model's; pass model='wave'")
+        return synthetic_truth(
+            probe_radius_px=probe_radius_px,
+            deflection_px=deflection_px,
+            dose_per_frame=2000.0 if dose_per_frame is None else dose_per_frame,
+            **common,
+        )
+    return truth_of(
+        model=model, dose_per_frame=5e4 if dose_per_frame is None else dose_per_frame, **common
+    )
 
 
 def _temporary_sibling(path: Path) -> Path:
@@ -403,7 +483,8 @@ def write_synthetic(
     overwrite
         Replace an existing file.
     **kwargs
-        Parameters of :func:`synthetic_dataset`.
+        ``model=`` (``"disk"`` or ``"wave"``) and that model's parameters
+        (:func:`synthetic_truth`, :func:`quantem_flow.synthetic_wave.wave_truth`).
 
     Returns
     -------
@@ -415,7 +496,9 @@ def write_synthetic(
     * ``npy``: one 4-D ``(R_r, R_c, k_r, k_c)`` array.
     * ``hdf5``: the 4-D dataset ``/data``, compressed with bitshuffle + LZ4
       (``hdf5plugin``), one scan row per HDF5 chunk; its attribute
-      ``quantem_flow_synthetic`` holds the generating parameters as JSON.
+      ``quantem_flow_synthetic`` holds the generating parameters as JSON,
+      and, for the calibrated wave model, ``quantem_flow`` holds the
+      calibration, which :func:`quantem_flow.open` reads.
     * ``zarr``: a Zarr v3 array at the root of the store, one scan row per
       chunk, with the same attribute.
 
@@ -437,14 +520,20 @@ def write_synthetic(
             f"{str(target)!r} already exists; pass overwrite=True to replace it or choose "
             "another name"
         )
-    truth = synthetic_truth(**kwargs)
-    frames = _Frames(truth)
+    truth = truth_of(**kwargs)
+    frames = _frames_of(truth)
     R, C = truth.scan_shape
     kr, kc = truth.detector_shape
     shape = (R, C, kr, kc)
     row_bytes = C * kr * kc * frames.dtype.itemsize
     step = max(1, min(R, int(chunk_mib * 2**20 // row_bytes)))
     attrs = json.dumps(truth.parameters())
+    # a calibrated model states its calibration where quantem-flow's readers look for it
+    stated = (
+        json.dumps({"calibration": truth.calibration().to_dict()})
+        if hasattr(truth, "calibration")
+        else None
+    )
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary_sibling(target)
     try:
@@ -468,6 +557,8 @@ def write_synthetic(
                     **hdf5plugin.Bitshuffle(cname="lz4"),
                 )
                 dset.attrs["quantem_flow_synthetic"] = attrs
+                if stated is not None:
+                    dset.attrs["quantem_flow"] = stated
                 for r0 in range(0, R, step):
                     r1 = min(R, r0 + step)
                     dset[r0:r1] = frames.rows(r0, r1)
@@ -478,6 +569,8 @@ def write_synthetic(
                 str(tmp), shape=shape, chunks=(1, C, kr, kc), dtype=frames.dtype, zarr_format=3
             )
             arr.attrs["quantem_flow_synthetic"] = attrs
+            if stated is not None:
+                arr.attrs["quantem_flow"] = json.loads(stated)
             for r0 in range(0, R, step):
                 r1 = min(R, r0 + step)
                 arr[r0:r1] = frames.rows(r0, r1)

@@ -16,8 +16,8 @@ from quantem_flow.cli import DEMO_SIZES, main
 from quantem_flow.dataset import Dataset4D
 from quantem_flow.io.hdf5 import Hdf5Source
 from quantem_flow.io.npy import NpySource
-from quantem_flow.results import PhaseImage, ScanImage, VectorField
-from quantem_flow.synthetic import synthetic_truth, write_synthetic
+from quantem_flow.results import ComplexObject, PhaseImage, ScanImage, VectorField
+from quantem_flow.synthetic import truth_of, write_synthetic
 
 SYNTH = {"scan_shape": (6, 8), "detector_shape": (24, 26), "probe_radius_px": 4.0}
 
@@ -259,8 +259,17 @@ def test_demo_end_to_end_on_the_embedded_cluster(
     assert prov.derived_from and prov.derived_from[0]["operator"] == "center_of_mass"
     assert prov.source["paths"] == [str(data_path)]
     assert "embedded local cluster" in prov.derived_from[0]["execution"]["scheduler"]
-    truth = synthetic_truth(**DEMO_SIZES["small"])
-    assert _pearson(phase.data, truth.phase) > 0.5
+    truth = truth_of(**DEMO_SIZES["small"])
+    assert _pearson(phase.data, truth.phase) > 0.9
+    ssb = results["ssb"]
+    assert isinstance(ssb, ComplexObject)
+    assert _pearson(ssb.phase, truth.phase) > 0.9  # physically consistent data: SSB works
+    assert "SSB phase vs the synthetic truth: Pearson r = " in stdout
+    assert ssb.provenance.parameters["quality"]["verdict"] in ("low", "moderate")
+    assert results["bf"].axes[0].units == "Å"  # the file's calibration was read
+    with Image.open(out / "figures" / "phase_check.png") as im:
+        assert im.size[0] > 1000
+        assert len(np.unique(np.asarray(im.convert("RGB")).reshape(-1, 3), axis=0)) > 50
     doc = json.loads((out / "provenance.json").read_text(encoding="utf-8"))
     assert set(doc["results"]) >= {"bf", "adf", "com", "idpc"}
     assert doc["pipeline"]["origin"] == str(out / "demo.yaml")

@@ -44,6 +44,7 @@ FRONT = (
     "cli",
     "pipeline",
     "synthetic",
+    "synthetic_wave",
     "convert",
     "bench",
     "plotting",

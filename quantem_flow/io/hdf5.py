@@ -10,11 +10,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..calibration import Calibration
 from ..errors import (
     CorruptChunkError,
     DatasetPathError,
     DtypeError,
     FormatError,
+    QuantemFlowError,
     ScanShapeError,
     ShapeError,
     UnsupportedOperationError,
@@ -455,8 +457,41 @@ class Hdf5Source(FrameSource):
             "dataset_path_from": self._dataset_from,
             "attributes": self._attrs,
             **self.scan_metadata(),
-            "calibration_from": None,
+            "calibration_from": (
+                None
+                if self._stored_calibration() is None
+                else "the dataset attribute 'quantem_flow' (written by quantem-flow)"
+            ),
         }
+
+    def _stored_calibration(self) -> Calibration | None:
+        """The calibration quantem-flow wrote on the dataset (``quantem_flow`` attribute)."""
+        import json
+
+        raw = self._attrs.get("quantem_flow") if isinstance(self._attrs, dict) else None
+        if isinstance(raw, str):
+            try:
+                raw = json.loads(raw)
+            except ValueError:
+                return None
+        if isinstance(raw, dict) and isinstance(raw.get("calibration"), dict):
+            try:
+                return Calibration.from_dict(raw["calibration"])
+            except (QuantemFlowError, TypeError, ValueError) as exc:
+                raise FormatError(
+                    f"dataset {self._dataset_path!r} of {str(self._path)!r} holds a "
+                    f"'quantem_flow' attribute whose calibration is not valid ({exc}); fix it, "
+                    "or pass calibration= to open"
+                ) from exc
+        return None
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """A JSON sidecar's calibration, else the one quantem-flow wrote on the dataset."""
+        from .base import sidecar_calibration
+
+        found = sidecar_calibration(self._path)
+        return found if found is not None else self._stored_calibration()
 
     def _guard(self, selection: Any) -> None:
         """Check the bitshuffle chunks a selection touches before the HDF5 filter decodes them."""
