@@ -1,7 +1,7 @@
 """Take the README's screenshot of the explorer (docs/images/explore.png).
 
 Writes the ``medium`` synthetic demo dataset (a 128 x 128 scan of 96 x 96
-patterns of a weak phase object) to a temporary folder, runs ``quantem-flow
+patterns of a weak phase object, wave optics, calibrated) to a temporary folder, runs ``quantem-flow
 explore`` on it, places an ADF annulus, taps a scan position, shows the 3 x 3
 region's sum, and screenshots the page in Debian's Chromium.
 
@@ -36,11 +36,10 @@ def main() -> None:
     from quantem_flow.cli import DEMO_SIZES
 
     with tempfile.TemporaryDirectory() as tmp:
-        arr, _ = qf.synthetic_dataset(**DEMO_SIZES["medium"])
-        path = Path(tmp) / "demo.npy"
-        np.save(path, arr)
+        path = qf.write_synthetic(Path(tmp) / "demo.h5", **DEMO_SIZES["medium"])
         proc = subprocess.Popen(
-            [sys.executable, "-m", "quantem_flow", "explore", str(path), "--scheduler",
+            [sys.executable, "-m", "quantem_flow", "explore", str(path), "--dataset-path",
+             "/data", "--scheduler",
              "synchronous", "--export-dir", str(Path(tmp) / "export"), "--timeout", "600"],
             stdout=subprocess.PIPE,
             text=True,
@@ -68,8 +67,8 @@ def main() -> None:
                       const m = Bokeh.documents[0].get_model_by_name('scan_image');
                       const v = Bokeh.index.find_one(m);
                       const r = v.canvas_view.el.getBoundingClientRect();
-                      const f = v.frame;
-                      return [r.left + f.x_scale.compute(40), r.top + f.y_scale.compute(70)];
+                      const b = v.frame.bbox;  // a point 30 % across, 55 % down the image
+                      return [r.left + b.left + 0.3 * b.width, r.top + b.top + 0.55 * b.height];
                     }"""
                 )
                 page.mouse.click(*xy)
