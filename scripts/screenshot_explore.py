@@ -29,7 +29,6 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "images" / "explore.png")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    import numpy as np
     from playwright.sync_api import sync_playwright
 
     import quantem_flow as qf
