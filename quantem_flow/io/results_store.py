@@ -226,21 +226,14 @@ def _write_hdf5(target: Path, results: Mapping[str, Result]) -> None:
 
 
 def _write_hdf5_group(f: Any, name: str, result: Result) -> None:
-    from .nexus import measured_from, write_hdf5_axes
+    from .nexus import write_hdf5_axes
 
     data = _storable(result, name)
     group = f.create_group(name, track_order=True)
     dset = group.create_dataset("data", data=data)
     for key, value in _group_attrs(result).items():
         group.attrs[key] = value
-    write_hdf5_axes(
-        group,
-        dset,
-        name=str(result.name or name),
-        units=str(result.units),
-        axes=result.axes,
-        origin_from=measured_from(result.provenance.parameters),
-    )
+    write_hdf5_axes(group, dset, **_nexus_fields(result, name))
 
 
 def _write_zarr(target: Path, results: Mapping[str, Result]) -> None:
@@ -255,19 +248,24 @@ def _write_zarr(target: Path, results: Mapping[str, Result]) -> None:
 
 
 def _write_zarr_group(root: Any, name: str, result: Result) -> None:
-    from .nexus import measured_from, write_zarr_data
+    from .nexus import write_zarr_data
 
     data = _storable(result, name)
     group = root.create_group(name)
     group.attrs.update(_group_attrs(result))
-    write_zarr_data(
-        group,
-        data,
-        name=str(result.name or name),
-        units=str(result.units),
-        axes=result.axes,
-        origin_from=measured_from(result.provenance.parameters),
-    )
+    write_zarr_data(group, data, **_nexus_fields(result, name))
+
+
+def _nexus_fields(result: Result, name: str) -> dict[str, Any]:
+    """What :mod:`quantem_flow.io.nexus` writes of a result besides its data."""
+    from .nexus import measured_from
+
+    return {
+        "name": str(result.name or name),
+        "units": str(result.units),
+        "axes": result.axes,
+        "origin_from": measured_from(result.provenance.parameters),
+    }
 
 
 def _fsync(path: Path) -> None:
