@@ -34,6 +34,8 @@ __all__ = [
     "SourceNotFoundError",
     "StaleHandleError",
     "StorageError",
+    "StreamProtocolError",
+    "StreamTimeoutError",
     "UnitsError",
     "UnsupportedOperationError",
 ]
@@ -198,6 +200,17 @@ class ProtocolError(_ExternalContext, QuantemFlowError, ValueError):
     ) -> None:
         super().__init__(message)
         self._set_context(code, worker, message_type, handle)
+
+
+class StreamProtocolError(QuantemFlowError, ValueError):
+    """A detector stream sent a message that breaks its protocol (DECTRIS stream v2, Merlin TCP).
+
+    The message names what was expected and what came, and where in the stream.
+    """
+
+
+class StreamTimeoutError(QuantemFlowError, TimeoutError):
+    """A detector stream sent nothing within its deadline (the detector stopped or is gone)."""
 
 
 class ExternalWorkerError(_ExternalContext, QuantemFlowError, RuntimeError):

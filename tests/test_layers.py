@@ -49,6 +49,7 @@ FRONT = (
     "bench",
     "plotting",
     "explorer",
+    "live",
 )
 
 

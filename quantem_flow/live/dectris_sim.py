@@ -1,0 +1,194 @@
+"""A DECTRIS stream v2 simulator: replays frames as a detector's PUSH socket sends them.
+
+:class:`DectrisSimulator` binds a ZeroMQ PUSH socket (127.0.0.1 unless told
+otherwise), and on :meth:`~DectrisSimulator.start` sends a start message,
+one image message per frame in scan order (bitshuffle+LZ4, LZ4 or plain),
+at a set rate or as fast as the consumer takes them, and an end message,
+from a thread.  Faults for tests: stop after ``stop_after`` images without
+an end message, skip image numbers (``skip``), send a damaged image
+(``corrupt``).  PUSH blocks when the consumer's queue is full, so the
+simulator never drops a frame on its own; a detector that cannot wait
+drops, which ``skip`` imitates.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from ..errors import ParameterError
+from .dectris_stream import encode_end, encode_image, encode_start
+
+__all__ = ["DectrisSimulator"]
+
+
+class DectrisSimulator:
+    """Serve frames as a DECTRIS stream v2.
+
+    Parameters
+    ----------
+    frames
+        ``(n, k_r, k_c)`` array, or a callable ``rows(start, stop) -> frames``
+        with ``n_frames`` and ``frame_shape`` given, read piece by piece.
+    endpoint
+        Where to bind: ``"tcp://127.0.0.1:0"`` (the default) takes a free
+        port; :attr:`endpoint` says which.
+    rate_hz
+        Frames per second to send at; ``None`` sends as fast as the consumer
+        takes them.
+    compression
+        ``"bslz4"`` (the default, as ARINA sends), ``"lz4"`` or ``None``.
+    n_frames, frame_shape
+        With a callable ``frames``.
+    stop_after
+        Send only this many images and no end message (a stream cut mid-scan).
+    skip
+        Image numbers not sent (frames a detector dropped).
+    corrupt
+        Image numbers sent with damaged compressed data.
+    """
+
+    def __init__(
+        self,
+        frames: np.ndarray | Callable[[int, int], np.ndarray],
+        *,
+        endpoint: str = "tcp://127.0.0.1:0",
+        rate_hz: float | None = None,
+        compression: str | None = "bslz4",
+        n_frames: int | None = None,
+        frame_shape: tuple[int, int] | None = None,
+        stop_after: int | None = None,
+        skip: Iterable[int] = (),
+        corrupt: Iterable[int] = (),
+    ) -> None:
+        import zmq
+
+        if callable(frames):
+            if n_frames is None or frame_shape is None:
+                raise ParameterError("a callable frames source needs n_frames and frame_shape")
+            self._rows = frames
+            self.n_frames = int(n_frames)
+            self.frame_shape = (int(frame_shape[0]), int(frame_shape[1]))
+        else:
+            array = np.asarray(frames)
+            if array.ndim != 3:
+                raise ParameterError(f"frames must be (n, k_r, k_c), got shape {array.shape}")
+            self._rows = lambda a, b: array[a:b]
+            self.n_frames = int(array.shape[0])
+            self.frame_shape = (int(array.shape[1]), int(array.shape[2]))
+        if rate_hz is not None and not rate_hz > 0:
+            raise ParameterError(f"rate_hz must be > 0 or None, got {rate_hz!r}")
+        self.rate_hz = rate_hz
+        self.compression = compression
+        self.stop_after = stop_after
+        self.skip = frozenset(int(i) for i in skip)
+        self.corrupt = frozenset(int(i) for i in corrupt)
+        self.series_id = 1
+        self.series_unique_id = uuid.uuid4().hex
+        self._context: Any = zmq.Context.instance()
+        self._socket = self._context.socket(zmq.PUSH)
+        self._socket.setsockopt(zmq.LINGER, 2000)
+        self._socket.setsockopt(zmq.SNDTIMEO, 30_000)  # a consumer gone for 30 s ends the run
+        if endpoint.endswith(":0"):
+            port = self._socket.bind_to_random_port(endpoint.rsplit(":", 1)[0])
+            self.endpoint = f"{endpoint.rsplit(':', 1)[0]}:{port}"
+        else:
+            self._socket.bind(endpoint)
+            self.endpoint = endpoint
+        self._thread: threading.Thread | None = None
+        self.sent = 0
+        self.error: BaseException | None = None
+
+    def start(self) -> DectrisSimulator:
+        """Send the series from a background thread; returns at once."""
+        self._thread = threading.Thread(target=self._run, name="qf-dectris-sim", daemon=True)
+        self._thread.start()
+        return self
+
+    def join(self, timeout_s: float = 60.0) -> None:
+        """Wait for the series to be sent; re-raise what stopped the sending thread, if anything."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        if self.error is not None:
+            raise self.error
+
+    def _send(self, payload: bytes) -> None:
+        self._socket.send(payload, copy=False)
+
+    def _run(self) -> None:
+        try:
+            self._send(
+                encode_start(
+                    series_id=self.series_id,
+                    series_unique_id=self.series_unique_id,
+                    number_of_images=self.n_frames,
+                    image_shape=self.frame_shape,
+                    extra={"detector_description": "quantem-flow simulator (DECTRIS stream v2)"},
+                )
+            )
+            t0 = time.perf_counter()
+            step = 256
+            limit = (
+                self.n_frames if self.stop_after is None else min(self.stop_after, self.n_frames)
+            )
+            for a in range(0, limit, step):
+                block = np.asarray(self._rows(a, min(limit, a + step)))
+                for k, frame in enumerate(block):
+                    i = a + k
+                    if i in self.skip:
+                        continue
+                    if self.rate_hz is not None:
+                        wait = t0 + i / self.rate_hz - time.perf_counter()
+                        if wait > 0:
+                            time.sleep(wait)
+                    message = encode_image(
+                        frame, series_id=self.series_id, image_id=i, compression=self.compression
+                    )
+                    if i in self.corrupt:
+                        message = _damaged(message)
+                    self._send(message)
+                    self.sent += 1
+            if self.stop_after is None:
+                self._send(
+                    encode_end(series_id=self.series_id, series_unique_id=self.series_unique_id)
+                )
+        except BaseException as exc:  # reported to whoever joins
+            self.error = exc
+
+    def close(self) -> None:
+        """Stop sending and release the socket."""
+        self._socket.close(linger=0)
+
+    def __enter__(self) -> DectrisSimulator:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.join(5.0)
+        finally:
+            self.close()
+
+
+def _damaged(message: bytes) -> bytes:
+    """The image message with its frame's compressed header (or plain bytes) damaged."""
+    import cbor2
+
+    decoded = cbor2.loads(message)
+    data = {}
+    for name, item in decoded["data"].items():
+        dims, typed = item.value
+        body = typed.value
+        if isinstance(body, cbor2.CBORTag):  # compressed: flip a bit of the declared size
+            algorithm, modifier, payload = body.value
+            raw = bytearray(payload)
+            raw[4] ^= 0x40
+            body = cbor2.CBORTag(body.tag, [algorithm, modifier, bytes(raw)])
+        else:  # plain: one byte short
+            body = bytes(body[:-1])
+        data[name] = cbor2.CBORTag(item.tag, [list(dims), cbor2.CBORTag(typed.tag, body)])
+    return bytes(cbor2.dumps({**decoded, "data": data}))
