@@ -33,8 +33,8 @@ def main() -> None:
     """Measure and print the rates."""
     import zmq
 
-    from quantem_flow.live.dectris_receive import SeriesReport, receive_series
-    from quantem_flow.live.dectris_stream import (
+    from quantem_flow.streams.dectris_receive import SeriesReport, receive_series
+    from quantem_flow.streams.dectris_stream import (
         decode_message,
         encode_end,
         encode_image,

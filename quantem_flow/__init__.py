@@ -59,6 +59,11 @@ def __getattr__(name: str) -> Any:
 
         globals()["explore"] = explore
         return explore
+    if name == "live":  # ZeroMQ and CBOR load only when a stream is received
+        from .streams.session import live
+
+        globals()["live"] = live
+        return live
     if name in _GRAPH_NAMES:
         from . import graphs
 
@@ -82,6 +87,7 @@ _register_persist(_persist)
 if TYPE_CHECKING:  # for type checkers and IDEs: the lazy names are these
     from .explorer import explore
     from .graphs import close_embedded_cluster, compute, embedded_client
+    from .streams.session import live
 
 try:
     __version__ = importlib.metadata.version("quantem-flow")
@@ -114,6 +120,7 @@ __all__ = [
     "explore",
     "find_probe",
     "idpc",
+    "live",
     "load_pipeline",
     "load_results",
     "max_diffraction",

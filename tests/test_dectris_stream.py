@@ -14,9 +14,9 @@ pytest.importorskip("lz4")
 
 import quantem_flow as qf  # noqa: E402
 from quantem_flow.errors import StreamProtocolError, StreamTimeoutError  # noqa: E402
-from quantem_flow.live.dectris_receive import SeriesReport, receive_series  # noqa: E402
-from quantem_flow.live.dectris_sim import DectrisSimulator  # noqa: E402
-from quantem_flow.live.dectris_stream import (  # noqa: E402
+from quantem_flow.streams.dectris_receive import SeriesReport, receive_series  # noqa: E402
+from quantem_flow.streams.dectris_sim import DectrisSimulator  # noqa: E402
+from quantem_flow.streams.dectris_stream import (  # noqa: E402
     EndMessage,
     ImageMessage,
     StartMessage,

@@ -49,7 +49,7 @@ FRONT = (
     "bench",
     "plotting",
     "explorer",
-    "live",
+    "streams",
 )
 
 

@@ -93,7 +93,6 @@ class DectrisSimulator:
         self._context: Any = zmq.Context.instance()
         self._socket = self._context.socket(zmq.PUSH)
         self._socket.setsockopt(zmq.LINGER, 2000)
-        self._socket.setsockopt(zmq.SNDTIMEO, 30_000)  # a consumer gone for 30 s ends the run
         if endpoint.endswith(":0"):
             port = self._socket.bind_to_random_port(endpoint.rsplit(":", 1)[0])
             self.endpoint = f"{endpoint.rsplit(':', 1)[0]}:{port}"
@@ -101,8 +100,11 @@ class DectrisSimulator:
             self._socket.bind(endpoint)
             self.endpoint = endpoint
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
         self.sent = 0
         self.error: BaseException | None = None
+        #: Longest wait for the consumer to take a message before the run gives up.
+        self.send_timeout_s = 30.0
 
     def start(self) -> DectrisSimulator:
         """Send the series from a background thread; returns at once."""
@@ -118,7 +120,22 @@ class DectrisSimulator:
             raise self.error
 
     def _send(self, payload: bytes) -> None:
-        self._socket.send(payload, copy=False)
+        """Send when the consumer has room; give up on ``close()`` or after ``send_timeout_s``."""
+        import zmq
+
+        deadline = time.monotonic() + self.send_timeout_s
+        while not self._stop.is_set():
+            if self._socket.poll(100, zmq.POLLOUT):
+                self._socket.send(payload, copy=False)
+                return
+            if time.monotonic() > deadline:
+                from ..errors import StreamTimeoutError
+
+                raise StreamTimeoutError(
+                    f"no consumer took a message from {self.endpoint} for "
+                    f"{self.send_timeout_s:g} s; the simulator stopped after {self.sent} images"
+                )
+        raise _StoppedError
 
     def _run(self) -> None:
         try:
@@ -131,7 +148,7 @@ class DectrisSimulator:
                     extra={"detector_description": "quantem-flow simulator (DECTRIS stream v2)"},
                 )
             )
-            t0 = time.perf_counter()
+            t0 = time.perf_counter()  # paced from the moment a consumer took the start
             step = 256
             limit = (
                 self.n_frames if self.stop_after is None else min(self.stop_after, self.n_frames)
@@ -157,21 +174,32 @@ class DectrisSimulator:
                 self._send(
                     encode_end(series_id=self.series_id, series_unique_id=self.series_unique_id)
                 )
+        except _StoppedError:
+            pass
         except BaseException as exc:  # reported to whoever joins
             self.error = exc
+        finally:
+            self._socket.close()  # by the thread that used it last (ZeroMQ sockets are not shared)
 
     def close(self) -> None:
-        """Stop sending and release the socket."""
-        self._socket.close(linger=0)
+        """Stop sending and release the socket (the sending thread closes its own)."""
+        self._stop.set()
+        if self._thread is None:
+            self._socket.close(linger=0)
+        else:
+            self._thread.join(10.0)
 
     def __enter__(self) -> DectrisSimulator:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        try:
-            self.join(5.0)
-        finally:
-            self.close()
+        self.close()
+        if self.error is not None and exc[0] is None:
+            raise self.error
+
+
+class _StoppedError(Exception):
+    """The simulator was closed while sending."""
 
 
 def _damaged(message: bytes) -> bytes:

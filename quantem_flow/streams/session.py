@@ -1,0 +1,291 @@
+"""A live acquisition: a stream received into a file in scan order, queryable while it runs.
+
+:func:`live` connects to a detector's stream where the user says and
+receives one series on a background thread into a raw file (frames in scan
+order, native byte order: the data are kept as they come, without a second
+pass).  :class:`LiveAcquisition` then gives, at any moment, a dataset over
+the scan rows that are complete so far (:meth:`LiveAcquisition.dataset_so_far`),
+on which every operator and ``qf.compute`` run unchanged; partial results
+carry the rows they cover in their provenance.  When the series ends,
+:meth:`LiveAcquisition.dataset` is the whole scan, read from the same file,
+so results equal the offline pass over the same frames bit for bit (the
+reader returns the same bytes in the same chunks).
+
+Nothing is silent: frames the detector never sent are named in the report;
+the full dataset of an incomplete series is refused unless
+``allow_incomplete=True``, and then its missing frames read as zero and
+every result says so in its provenance notes.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ParameterError, StreamProtocolError, StreamTimeoutError
+from .dectris_receive import SeriesReport, receive_series
+
+__all__ = ["LiveAcquisition", "live"]
+
+
+class LiveAcquisition:
+    """One series received from a stream into a raw file; see :func:`live`."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        scan_shape: Sequence[int],
+        directory: str | Path | None = None,
+        timeout_s: float = 10.0,
+        start_timeout_s: float = 30.0,
+        calibration: Any = None,
+        chunk_rows: int | None = None,
+    ) -> None:
+        R, C = (int(scan_shape[0]), int(scan_shape[1]))
+        if R < 1 or C < 1:
+            raise ParameterError(f"scan_shape must be (rows, cols) >= 1, got {scan_shape!r}")
+        self.endpoint = endpoint
+        self.scan_shape = (R, C)
+        self.calibration = calibration
+        self.chunk_rows = chunk_rows
+        self._tmp = (
+            None if directory is not None else tempfile.TemporaryDirectory(prefix="qf-live-")
+        )
+        folder = Path(directory if directory is not None else self._tmp.name)  # type: ignore[union-attr]
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / "live_frames.raw"
+        self._lock = threading.Condition()
+        self._received = np.zeros(R * C, dtype=bool)
+        self._rows_done = 0
+        self.report: SeriesReport | None = None
+        self.error: BaseException | None = None
+        self.frame_shape: tuple[int, int] | None = None
+        self.dtype: np.dtype[Any] | None = None
+        self._finished = False
+        self._started = threading.Event()
+        self._timeout_s = float(timeout_s)
+        self._start_timeout_s = float(start_timeout_s)
+        self._thread = threading.Thread(target=self._receive, name="qf-live", daemon=True)
+        self._thread.start()
+
+    # -- receiving ----------------------------------------------------------------------
+    def _receive(self) -> None:
+        reports: list[SeriesReport] = []
+        out: np.memmap[Any, Any] | None = None
+        R, C = self.scan_shape
+        try:
+            for frame in receive_series(
+                self.endpoint,
+                timeout_s=self._timeout_s,
+                start_timeout_s=self._start_timeout_s,
+                report=reports,
+            ):
+                if out is None:
+                    self.frame_shape = (int(frame.data.shape[0]), int(frame.data.shape[1]))
+                    self.dtype = frame.data.dtype
+                    out = np.memmap(self.path, dtype=self.dtype, mode="w+",
+                                    shape=(R * C, *self.frame_shape))  # fmt: skip
+                    self._started.set()
+                if frame.image_id >= R * C:
+                    raise StreamProtocolError(
+                        f"image {frame.image_id} lies beyond the {R} x {C} scan that was given; "
+                        "check scan_shape against the detector's number of images"
+                    )
+                out[frame.image_id] = frame.data
+                with self._lock:
+                    self._received[frame.image_id] = True
+                    while (
+                        self._rows_done < R
+                        and self._received[self._rows_done * C : (self._rows_done + 1) * C].all()
+                    ):
+                        self._rows_done += 1
+                    self._lock.notify_all()
+        except BaseException as exc:  # reported by wait() and the datasets
+            self.error = exc
+        finally:
+            if out is not None:
+                out.flush()
+                del out
+            with self._lock:
+                self.report = reports[0] if reports else None
+                self._finished = True
+                self._started.set()
+                self._lock.notify_all()
+
+    # -- what has arrived -----------------------------------------------------------------
+    @property
+    def rows_complete(self) -> int:
+        """Scan rows whose every frame has arrived, from the top (a prefix of the scan)."""
+        with self._lock:
+            return self._rows_done
+
+    @property
+    def finished(self) -> bool:
+        """Whether the series ended (end message, deadline, or an error)."""
+        with self._lock:
+            return self._finished
+
+    def wait(self, *, timeout_s: float = 600.0) -> SeriesReport:
+        """Wait for the series to end; return its report.
+
+        Raises
+        ------
+        StreamTimeoutError
+            The series did not end within ``timeout_s``.
+        StreamProtocolError, StreamTimeoutError
+            What stopped the receiving (re-raised), after the frames before it
+            were kept.
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while not self._finished:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StreamTimeoutError(
+                        f"the live series from {self.endpoint} did not end within {timeout_s:g} s "
+                        f"({self._rows_done} of {self.scan_shape[0]} rows complete)"
+                    )
+                self._lock.wait(min(left, 0.5))
+        if self.error is not None:
+            raise self.error
+        assert self.report is not None
+        return self.report
+
+    def _open(self, rows: int, notes: list[str]) -> Any:
+        from .. import open as open_dataset
+
+        assert self.frame_shape is not None and self.dtype is not None
+        R, C = self.scan_shape
+        ds = open_dataset(
+            self.path,
+            format="raw",
+            dtype=self.dtype,
+            frame_shape=self.frame_shape,
+            scan_shape=(R, C),
+            calibration=self.calibration,
+            chunk_rows=self.chunk_rows,
+        )
+        if rows < R:
+            ds = ds.crop_scan(rows=(0, rows))
+        ds._notes.extend(notes)
+        return ds
+
+    def dataset_so_far(self, *, wait_s: float = 30.0) -> Any:
+        """A dataset over the scan rows complete now (every operator applies).
+
+        Raises
+        ------
+        StreamTimeoutError
+            Not one row arrived within ``wait_s``.
+        """
+        deadline = time.monotonic() + wait_s
+        with self._lock:
+            while self._rows_done == 0 and not self._finished:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StreamTimeoutError(
+                        f"no complete scan row from {self.endpoint} within {wait_s:g} s"
+                    )
+                self._lock.wait(min(left, 0.5))
+            rows = self._rows_done
+        if rows == 0:
+            if self.error is not None:
+                raise self.error
+            raise StreamTimeoutError(f"the series from {self.endpoint} ended before one scan row")
+        R = self.scan_shape[0]
+        note = (
+            f"live: partial, scan rows [0, {rows}) of {R} received when this view was made"
+            if rows < R
+            else f"live: all {R} scan rows received"
+        )
+        return self._open(rows, [note])
+
+    def dataset(self, *, allow_incomplete: bool = False, timeout_s: float = 600.0) -> Any:
+        """The whole scan once the series ended.
+
+        Parameters
+        ----------
+        allow_incomplete
+            Give the dataset of a series with missing frames anyway (they read
+            as zero; named in the notes of every result).
+
+        Raises
+        ------
+        StreamProtocolError
+            The series is incomplete and ``allow_incomplete`` is false.
+        """
+        report = self.wait(timeout_s=timeout_s)
+        R, C = self.scan_shape
+        missing = np.flatnonzero(~self._received)
+        if missing.size:
+            from .dectris_receive import _ranges
+
+            text = (
+                f"live: INCOMPLETE, {missing.size} of {R * C} frames never arrived (image "
+                f"numbers {_ranges([int(i) for i in missing])}); they read as 0. "
+                f"{report.describe()}"
+            )
+            if not allow_incomplete:
+                raise StreamProtocolError(
+                    f"the live series from {self.endpoint} is incomplete: {text}. Pass "
+                    "allow_incomplete=True to analyse it anyway (recorded), or use "
+                    "dataset_so_far() for the complete rows"
+                )
+            return self._open(R, [text])
+        return self._open(R, [f"live: complete, {report.describe()}"])
+
+    def close(self) -> None:
+        """Delete the received frames' file (when live() chose the folder)."""
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+def live(
+    endpoint: str,
+    *,
+    scan_shape: Sequence[int],
+    directory: str | Path | None = None,
+    timeout_s: float = 10.0,
+    start_timeout_s: float = 30.0,
+    calibration: Any = None,
+    chunk_rows: int | None = None,
+) -> LiveAcquisition:
+    """Receive one series from a DECTRIS stream v2 endpoint; query it while it runs.
+
+    Parameters
+    ----------
+    endpoint
+        The detector's (or simulator's) stream, ``"tcp://host:port"``:
+        connected to, never bound.
+    scan_shape
+        ``(rows, cols)`` of the scan the images fill in order.
+    directory
+        Where the frames are kept as they arrive (``live_frames.raw``); a
+        temporary folder when ``None``, removed by :meth:`LiveAcquisition.close`.
+    timeout_s, start_timeout_s
+        Longest silence within the series, and longest wait for its start.
+    calibration, chunk_rows
+        As for :func:`quantem_flow.open`.
+
+    Returns
+    -------
+    LiveAcquisition
+        Receiving already; ``dataset_so_far()``, ``dataset()``, ``report``.
+    """
+    return LiveAcquisition(
+        endpoint,
+        scan_shape=scan_shape,
+        directory=directory,
+        timeout_s=timeout_s,
+        start_timeout_s=start_timeout_s,
+        calibration=calibration,
+        chunk_rows=chunk_rows,
+    )

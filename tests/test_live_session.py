@@ -1,0 +1,93 @@
+"""qf.live: a stream received in scan order, queried while it runs, equal to the offline pass."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("zmq")
+pytest.importorskip("cbor2")
+pytest.importorskip("lz4")
+
+import quantem_flow as qf
+from quantem_flow.errors import StreamProtocolError
+from quantem_flow.streams.dectris_sim import DectrisSimulator
+from tests.conftest import probe_data
+
+SCAN = (12, 10)
+CENTER = (8.6, 14.2)
+
+
+def _queries(ds: qf.Dataset4D) -> list[object]:
+    return [
+        qf.virtual_bf(ds, radius=4.5, center=CENTER),
+        qf.virtual_adf(ds, inner=6, outer=11, center=CENTER),
+        qf.center_of_mass(ds, center=CENTER),
+    ]
+
+
+def test_partial_results_while_the_scan_runs_and_bit_identical_results_at_the_end(
+    rng: np.random.Generator, tmp_path: Path
+) -> None:
+    data = probe_data(rng, scan=SCAN)
+    frames = data.reshape(-1, *data.shape[2:])
+    with DectrisSimulator(frames, rate_hz=100.0) as sim:
+        acq = qf.live(sim.endpoint, scan_shape=SCAN, directory=tmp_path, chunk_rows=3)
+        sim.start()
+        partial = acq.dataset_so_far(wait_s=20)
+        rows = partial.scan_shape[0]
+        assert 0 < rows < SCAN[0]  # the scan is still running (100 frames/s: 1.2 s in all)
+        (bf_partial,) = qf.compute(
+            qf.virtual_bf(partial, radius=4.5, center=CENTER), client="synchronous"
+        )
+        assert bf_partial.shape == (rows, SCAN[1])
+        assert any("live: partial" in n for n in bf_partial.provenance.notes)
+        report = acq.wait(timeout_s=30)
+    assert report.complete
+    full = acq.dataset()
+    live_results = qf.compute(*_queries(full), client="synchronous")
+    offline = qf.open(data, chunk_rows=3)
+    offline_results = qf.compute(*_queries(offline), client="synchronous")
+    for a, b in zip(live_results, offline_results, strict=True):
+        np.testing.assert_array_equal(a.data, b.data)  # bit for bit
+    np.testing.assert_array_equal(bf_partial.data, offline_results[0].data[:rows])
+    kept = np.fromfile(tmp_path / "live_frames.raw", dtype=data.dtype).reshape(data.shape)
+    np.testing.assert_array_equal(kept, data)  # the stream was kept as it came
+
+
+def test_an_incomplete_series_is_refused_or_marked(
+    rng: np.random.Generator, tmp_path: Path
+) -> None:
+    data = probe_data(rng, scan=SCAN)
+    frames = data.reshape(-1, *data.shape[2:])
+    with DectrisSimulator(frames, skip=[23, 57]) as sim:
+        acq = qf.live(sim.endpoint, scan_shape=SCAN, directory=tmp_path)
+        sim.start()
+        report = acq.wait(timeout_s=30)
+    assert report.missing == [23, 57] and not report.complete
+    assert acq.rows_complete == 2  # rows 0-1 whole; row 2 lacks image 23
+    with pytest.raises(StreamProtocolError, match=r"incomplete.*23, 57"):
+        acq.dataset()
+    marked = acq.dataset(allow_incomplete=True)
+    (bf,) = qf.compute(qf.virtual_bf(marked, radius=4.5, center=CENTER), client="synchronous")
+    assert any("INCOMPLETE" in n and "23, 57" in n for n in bf.provenance.notes)
+    assert bf.data.reshape(-1)[23] == 0 and bf.data.reshape(-1)[57] == 0
+    assert acq.dataset_so_far().scan_shape == (2, SCAN[1])  # only whole rows
+
+
+def test_a_cut_stream_keeps_what_came(rng: np.random.Generator, tmp_path: Path) -> None:
+    data = probe_data(rng, scan=SCAN)
+    frames = data.reshape(-1, *data.shape[2:])
+    with DectrisSimulator(frames, stop_after=45) as sim:
+        acq = qf.live(sim.endpoint, scan_shape=SCAN, directory=tmp_path, timeout_s=1.0)
+        sim.start()
+        t0 = time.perf_counter()
+        report = acq.wait(timeout_s=30)
+        assert time.perf_counter() - t0 < 20
+    assert report.reason == "timeout" and not report.ended
+    so_far = acq.dataset_so_far()
+    assert so_far.scan_shape == (4, SCAN[1])  # 45 frames: 4 whole rows of 10
+    np.testing.assert_array_equal(so_far.load_block((0, 4)), data[:4])
