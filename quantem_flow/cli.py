@@ -157,6 +157,50 @@ def _hdf5_default_path(path: Path) -> tuple[str, str]:
     )
 
 
+def _simulate(args: argparse.Namespace) -> int:
+    """Serve one series of a dataset's frames as a DECTRIS stream v2, then exit."""
+    from . import open as open_dataset
+    from .streams.dectris_sim import DectrisSimulator
+
+    options: dict[str, Any] = {}
+    if args.scan_shape is not None:
+        options["scan_shape"] = _scan_shape_option(args.scan_shape)
+    if args.dataset_path is not None:
+        options["dataset_path"] = args.dataset_path
+    ds = open_dataset(args.file, format=args.format, **options)
+    R, C = ds.scan_shape
+
+    def rows(a: int, b: int) -> Any:  # frames [a, b) in scan order, read row block by row block
+        import numpy as np
+
+        r0, r1 = a // C, (b - 1) // C + 1
+        block = np.asarray(ds.load_block((r0, r1))).reshape(-1, *ds.detector_shape)
+        return block[a - r0 * C : b - r0 * C]
+
+    sim = DectrisSimulator(
+        rows,
+        endpoint=args.bind,
+        rate_hz=args.rate,
+        compression=None if args.compression == "none" else args.compression,
+        n_frames=R * C,
+        frame_shape=ds.detector_shape,
+    )
+    sim.send_timeout_s = float(args.timeout)
+    _say(
+        f"simulate:  DECTRIS stream v2 at {sim.endpoint}: {R} x {C} scan of "
+        f"{ds.detector_shape[0]} x {ds.detector_shape[1]} {ds.dtype} frames, "
+        f"{args.compression}, {'as fast as taken' if args.rate is None else f'{args.rate:g} Hz'}",
+    )
+    sys.stdout.flush()
+    try:
+        sim.start()
+        sim.join(timeout_s=1e7)  # the run ends itself: end message sent, or no consumer
+    finally:
+        sim.close()
+    _say(f"simulate:  sent {sim.sent} images and the end message")
+    return 0
+
+
 def _info_results(path: Path, *, as_json: bool) -> int:
     """``info`` on a results file: its results, not a 4D-STEM input."""
     from .io.results_store import describe_results
@@ -951,6 +995,30 @@ def _parser() -> argparse.ArgumentParser:
         description="Task-graph engine for 4D-STEM data: inspect inputs, run YAML pipelines.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "simulate",
+        help="replay a dataset as a detector stream (DECTRIS stream v2), for live tests",
+    )
+    p.add_argument("kind", choices=["dectris"], help="the stream protocol")
+    p.add_argument("file", help="any readable 4D-STEM input")
+    p.add_argument("--format", help="reader name (default: guessed from the name)")
+    p.add_argument("--scan-shape", nargs="+", metavar="R C", help="scan rows and columns")
+    p.add_argument("--dataset-path", help="dataset inside an HDF5 file, e.g. /data")
+    p.add_argument(
+        "--rate", type=float, default=None, help="frames per second (default: as fast as taken)"
+    )
+    p.add_argument(
+        "--bind",
+        default="tcp://127.0.0.1:31001",
+        help="where the stream's PUSH socket binds (default tcp://127.0.0.1:31001, DECTRIS's "
+        "port; port 0: any free port)",
+    )
+    p.add_argument(
+        "--compression", choices=["bslz4", "lz4", "none"], default="bslz4", help="image compression"
+    )
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a consumer")
+    p.set_defaults(func=_simulate)
 
     p = sub.add_parser("info", help="describe a 4D-STEM input (reads no frames)")
     p.add_argument("file", help="data file or Zarr store")

@@ -191,3 +191,34 @@ def test_the_rate_is_kept(rng: np.random.Generator) -> None:
         elapsed = time.perf_counter() - t0
     assert report.complete
     assert elapsed >= 39 / 200.0 * 0.9  # not faster than asked
+
+
+def test_the_simulate_command_serves_a_file(rng: np.random.Generator, tmp_path: object) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data = rng.poisson(2.0, size=(4, 5, 16, 18)).astype(np.uint16)
+    path = Path(str(tmp_path)) / "d.npy"
+    np.save(path, data)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "quantem_flow", "simulate", "dectris", str(path),
+         "--bind", "tcp://127.0.0.1:0", "--timeout", "20"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "DECTRIS stream v2 at tcp://127.0.0.1:" in line, line
+        import re
+
+        match = re.search(r"at (tcp://127\.0\.0\.1:\d+)", line)
+        assert match is not None, line
+        got, report = _collect(match.group(1), timeout_s=20)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert report.complete and "sent 20 images" in out
+    np.testing.assert_array_equal(np.stack([got[i] for i in range(20)]), data.reshape(20, 16, 18))
