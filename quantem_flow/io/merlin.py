@@ -79,6 +79,7 @@ __all__ = [
     "MerlinSource",
     "decode_raw_frames",
     "parse_hdr",
+    "parse_hdr_text",
     "parse_mib_header",
     "raw_payload_bytes",
 ]
@@ -301,11 +302,16 @@ def decode_raw_frames(
 
 def parse_hdr(path: Path) -> dict[str, str]:
     """Parse a Merlin ``.hdr`` acquisition header (``key:<TAB>value`` lines)."""
-    out: dict[str, str] = {}
     try:
         text = path.read_text(encoding="ascii", errors="replace")
     except OSError as exc:
         raise FormatError(f"cannot read Merlin header {str(path)!r}: {exc}") from exc
+    return parse_hdr_text(text)
+
+
+def parse_hdr_text(text: str) -> dict[str, str]:
+    """Parse a Merlin acquisition header's text (a ``.hdr`` file, the TCP stream's first)."""
+    out: dict[str, str] = {}
     for line in text.splitlines():
         if line.startswith("HDR") or line.startswith("End"):
             continue

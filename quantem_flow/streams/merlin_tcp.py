@@ -1,0 +1,334 @@
+"""Quantum Detectors Merlin over TCP: the acquisition header, then framed frames.
+
+The Merlin readout sends each message on its data socket as ``MPX,`` then
+the payload's length as 10 decimal digits, a comma, and the payload.  The
+first payload is the acquisition header (the text of a ``.hdr`` file,
+``HDR,`` ... ``End``); each following payload is one frame exactly as a
+``.mib`` file stores it: its ``MQ1`` header, then the pixels (processed
+``U08``/``U16``/``U32`` big-endian, or raw ``R64`` counters), so the frame
+is parsed and decoded by the ``.mib`` reader's own functions
+(:mod:`quantem_flow.io.merlin`).  Framing as LiberTEM-live documents and
+reads it; a 10-digit length of anything but digits, a payload that is not a
+header or a frame, or a frame whose shape changes mid-acquisition raises
+:class:`~quantem_flow.errors.StreamProtocolError`.
+
+:func:`receive_merlin` connects where the user says and yields frames with a
+deadline on every read; :class:`MerlinSimulator` serves frames on a loopback
+listening socket (processed mode, 8/16/32-bit) for tests and for users
+without a detector.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError, ParameterError, StreamProtocolError, StreamTimeoutError
+from .dectris_receive import Frame
+
+__all__ = ["MerlinSimulator", "encode_mpx", "mq1_header", "receive_merlin"]
+
+_PREFIX = 15  # "MPX," + 10 digits + ","
+_DEPTH_OF_DTYPE = {"u1": "U08", "u2": "U16", "u4": "U32"}
+
+
+def encode_mpx(payload: bytes) -> bytes:
+    """One message of the Merlin data socket."""
+    return b"MPX," + f"{len(payload):010d}".encode() + b"," + payload
+
+
+def mq1_header(
+    sequence: int, frame_shape: tuple[int, int], dtype: Any, *, quad: bool = False
+) -> bytes:
+    """An ``MQ1`` processed-mode frame header, padded to 384 (one chip) or 768 (quad) bytes."""
+    depth = _DEPTH_OF_DTYPE[np.dtype(dtype).str[1:]]
+    size = 768 if quad else 384
+    chips, layout = (4, "   2x2") if quad else (1, "   1x1")
+    rows, cols = frame_shape
+    fields = [
+        "MQ1", f"{sequence:06d}", f"{size:05d}", f"{chips:02d}", f"{cols:04d}", f"{rows:04d}",
+        depth, layout, "01" if not quad else "0F", "2026-12-05 00:00:00.000000",
+        "0.001000", "0", "0", "0", "1.0E+1", "0.0E+0", "0.0E+0", "0.0E+0", "0.0E+0",
+        "0.0E+0", "0.0E+0", "0.0E+0", "3RX", "12",
+    ]  # fmt: skip
+    text = ",".join(fields).encode("ascii")
+    return text + b" " * (size - len(text))
+
+
+class _QuietError(StreamTimeoutError):
+    """Silence (or a close) between messages: the readout stopped sending."""
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline_s: float, what: str) -> bytes:
+    out = bytearray()
+    sock.settimeout(deadline_s)
+    while len(out) < n:
+        try:
+            chunk = sock.recv(min(n - len(out), 1 << 20))
+        except TimeoutError:
+            if not out and what == "reading a message prefix":
+                raise _QuietError(f"the Merlin stream sent nothing for {deadline_s:g} s") from None
+            raise StreamTimeoutError(
+                f"the Merlin stream sent nothing for {deadline_s:g} s while {what} "
+                f"({len(out)} of {n} bytes)"
+            ) from None
+        if not chunk:
+            if not out and what == "reading a message prefix":
+                raise _QuietError("the Merlin stream closed between messages")
+            raise StreamProtocolError(
+                f"Merlin TCP: the stream closed while {what} ({len(out)} of {n} bytes)"
+            )
+        out += chunk
+    return bytes(out)
+
+
+def _message(sock: socket.socket, deadline_s: float) -> bytes:
+    prefix = _recv_exact(sock, _PREFIX, deadline_s, "reading a message prefix")
+    digits = prefix[4:14]
+    if prefix[:4] != b"MPX," or prefix[14:15] != b"," or not digits.isdigit():
+        raise StreamProtocolError(
+            f"Merlin TCP: expected a message prefix 'MPX,<10 digits>,', got {prefix!r}"
+        )
+    return _recv_exact(sock, int(digits), deadline_s, "reading a message")
+
+
+def receive_merlin(
+    host: str,
+    port: int,
+    *,
+    timeout_s: float = 10.0,
+    connect_timeout_s: float = 10.0,
+    header: list[dict[str, str]] | None = None,
+    status: list[dict[str, Any]] | None = None,
+) -> Iterator[Frame]:
+    """Yield the frames of a Merlin acquisition from its TCP data socket.
+
+    Parameters
+    ----------
+    host, port
+        The Merlin readout's data socket (connected to, never bound).
+    timeout_s
+        Longest silence between bytes once connected; a silence at a message
+        boundary after frames ends the acquisition (the readout stopped).
+    connect_timeout_s
+        Longest wait to connect.
+    header
+        A list that receives the acquisition header's fields.
+    status
+        A list that receives, when the acquisition ends, ``expected`` (the
+        header's "Frames in Acquisition"), ``received`` and ``ended``:
+        ``"complete"``, or ``"timeout"``/``"closed"`` when the readout went
+        quiet first (the acquisition is then incomplete, and says so).
+
+    Raises
+    ------
+    StreamTimeoutError
+        No connection, or silence inside a message.
+    StreamProtocolError
+        A malformed prefix, a first message that is not the acquisition
+        header, or a frame that is not an ``MQ1`` frame of the first frame's
+        layout.
+    """
+    from ..io.merlin import (
+        MIB_DTYPES,
+        RAW_DEPTHS,
+        decode_raw_frames,
+        parse_hdr_text,
+        parse_mib_header,
+        raw_payload_bytes,
+    )
+
+    try:
+        sock = socket.create_connection((host, int(port)), timeout=connect_timeout_s)
+    except OSError as exc:
+        raise StreamTimeoutError(
+            f"could not connect to the Merlin data socket {host}:{port} ({exc}); is the "
+            "readout running and listening there?"
+        ) from exc
+    where = Path(f"merlin://{host}:{port}")
+    try:
+        first = _message(sock, timeout_s)
+        if not first.startswith(b"HDR,"):
+            raise StreamProtocolError(
+                f"Merlin TCP: the first message must be the acquisition header ('HDR,'), got "
+                f"{first[:16]!r}"
+            )
+        fields = parse_hdr_text(first.decode("ascii", errors="replace"))
+        if header is not None:
+            header.append(fields)
+        layout: tuple[Any, ...] | None = None
+        declared = fields.get("Frames in Acquisition (Number)", "").split()
+        expected = int(declared[0]) if declared and declared[0].isdigit() else None
+        i = 0
+        ended = "complete"
+        while expected is None or i < expected:
+            try:
+                payload = _message(sock, timeout_s)
+            except _QuietError as exc:
+                if expected is None and i > 0:
+                    break  # no count declared: quiet after frames is the end
+                ended = "closed" if "closed" in str(exc) else "timeout"
+                break
+            try:
+                head = parse_mib_header(payload[:1024], where)
+            except FormatError as exc:
+                raise StreamProtocolError(f"Merlin TCP: frame {i}: {exc}") from exc
+            size = int(head["header_bytes"])
+            rows, cols = int(head["height"]), int(head["width"])
+            this = (head["pixel_depth"], rows, cols, head.get("counter_depth"), size)
+            if layout is None:
+                layout = this
+            elif this != layout:
+                raise StreamProtocolError(
+                    f"Merlin TCP: frame {i} has layout {this}, the first frame had {layout}"
+                )
+            body = np.frombuffer(payload, dtype=np.uint8, offset=size)
+            if head["pixel_depth"] == "R64":
+                depth = int(head["counter_depth"])
+                if int(head["n_chips"]) != 1:
+                    raise StreamProtocolError(
+                        f"Merlin TCP: frame {i} is raw-mode (R64) from a {head['n_chips']}-chip "
+                        "sensor; raw quads are decoded from .mib files only so far. Record in "
+                        "processed mode (U08/U16/U32) for live use"
+                    )
+                if depth == 24:
+                    cols //= 2  # two 12-bit sub-frames, the header gives both widths
+                if body.size != raw_payload_bytes(depth, rows * cols):
+                    raise StreamProtocolError(
+                        f"Merlin TCP: frame {i} carries {body.size} raw bytes, expected "
+                        f"{raw_payload_bytes(depth, rows * cols)} for {rows} x {cols} at "
+                        f"{depth} bit"
+                    )
+                out = np.empty((1, rows, cols), dtype=RAW_DEPTHS[depth][1])
+                frame = decode_raw_frames(body[None, :], depth, out=out)[0]
+            else:
+                dtype = np.dtype(MIB_DTYPES[head["pixel_depth"]])
+                if body.size != rows * cols * dtype.itemsize:
+                    raise StreamProtocolError(
+                        f"Merlin TCP: frame {i} carries {body.size} pixel bytes, its header says "
+                        f"{rows} x {cols} {head['pixel_depth']} "
+                        f"({rows * cols * dtype.itemsize})"
+                    )
+                frame = body.view(dtype).reshape(rows, cols).astype(dtype.newbyteorder("="))
+            yield Frame(image_id=int(head["sequence_number"]) - 1, data=frame)
+            i += 1
+        if status is not None:
+            status.append({"expected": expected, "received": i, "ended": ended})
+    finally:
+        sock.close()
+
+
+class MerlinSimulator:
+    """Serve frames as a Merlin readout's TCP data socket (processed mode).
+
+    Parameters
+    ----------
+    frames
+        ``(n, k_r, k_c)`` ``uint8``/``uint16``/``uint32`` array, or a callable
+        ``rows(start, stop)`` with ``n_frames``, ``frame_shape`` and ``dtype``.
+    host, port
+        Where to listen: 127.0.0.1 and any free port by default (:attr:`port`).
+    rate_hz
+        Frames per second; ``None``: as fast as the consumer reads.
+    """
+
+    def __init__(
+        self,
+        frames: np.ndarray | Callable[[int, int], np.ndarray],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        rate_hz: float | None = None,
+        n_frames: int | None = None,
+        frame_shape: tuple[int, int] | None = None,
+        dtype: Any = None,
+        acquisition_header: dict[str, str] | None = None,
+    ) -> None:
+        if callable(frames):
+            if n_frames is None or frame_shape is None or dtype is None:
+                raise ParameterError("a callable frames source needs n_frames, frame_shape, dtype")
+            self._rows = frames
+            self.n_frames, self.frame_shape, self.dtype = (
+                int(n_frames),
+                frame_shape,
+                np.dtype(dtype),
+            )
+        else:
+            array = np.asarray(frames)
+            if array.ndim != 3:
+                raise ParameterError(f"frames must be (n, k_r, k_c), got shape {array.shape}")
+            self._rows = lambda a, b: array[a:b]
+            self.n_frames = int(array.shape[0])
+            self.frame_shape = (int(array.shape[1]), int(array.shape[2]))
+            self.dtype = array.dtype
+        if self.dtype.str[1:] not in _DEPTH_OF_DTYPE:
+            raise ParameterError(f"Merlin frames are uint8, uint16 or uint32, not {self.dtype}")
+        self.rate_hz = rate_hz
+        self.header_fields = {
+            "Frames in Acquisition (Number)": str(self.n_frames),
+            "Frames per Trigger (Number)": str(self.n_frames),
+            "Counter Depth (number)": str({1: 6, 2: 12, 4: 24}[self.dtype.itemsize]),
+            **(acquisition_header or {}),
+        }
+        self._server = socket.create_server((host, int(port)))
+        self.host, self.port = self._server.getsockname()[:2]
+        self._thread: threading.Thread | None = None
+        self.sent = 0
+        self.error: BaseException | None = None
+
+    def start(self) -> MerlinSimulator:
+        """Accept one consumer and send the acquisition, from a background thread."""
+        self._thread = threading.Thread(target=self._run, name="qf-merlin-sim", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            self._server.settimeout(30.0)
+            conn, _ = self._server.accept()
+            with conn:
+                text = "HDR,\t\n" + "".join(f"{k}:\t{v}\n" for k, v in self.header_fields.items())
+                conn.sendall(encode_mpx((text + "End\t\n").encode("ascii")))
+                t0 = time.perf_counter()
+                big = self.dtype.newbyteorder(">")
+                for a in range(0, self.n_frames, 256):
+                    block = np.asarray(self._rows(a, min(self.n_frames, a + 256)))
+                    for k, frame in enumerate(block):
+                        i = a + k
+                        if self.rate_hz is not None:
+                            wait = t0 + i / self.rate_hz - time.perf_counter()
+                            if wait > 0:
+                                time.sleep(wait)
+                        payload = (
+                            mq1_header(i + 1, self.frame_shape, self.dtype)
+                            + np.ascontiguousarray(frame, dtype=big).tobytes()
+                        )
+                        conn.sendall(encode_mpx(payload))
+                        self.sent += 1
+        except BaseException as exc:  # reported by join()
+            self.error = exc
+
+    def join(self, timeout_s: float = 60.0) -> None:
+        """Wait for the acquisition to be sent; re-raise what stopped it."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """Stop listening."""
+        self._server.close()
+        if self._thread is not None:
+            self._thread.join(10.0)
+
+    def __enter__(self) -> MerlinSimulator:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

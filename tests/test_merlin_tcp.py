@@ -1,0 +1,106 @@
+"""Merlin over TCP: framing, the acquisition header, frames parsed by the .mib reader's code."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from quantem_flow.errors import StreamProtocolError, StreamTimeoutError
+from quantem_flow.io.merlin import parse_mib_header
+from quantem_flow.streams.merlin_tcp import MerlinSimulator, encode_mpx, mq1_header, receive_merlin
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32"])
+def test_an_acquisition_arrives_whole(rng: np.random.Generator, dtype: str) -> None:
+    frames = rng.integers(0, min(np.iinfo(dtype).max, 4000), size=(30, 32, 36)).astype(dtype)
+    header: list[dict[str, str]] = []
+    with MerlinSimulator(frames) as sim:
+        sim.start()
+        got = list(receive_merlin(sim.host, sim.port, timeout_s=1.0, header=header))
+    assert [f.image_id for f in got] == list(range(30))
+    np.testing.assert_array_equal(np.stack([f.data for f in got]), frames)
+    assert got[0].data.dtype == np.dtype(dtype) and got[0].data.dtype.isnative
+    assert header[0]["Frames in Acquisition (Number)"] == "30"
+
+
+def test_the_frame_header_is_the_mib_readers() -> None:
+    head = parse_mib_header(mq1_header(7, (256, 256), np.uint16), __import__("pathlib").Path("x"))
+    assert (head["sequence_number"], head["header_bytes"], head["width"], head["height"]) == (
+        7, 384, 256, 256,
+    )  # fmt: skip
+    assert head["pixel_depth"] == "U16" and head["n_chips"] == 1
+
+
+def _serve(messages: list[bytes], *, hold_s: float = 0.0) -> tuple[int, threading.Thread]:
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def run() -> None:
+        conn, _ = server.accept()
+        with conn:
+            for m in messages:
+                conn.sendall(m)
+            time.sleep(hold_s)
+        server.close()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return port, t
+
+
+def test_malformed_streams_and_silence(rng: np.random.Generator) -> None:
+    hdr = encode_mpx(b"HDR,\t\nEnd\t\n")
+    frame = rng.integers(0, 100, size=(8, 8)).astype(np.uint16)
+    good = encode_mpx(mq1_header(1, (8, 8), np.uint16) + frame.astype(">u2").tobytes())
+    cases = [
+        ([b"MPY,0000000010,HDR,\t\nEnd\t"], "expected a message prefix"),
+        ([encode_mpx(b"MQ1,000001")], "must be the acquisition header"),
+        ([hdr, encode_mpx(b"XYZ" * 200)], "frame 0"),
+        (
+            [hdr, encode_mpx(mq1_header(1, (8, 8), np.uint16) + b"\x00" * 10)],
+            "carries 10 pixel bytes",
+        ),
+        ([hdr, good, encode_mpx(mq1_header(2, (8, 9), np.uint16) + b"\x00" * 144)], "layout"),
+    ]
+    for messages, expected in cases:
+        port, t = _serve(messages)
+        with pytest.raises(StreamProtocolError, match=expected):
+            list(receive_merlin("127.0.0.1", port, timeout_s=2.0))
+        t.join(5)
+    # silence inside a message: a deadline, not a hang
+    port, t = _serve([hdr, good[:100]], hold_s=3.0)
+    t0 = time.perf_counter()
+    with pytest.raises(StreamTimeoutError, match=r"sent nothing for 0\.5 s"):
+        list(receive_merlin("127.0.0.1", port, timeout_s=0.5))
+    assert time.perf_counter() - t0 < 3.0
+    t.join(5)
+    # nothing listening
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    with pytest.raises(StreamTimeoutError, match="could not connect"):
+        list(receive_merlin("127.0.0.1", free, connect_timeout_s=1.0))
+
+
+def test_a_readout_that_stops_early_is_reported_incomplete(rng: np.random.Generator) -> None:
+    frames = rng.integers(0, 100, size=(10, 8, 8)).astype(np.uint16)
+    hdr = encode_mpx(b"HDR,\t\nFrames in Acquisition (Number):\t10\nEnd\t\n")
+    messages = [hdr] + [
+        encode_mpx(mq1_header(i + 1, (8, 8), np.uint16) + frames[i].astype(">u2").tobytes())
+        for i in range(6)
+    ]
+    port, t = _serve(messages, hold_s=2.0)
+    status: list[dict[str, object]] = []
+    got = list(receive_merlin("127.0.0.1", port, timeout_s=0.5, status=status))
+    t.join(5)
+    assert len(got) == 6
+    assert status == [{"expected": 10, "received": 6, "ended": "timeout"}]
+    # a frame cut inside its bytes is a protocol error, not an end
+    port, t = _serve([hdr, messages[1], messages[2][:50]])
+    with pytest.raises(StreamProtocolError, match="closed while reading a message"):
+        list(receive_merlin("127.0.0.1", port, timeout_s=2.0))
+    t.join(5)
