@@ -177,6 +177,33 @@ def _simulate(args: argparse.Namespace) -> int:
         block = np.asarray(ds.load_block((r0, r1))).reshape(-1, *ds.detector_shape)
         return block[a - r0 * C : b - r0 * C]
 
+    if args.kind == "merlin":
+        from .streams.merlin_tcp import MerlinSimulator
+
+        host, _, port = str(args.bind).removeprefix("tcp://").rpartition(":")
+        if not host or not port.isdigit():
+            raise ParameterError(f"--bind takes tcp://HOST:PORT, got {args.bind!r}")
+        merlin = MerlinSimulator(
+            rows,
+            host=host,
+            port=int(port),
+            rate_hz=args.rate,
+            n_frames=R * C,
+            frame_shape=ds.detector_shape,
+            dtype=ds.dtype,
+        )
+        _say(
+            f"simulate:  Merlin TCP data socket at tcp://{merlin.host}:{merlin.port}: {R} x {C} "
+            f"scan of {ds.detector_shape[0]} x {ds.detector_shape[1]} {ds.dtype} frames"
+        )
+        sys.stdout.flush()
+        try:
+            merlin.start()
+            merlin.join(timeout_s=1e7)
+        finally:
+            merlin.close()
+        _say(f"simulate:  sent {merlin.sent} frames")
+        return 0
     sim = DectrisSimulator(
         rows,
         endpoint=args.bind,
@@ -1000,7 +1027,11 @@ def _parser() -> argparse.ArgumentParser:
         "simulate",
         help="replay a dataset as a detector stream (DECTRIS stream v2), for live tests",
     )
-    p.add_argument("kind", choices=["dectris"], help="the stream protocol")
+    p.add_argument(
+        "kind",
+        choices=["dectris", "merlin"],
+        help="the stream protocol (Merlin: its TCP data socket)",
+    )
     p.add_argument("file", help="any readable 4D-STEM input")
     p.add_argument("--format", help="reader name (default: guessed from the name)")
     p.add_argument("--scan-shape", nargs="+", metavar="R C", help="scan rows and columns")

@@ -91,3 +91,23 @@ def test_a_cut_stream_keeps_what_came(rng: np.random.Generator, tmp_path: Path) 
     so_far = acq.dataset_so_far()
     assert so_far.scan_shape == (4, SCAN[1])  # 45 frames: 4 whole rows of 10
     np.testing.assert_array_equal(so_far.load_block((0, 4)), data[:4])
+
+
+def test_merlin_tcp_through_qf_live_equals_the_offline_pass(
+    rng: np.random.Generator, tmp_path: Path
+) -> None:
+    from quantem_flow.streams.merlin_tcp import MerlinSimulator
+
+    data = probe_data(rng, scan=SCAN)
+    frames = data.reshape(-1, *data.shape[2:])
+    with MerlinSimulator(frames) as sim:
+        acq = qf.live(
+            f"tcp://{sim.host}:{sim.port}", scan_shape=SCAN, protocol="merlin", directory=tmp_path
+        )
+        sim.start()
+        report = acq.wait(timeout_s=30)
+    assert report.complete, report.describe()
+    live_results = qf.compute(*_queries(acq.dataset()), client="synchronous")
+    offline_results = qf.compute(*_queries(qf.open(data)), client="synchronous")
+    for a, b in zip(live_results, offline_results, strict=True):
+        np.testing.assert_array_equal(a.data, b.data)

@@ -104,3 +104,34 @@ def test_a_readout_that_stops_early_is_reported_incomplete(rng: np.random.Genera
     with pytest.raises(StreamProtocolError, match="closed while reading a message"):
         list(receive_merlin("127.0.0.1", port, timeout_s=2.0))
     t.join(5)
+
+
+def test_the_simulate_command_serves_merlin(rng: np.random.Generator, tmp_path: object) -> None:
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data = rng.integers(0, 4000, size=(3, 4, 16, 16)).astype(np.uint16)
+    path = Path(str(tmp_path)) / "m.npy"
+    np.save(path, data)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "quantem_flow", "simulate", "merlin", str(path),
+         "--bind", f"tcp://127.0.0.1:{port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert re.search(rf"Merlin TCP data socket at tcp://127\.0\.0\.1:{port}", line), line
+        got = list(receive_merlin("127.0.0.1", port, timeout_s=10))
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "sent 12 frames" in out
+    np.testing.assert_array_equal(np.stack([f.data for f in got]), data.reshape(12, 16, 16))

@@ -22,14 +22,14 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import ParameterError, StreamProtocolError, StreamTimeoutError
-from .dectris_receive import SeriesReport, receive_series
+from .dectris_receive import Frame, SeriesReport, receive_series
 
 __all__ = ["LiveAcquisition", "live"]
 
@@ -47,7 +47,11 @@ class LiveAcquisition:
         start_timeout_s: float = 30.0,
         calibration: Any = None,
         chunk_rows: int | None = None,
+        protocol: str = "dectris",
     ) -> None:
+        if protocol not in ("dectris", "merlin"):
+            raise ParameterError(f"protocol must be 'dectris' or 'merlin', got {protocol!r}")
+        self.protocol = protocol
         R, C = (int(scan_shape[0]), int(scan_shape[1]))
         if R < 1 or C < 1:
             raise ParameterError(f"scan_shape must be (rows, cols) >= 1, got {scan_shape!r}")
@@ -76,17 +80,60 @@ class LiveAcquisition:
         self._thread.start()
 
     # -- receiving ----------------------------------------------------------------------
+    def _frames(self, reports: list[SeriesReport]) -> Iterator[Frame]:
+        """The stream's frames; ``reports`` receives what arrived."""
+        if self.protocol == "dectris":
+            yield from receive_series(
+                self.endpoint,
+                timeout_s=self._timeout_s,
+                start_timeout_s=self._start_timeout_s,
+                report=reports,
+            )
+            return
+        from .dectris_stream import StartMessage
+        from .merlin_tcp import receive_merlin
+
+        host, _, port = self.endpoint.removeprefix("tcp://").rpartition(":")
+        if not host or not port.isdigit():
+            raise ParameterError(
+                f"a Merlin endpoint is 'tcp://HOST:PORT' (the readout's data socket), got "
+                f"{self.endpoint!r}"
+            )
+        status: list[dict[str, Any]] = []
+        seen: list[int] = []
+        shape: tuple[int, int] = (0, 0)
+        try:
+            for frame in receive_merlin(
+                host,
+                int(port),
+                timeout_s=self._timeout_s,
+                connect_timeout_s=self._start_timeout_s,
+                status=status,
+            ):
+                seen.append(frame.image_id)
+                shape = (int(frame.data.shape[0]), int(frame.data.shape[1]))
+                yield frame
+        finally:
+            done = status[0] if status else {"expected": None, "ended": "stopped"}
+            n = int(done["expected"] or self.scan_shape[0] * self.scan_shape[1])
+            start = StartMessage(0, "merlin", n, shape, (), {"protocol": "merlin"})
+            got = set(seen)
+            reports.append(
+                SeriesReport(
+                    start=start,
+                    received=len(seen),
+                    missing=[i for i in range(n) if i not in got],
+                    ended=done["ended"] == "complete",
+                    reason="end" if done["ended"] == "complete" else str(done["ended"]),
+                )
+            )
+
     def _receive(self) -> None:
         reports: list[SeriesReport] = []
         out: np.memmap[Any, Any] | None = None
         R, C = self.scan_shape
         try:
-            for frame in receive_series(
-                self.endpoint,
-                timeout_s=self._timeout_s,
-                start_timeout_s=self._start_timeout_s,
-                report=reports,
-            ):
+            for frame in self._frames(reports):
                 if out is None:
                     self.frame_shape = (int(frame.data.shape[0]), int(frame.data.shape[1]))
                     self.dtype = frame.data.dtype
@@ -257,8 +304,9 @@ def live(
     start_timeout_s: float = 30.0,
     calibration: Any = None,
     chunk_rows: int | None = None,
+    protocol: str = "dectris",
 ) -> LiveAcquisition:
-    """Receive one series from a DECTRIS stream v2 endpoint; query it while it runs.
+    """Receive one series from a detector stream; query it while it runs.
 
     Parameters
     ----------
@@ -274,6 +322,9 @@ def live(
         Longest silence within the series, and longest wait for its start.
     calibration, chunk_rows
         As for :func:`quantem_flow.open`.
+    protocol
+        ``"dectris"`` (SIMPLON stream v2, ZeroMQ) or ``"merlin"`` (the Merlin
+        readout's TCP data socket).
 
     Returns
     -------
@@ -288,4 +339,5 @@ def live(
         start_timeout_s=start_timeout_s,
         calibration=calibration,
         chunk_rows=chunk_rows,
+        protocol=protocol,
     )
