@@ -157,6 +157,73 @@ def _hdf5_default_path(path: Path) -> tuple[str, str]:
     )
 
 
+def _live(args: argparse.Namespace) -> int:
+    """Receive one series from a stream, then run a pipeline on it."""
+    import dataclasses
+    import time
+
+    from .pipeline import load_pipeline, prepare_pipeline, run_pipeline
+    from .streams.session import live
+
+    match = re.fullmatch(r"(\d+)x(\d+)", str(args.scan))
+    if match is None:
+        raise ParameterError(f"--scan takes ROWSxCOLS such as 256x256, got {args.scan!r}")
+    scan = (int(match.group(1)), int(match.group(2)))
+    protocol, endpoint = ("dectris", args.dectris) if args.dectris else ("merlin", args.merlin)
+    pipe = load_pipeline(Path(args.pipeline))
+    acq = live(
+        endpoint,
+        scan_shape=scan,
+        protocol=protocol,
+        directory=args.keep,
+        timeout_s=args.timeout,
+        start_timeout_s=args.start_timeout,
+        calibration=pipe.input.calibration,
+        chunk_rows=pipe.input.chunk_rows,
+    )
+    _say(f"live:      receiving a {scan[0]} x {scan[1]} scan from {endpoint} ({protocol})")
+    sys.stdout.flush()
+    last = -1
+    while not acq.finished:
+        rows = acq.rows_complete
+        if rows != last:
+            _say(f"live:      {rows} of {scan[0]} scan rows complete")
+            sys.stdout.flush()
+            last = rows
+        time.sleep(0.25)
+    report = acq.wait(timeout_s=60)
+    _say(f"live:      series {report.describe()}")
+    ds = acq.dataset(allow_incomplete=bool(args.allow_incomplete))
+    src = ds.source
+    live_input = dataclasses.replace(
+        pipe.input,
+        path=Path(acq.path),
+        format="raw",
+        options={
+            "dtype": str(src.dtype),
+            "frame_shape": list(src.shape[2:]),
+            "scan_shape": list(scan),
+        },
+    )
+    pipe = dataclasses.replace(pipe, input=live_input)
+    prepared = prepare_pipeline(
+        pipe, output_dir=args.output_dir, overwrite=True if args.overwrite else None
+    )
+    # what the live series was (complete, or which frames never came) goes into every result
+    prepared.dataset._notes.extend(n for n in ds.notes if n.startswith("live:"))
+    client, where = _start_client(args.scheduler)
+    try:
+        _say(f"scheduler: {where}", f"computing {', '.join(pipe.outputs)} in one pass ...")
+        results = run_pipeline(prepared, client=None if args.scheduler is None else client)
+    finally:
+        _finish_client(client, args.scheduler)
+        if args.keep is None:
+            acq.close()
+    _report_results(results)
+    _report_files(pipe.save_targets(args.output_dir))
+    return 0
+
+
 def _simulate(args: argparse.Namespace) -> int:
     """Serve one series of a dataset's frames as a DECTRIS stream v2, then exit."""
     from . import open as open_dataset
@@ -1022,6 +1089,33 @@ def _parser() -> argparse.ArgumentParser:
         description="Task-graph engine for 4D-STEM data: inspect inputs, run YAML pipelines.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "live", help="receive a detector stream and run a pipeline on the scan (docs/live.md)"
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--dectris", metavar="tcp://HOST:PORT", help="a DECTRIS stream v2")
+    source.add_argument("--merlin", metavar="tcp://HOST:PORT", help="a Merlin TCP data socket")
+    p.add_argument("--scan", required=True, metavar="RxC", help="scan rows x columns, e.g. 256x256")
+    p.add_argument(
+        "pipeline", help="YAML pipeline (its input section gives calibration and chunking)"
+    )
+    p.add_argument(
+        "--keep", metavar="DIR", help="keep the received frames in DIR (live_frames.raw)"
+    )
+    p.add_argument("--output-dir", help="folder for the pipeline's outputs")
+    p.add_argument("--timeout", type=float, default=10.0, help="longest silence in the stream, s")
+    p.add_argument(
+        "--start-timeout", type=float, default=60.0, help="longest wait for the series, s"
+    )
+    p.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="analyse a series with missing frames (they read as 0; every result says so)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace earlier outputs")
+    p.add_argument("--scheduler", help="scheduler address or 'synchronous' (default: embedded)")
+    p.set_defaults(func=_live)
 
     p = sub.add_parser(
         "simulate",

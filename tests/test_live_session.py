@@ -111,3 +111,49 @@ def test_merlin_tcp_through_qf_live_equals_the_offline_pass(
     offline_results = qf.compute(*_queries(qf.open(data)), client="synchronous")
     for a, b in zip(live_results, offline_results, strict=True):
         np.testing.assert_array_equal(a.data, b.data)
+
+
+def test_the_live_command_runs_a_pipeline_on_a_stream(
+    rng: np.random.Generator, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    data = probe_data(rng, scan=SCAN)
+    frames = data.reshape(-1, *data.shape[2:])
+    pipeline = tmp_path / "live.yaml"
+    pipeline.write_text(
+        yaml.safe_dump(
+            {
+                "version": 1,
+                "input": {"path": "unused.npy", "chunk_rows": 3},
+                "outputs": {
+                    "bf": {"op": "virtual_bf", "radius": 4.5, "center": list(CENTER)},
+                    "com": {"op": "center_of_mass", "center": list(CENTER)},
+                },
+                "save": {"results": "live_results.h5"},
+            }
+        )
+    )
+    with DectrisSimulator(frames, skip=[5]) as sim:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "quantem_flow", "live", "--dectris", sim.endpoint,
+             "--scan", f"{SCAN[0]}x{SCAN[1]}", str(pipeline), "--scheduler", "synchronous",
+             "--timeout", "2", "--allow-incomplete", "--keep", str(tmp_path / "kept")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        sim.start()
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert "INCOMPLETE: 119 of 120 images received; missing images 5" in out
+    results = qf.load_results(tmp_path / "live_results.h5")
+    (offline,) = qf.compute(
+        qf.virtual_bf(qf.open(data), radius=4.5, center=CENTER), client="synchronous"
+    )
+    expected = offline.data.copy()
+    expected.reshape(-1)[5] = 0  # the frame that never came reads as 0
+    np.testing.assert_array_equal(results["bf"].data, expected)
+    assert any("INCOMPLETE" in n and "image numbers 5" in n for n in results["bf"].provenance.notes)
+    assert (tmp_path / "kept" / "live_frames.raw").is_file()
