@@ -19,6 +19,7 @@ every result says so in its provenance notes.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import threading
 import time
@@ -130,36 +131,47 @@ class LiveAcquisition:
 
     def _receive(self) -> None:
         reports: list[SeriesReport] = []
-        out: np.memmap[Any, Any] | None = None
+        fd: int | None = None
+        frame_bytes = 0
         R, C = self.scan_shape
         try:
             for frame in self._frames(reports):
-                if out is None:
+                if fd is None:
                     self.frame_shape = (int(frame.data.shape[0]), int(frame.data.shape[1]))
                     self.dtype = frame.data.dtype
-                    out = np.memmap(self.path, dtype=self.dtype, mode="w+",
-                                    shape=(R * C, *self.frame_shape))  # fmt: skip
+                    frame_bytes = frame.data.nbytes
+                    # the whole scan's size at once (sparse); each frame is written in place
+                    # with pwrite, which fills the page cache without a fault per page
+                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+                    os.ftruncate(fd, R * C * frame_bytes)
                     self._started.set()
                 if frame.image_id >= R * C:
                     raise StreamProtocolError(
                         f"image {frame.image_id} lies beyond the {R} x {C} scan that was given; "
                         "check scan_shape against the detector's number of images"
                     )
-                out[frame.image_id] = frame.data
+                data = np.ascontiguousarray(frame.data, dtype=self.dtype)
+                if data.nbytes != frame_bytes:
+                    raise StreamProtocolError(
+                        f"image {frame.image_id} is {frame.data.shape} {frame.data.dtype}; the "
+                        f"series began with {self.frame_shape} {self.dtype}"
+                    )
+                os.pwrite(fd, data.data.cast("B"), frame.image_id * frame_bytes)
                 with self._lock:
                     self._received[frame.image_id] = True
+                    before = self._rows_done
                     while (
                         self._rows_done < R
                         and self._received[self._rows_done * C : (self._rows_done + 1) * C].all()
                     ):
                         self._rows_done += 1
-                    self._lock.notify_all()
+                    if self._rows_done != before:
+                        self._lock.notify_all()
         except BaseException as exc:  # reported by wait() and the datasets
             self.error = exc
         finally:
-            if out is not None:
-                out.flush()
-                del out
+            if fd is not None:
+                os.close(fd)
             with self._lock:
                 self.report = reports[0] if reports else None
                 self._finished = True
