@@ -157,3 +157,27 @@ def test_the_live_command_runs_a_pipeline_on_a_stream(
     np.testing.assert_array_equal(results["bf"].data, expected)
     assert any("INCOMPLETE" in n and "image numbers 5" in n for n in results["bf"].provenance.notes)
     assert (tmp_path / "kept" / "live_frames.raw").is_file()
+
+
+def test_follow_yields_growing_results_and_ends_on_the_whole_scan(
+    rng: np.random.Generator, tmp_path: Path
+) -> None:
+    data = probe_data(rng, scan=SCAN)
+    frames = data.reshape(-1, *data.shape[2:])
+    with DectrisSimulator(frames, rate_hz=100.0) as sim:
+        acq = qf.live(sim.endpoint, scan_shape=SCAN, directory=tmp_path)
+        sim.start()
+        updates = list(
+            acq.follow(
+                lambda ds: qf.virtual_bf(ds, radius=4.5, center=CENTER),
+                every_s=0.2,
+                client="synchronous",
+            )
+        )
+    rows = [r for r, _ in updates]
+    assert rows == sorted(rows) and rows[-1] == SCAN[0] and len(rows) >= 3
+    (offline,) = qf.compute(
+        qf.virtual_bf(qf.open(data), radius=4.5, center=CENTER), client="synchronous"
+    )
+    for r, (bf,) in updates:
+        np.testing.assert_array_equal(bf.data, offline.data[:r])  # every update exact on its rows

@@ -23,7 +23,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -299,6 +299,57 @@ class LiveAcquisition:
                 )
             return self._open(R, [text])
         return self._open(R, [f"live: complete, {report.describe()}"])
+
+    def follow(
+        self,
+        build: Callable[[Any], Any],
+        *,
+        every_s: float = 1.0,
+        client: Any = None,
+        allow_incomplete: bool = False,
+    ) -> Iterator[tuple[int, tuple[Any, ...]]]:
+        """Yield results over the rows so far, again whenever more rows are complete.
+
+        Parameters
+        ----------
+        build
+            ``build(dataset) -> lazy result or sequence of them`` (the same
+            operators as offline), called on each view.
+        every_s
+            Least seconds between two updates.
+        client
+            As for :func:`quantem_flow.compute`.
+        allow_incomplete
+            For the last update, as for :meth:`dataset`.
+
+        Yields
+        ------
+        (int, tuple of Result)
+            Rows covered, and the computed results; the last yield covers the
+            whole scan once the series ended (bit-identical to the offline
+            pass).  Each update recomputes the rows so far (the cost grows
+            with the scan; accumulating only the new rows is not built yet).
+        """
+        from ..graphs import compute
+
+        def run(ds: Any) -> tuple[Any, ...]:
+            lazy = build(ds)
+            items = list(lazy) if isinstance(lazy, (list, tuple)) else [lazy]
+            return tuple(compute(*items, client=client, progress=False))
+
+        shown = 0
+        while True:
+            finished = self.finished
+            rows = self.rows_complete
+            if finished:
+                full = self.dataset(allow_incomplete=allow_incomplete)
+                yield full.scan_shape[0], run(full)
+                return
+            if rows > shown:
+                shown = rows
+                yield rows, run(self.dataset_so_far())
+            with self._lock:
+                self._lock.wait(every_s)
 
     def close(self) -> None:
         """Delete the received frames' file (when live() chose the folder)."""
