@@ -180,6 +180,7 @@ def _live(args: argparse.Namespace) -> int:
         start_timeout_s=args.start_timeout,
         calibration=pipe.input.calibration,
         chunk_rows=pipe.input.chunk_rows,
+        keep_hdf5=args.keep_hdf5,
     )
     _say(f"live:      receiving a {scan[0]} x {scan[1]} scan from {endpoint} ({protocol})")
     sys.stdout.flush()
@@ -1102,6 +1103,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--keep", metavar="DIR", help="keep the received frames in DIR (live_frames.raw)"
+    )
+    p.add_argument(
+        "--keep-hdf5",
+        metavar="FILE",
+        help="also keep the series as HDF5 (bitshuffle+LZ4 chunks as the detector sent them)",
     )
     p.add_argument("--output-dir", help="folder for the pipeline's outputs")
     p.add_argument("--timeout", type=float, default=10.0, help="longest silence in the stream, s")

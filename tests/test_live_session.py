@@ -181,3 +181,38 @@ def test_follow_yields_growing_results_and_ends_on_the_whole_scan(
     )
     for r, (bf,) in updates:
         np.testing.assert_array_equal(bf.data, offline.data[:r])  # every update exact on its rows
+
+
+@pytest.mark.parametrize("compression", ["bslz4", "lz4"])
+def test_the_series_is_kept_as_hdf5_with_the_chunks_as_received(
+    rng: np.random.Generator, tmp_path: Path, compression: str
+) -> None:
+    import cbor2
+    import h5py
+
+    from quantem_flow.streams.dectris_stream import encode_image
+
+    data = probe_data(rng, scan=SCAN)
+    frames = data.reshape(-1, *data.shape[2:])
+    cal = qf.Calibration(detector_sampling=0.5, detector_units="mrad")
+    kept = tmp_path / "series.h5"
+    with DectrisSimulator(frames, compression=compression) as sim:
+        acq = qf.live(
+            sim.endpoint, scan_shape=SCAN, directory=tmp_path, keep_hdf5=kept, calibration=cal
+        )
+        sim.start()
+        assert acq.wait(timeout_s=30).complete
+    ds = qf.open(kept, dataset_path="/entry/data/data", scan_shape=SCAN)
+    np.testing.assert_array_equal(ds.load_block((0, SCAN[0])), data)
+    assert ds.calibration == cal  # recorded with the frames
+    with h5py.File(kept, "r") as f:
+        dset = f["entry/data/data"]
+        assert dset.chunks == (1, *data.shape[2:]) and "32008" in dset._filters
+        if compression == "bslz4":  # byte for byte what the detector sent
+            sent = cbor2.loads(
+                encode_image(frames[7], series_id=1, image_id=7, compression="bslz4")
+            )
+            payload = sent["data"]["threshold_1"].value[1].value.value[2]
+            assert dset.id.read_direct_chunk((7, 0, 0))[1] == payload
+    with pytest.raises(qf.errors.OverwriteError, match="never replaces"):
+        qf.live("tcp://127.0.0.1:1", scan_shape=SCAN, directory=tmp_path, keep_hdf5=kept)

@@ -33,6 +33,8 @@ class Frame:
 
     image_id: int
     data: np.ndarray
+    #: The bitshuffle+LZ4 chunk as the detector sent it, when it did (kept as is).
+    bslz4: bytes | None = None
 
 
 @dataclasses.dataclass
@@ -205,7 +207,7 @@ def receive_series(
                 )
             seen[i] = True
             state.received += 1
-            yield Frame(image_id=i, data=frame)
+            yield Frame(image_id=i, data=frame, bslz4=message.bslz4.get(key))
         state.missing = [int(i) for i in np.flatnonzero(~seen)]
     except GeneratorExit:
         if state is not None:

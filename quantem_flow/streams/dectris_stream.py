@@ -89,6 +89,9 @@ class ImageMessage:
     image_id: int
     data: dict[str, np.ndarray]
     fields: dict[str, Any]
+    #: Per channel, the checked bitshuffle+LZ4 chunk as received (the HDF5 filter's
+    #: chunk format), for channels sent ``bslz4`` in little-endian order: kept as is.
+    bslz4: dict[str, bytes] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,8 +190,12 @@ def _decompress(value: Any, n_elem: int, itemsize: int, where: str) -> bytes:
     raise _protocol(f"compression {algorithm!r} is not one of the documented 'bslz4', 'lz4'", where)
 
 
-def _array(item: Any, where: str) -> np.ndarray:
-    """A tag-40 multi-dimensional array as a NumPy array (decompressed, native order)."""
+def _array(item: Any, where: str) -> tuple[np.ndarray, bytes | None]:
+    """A tag-40 multi-dimensional array as a NumPy array (decompressed, native order).
+
+    Also returns the bitshuffle+LZ4 chunk as received when the array came so
+    compressed in little-endian order (checked), else ``None``.
+    """
     import cbor2
 
     if not (isinstance(item, cbor2.CBORTag) and item.tag == MULTI_DIM_TAG):
@@ -213,7 +220,15 @@ def _array(item: Any, where: str) -> np.ndarray:
     dtype = np.dtype(TYPED_ARRAY_TAGS[typed.tag])
     n_elem = int(dims[0]) * int(dims[1])
     raw = typed.value
+    kept: bytes | None = None
     if isinstance(raw, cbor2.CBORTag) and raw.tag == COMPRESSION_TAG:
+        if (
+            isinstance(raw.value, (list, tuple))
+            and len(raw.value) == 3
+            and raw.value[0] == "bslz4"
+            and dtype.byteorder in ("<", "|", "=")
+        ):
+            kept = bytes(raw.value[2])
         raw = _decompress(raw.value, n_elem, dtype.itemsize, where)
     if not isinstance(raw, (bytes, bytearray)):
         raise _protocol(f"a typed array must hold a byte string, got {_describe(raw)}", where)
@@ -224,7 +239,7 @@ def _array(item: Any, where: str) -> np.ndarray:
             where,
         )
     array = np.frombuffer(raw, dtype=dtype).reshape(int(dims[0]), int(dims[1]))
-    return array.astype(dtype.newbyteorder("="), copy=False)
+    return array.astype(dtype.newbyteorder("="), copy=False), kept
 
 
 def _describe(value: Any) -> str:
@@ -281,14 +296,15 @@ def decode_message(payload: bytes) -> StartMessage | ImageMessage | EndMessage:
         if not isinstance(data, dict) or not data:
             raise _protocol(f"image {image_id} has no 'data' map of channels")
         where = f"image {image_id}"
-        frames = {
+        decoded = {
             str(name): _array(item, f"{where}, channel {name!r}") for name, item in data.items()
         }
         return ImageMessage(
             series_id=_int(message, "series_id", "image"),
             image_id=image_id,
-            data=frames,
+            data={name: array for name, (array, _) in decoded.items()},
             fields={k: v for k, v in message.items() if k not in ("type", "data")},
+            bslz4={name: kept for name, (_, kept) in decoded.items() if kept is not None},
         )
     if kind == "end":
         return EndMessage(

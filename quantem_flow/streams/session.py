@@ -49,6 +49,7 @@ class LiveAcquisition:
         calibration: Any = None,
         chunk_rows: int | None = None,
         protocol: str = "dectris",
+        keep_hdf5: str | Path | None = None,
     ) -> None:
         if protocol not in ("dectris", "merlin"):
             raise ParameterError(f"protocol must be 'dectris' or 'merlin', got {protocol!r}")
@@ -66,6 +67,14 @@ class LiveAcquisition:
         folder = Path(directory if directory is not None else self._tmp.name)  # type: ignore[union-attr]
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / "live_frames.raw"
+        self.hdf5_path = None if keep_hdf5 is None else Path(keep_hdf5).expanduser().absolute()
+        if self.hdf5_path is not None and self.hdf5_path.exists():
+            from ..errors import OverwriteError
+
+            raise OverwriteError(
+                f"{str(self.hdf5_path)!r} exists; choose another keep_hdf5 path (a live series "
+                "never replaces a file)"
+            )
         self._lock = threading.Condition()
         self._received = np.zeros(R * C, dtype=bool)
         self._rows_done = 0
@@ -129,8 +138,35 @@ class LiveAcquisition:
                 )
             )
 
+    def _open_hdf5(self, frame_shape: tuple[int, int], dtype: np.dtype[Any]) -> Any:
+        """The archive file: ``/entry/data/data``, one bitshuffle+LZ4 chunk per frame."""
+        import json
+
+        import h5py
+        import hdf5plugin
+
+        assert self.hdf5_path is not None
+        R, C = self.scan_shape
+        f = h5py.File(self.hdf5_path, "x")
+        dset = f.create_dataset(
+            "entry/data/data",
+            shape=(R * C, *frame_shape),
+            dtype=dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype,
+            chunks=(1, *frame_shape),
+            **hdf5plugin.Bitshuffle(cname="lz4"),
+        )
+        record: dict[str, Any] = {"live": {"endpoint": self.endpoint, "protocol": self.protocol,
+                                           "scan_shape": [R, C]}}  # fmt: skip
+        if self.calibration is not None:
+            cal = self.calibration
+            record["calibration"] = cal.to_dict() if hasattr(cal, "to_dict") else dict(cal)
+        dset.attrs["quantem_flow"] = json.dumps(record)
+        return f, dset
+
     def _receive(self) -> None:
         reports: list[SeriesReport] = []
+        archive: Any = None
+        dset: Any = None
         fd: int | None = None
         frame_bytes = 0
         R, C = self.scan_shape
@@ -144,6 +180,8 @@ class LiveAcquisition:
                     # with pwrite, which fills the page cache without a fault per page
                     fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
                     os.ftruncate(fd, R * C * frame_bytes)
+                    if self.hdf5_path is not None:
+                        archive, dset = self._open_hdf5(self.frame_shape, self.dtype)
                     self._started.set()
                 if frame.image_id >= R * C:
                     raise StreamProtocolError(
@@ -157,6 +195,11 @@ class LiveAcquisition:
                         f"series began with {self.frame_shape} {self.dtype}"
                     )
                 os.pwrite(fd, data.data.cast("B"), frame.image_id * frame_bytes)
+                if dset is not None:
+                    if frame.bslz4 is not None:  # kept as received: no second compression
+                        dset.id.write_direct_chunk((frame.image_id, 0, 0), frame.bslz4)
+                    else:
+                        dset[frame.image_id] = data
                 with self._lock:
                     self._received[frame.image_id] = True
                     before = self._rows_done
@@ -172,6 +215,8 @@ class LiveAcquisition:
         finally:
             if fd is not None:
                 os.close(fd)
+            if archive is not None:
+                archive.close()
             with self._lock:
                 self.report = reports[0] if reports else None
                 self._finished = True
@@ -368,6 +413,7 @@ def live(
     calibration: Any = None,
     chunk_rows: int | None = None,
     protocol: str = "dectris",
+    keep_hdf5: str | Path | None = None,
 ) -> LiveAcquisition:
     """Receive one series from a detector stream; query it while it runs.
 
@@ -388,6 +434,12 @@ def live(
     protocol
         ``"dectris"`` (SIMPLON stream v2, ZeroMQ) or ``"merlin"`` (the Merlin
         readout's TCP data socket).
+    keep_hdf5
+        Also keep the series in this new HDF5 file, ``/entry/data/data`` of
+        ``(R_r * R_c, k_r, k_c)`` frames, one bitshuffle+LZ4 chunk each (HDF5
+        filter 32008): a frame the detector sent bitshuffle+LZ4 is written as
+        the bytes it came in, without a second compression.  Its attribute
+        ``quantem_flow`` records the stream, the scan shape and the calibration.
 
     Returns
     -------
@@ -403,4 +455,5 @@ def live(
         calibration=calibration,
         chunk_rows=chunk_rows,
         protocol=protocol,
+        keep_hdf5=keep_hdf5,
     )
