@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import ParameterError
 from .dectris_stream import encode_end, encode_image, encode_start
+from .replay import frame_supply
 
 __all__ = ["DectrisSimulator"]
 
@@ -68,19 +69,16 @@ class DectrisSimulator:
     ) -> None:
         import zmq
 
-        if callable(frames):
-            if n_frames is None or frame_shape is None:
-                raise ParameterError("a callable frames source needs n_frames and frame_shape")
-            self._rows = frames
-            self.n_frames = int(n_frames)
-            self.frame_shape = (int(frame_shape[0]), int(frame_shape[1]))
-        else:
-            array = np.asarray(frames)
-            if array.ndim != 3:
-                raise ParameterError(f"frames must be (n, k_r, k_c), got shape {array.shape}")
-            self._rows = lambda a, b: array[a:b]
-            self.n_frames = int(array.shape[0])
-            self.frame_shape = (int(array.shape[1]), int(array.shape[2]))
+        supply = frame_supply(
+            frames,
+            n_frames=n_frames,
+            frame_shape=frame_shape,
+            # each image carries its own frame's dtype; the supply's is not used here
+            dtype=np.asarray(frames).dtype if not callable(frames) else np.uint16,
+        )
+        self._rows = supply.rows
+        self.n_frames = supply.n_frames
+        self.frame_shape = supply.frame_shape
         if rate_hz is not None and not rate_hz > 0:
             raise ParameterError(f"rate_hz must be > 0 or None, got {rate_hz!r}")
         self.rate_hz = rate_hz

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..errors import FormatError, ParameterError, StreamProtocolError, StreamTimeoutError
 from .dectris_receive import Frame
+from .replay import frame_supply
 
 __all__ = ["MerlinSimulator", "encode_mpx", "mq1_header", "receive_merlin"]
 
@@ -250,23 +251,13 @@ class MerlinSimulator:
         dtype: Any = None,
         acquisition_header: dict[str, str] | None = None,
     ) -> None:
-        if callable(frames):
-            if n_frames is None or frame_shape is None or dtype is None:
-                raise ParameterError("a callable frames source needs n_frames, frame_shape, dtype")
-            self._rows = frames
-            self.n_frames, self.frame_shape, self.dtype = (
-                int(n_frames),
-                frame_shape,
-                np.dtype(dtype),
-            )
-        else:
-            array = np.asarray(frames)
-            if array.ndim != 3:
-                raise ParameterError(f"frames must be (n, k_r, k_c), got shape {array.shape}")
-            self._rows = lambda a, b: array[a:b]
-            self.n_frames = int(array.shape[0])
-            self.frame_shape = (int(array.shape[1]), int(array.shape[2]))
-            self.dtype = array.dtype
+        supply = frame_supply(frames, n_frames=n_frames, frame_shape=frame_shape, dtype=dtype)
+        self._rows = supply.rows
+        self.n_frames, self.frame_shape, self.dtype = (
+            supply.n_frames,
+            supply.frame_shape,
+            supply.dtype,
+        )
         if self.dtype.str[1:] not in _DEPTH_OF_DTYPE:
             raise ParameterError(f"Merlin frames are uint8, uint16 or uint32, not {self.dtype}")
         self.rate_hz = rate_hz
