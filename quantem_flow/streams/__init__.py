@@ -1,13 +1,14 @@
-"""Live acquisition: detector streams as sources (issue 27, in progress).
+"""Live acquisition: detector streams as sources (issue 27, in progress; docs/live.md).
 
 (The package is ``streams`` so that ``qf.live``, the function, is not shadowed
 by a subpackage of the same name once imported.)
 
-:mod:`~quantem_flow.streams.dectris_stream` decodes and encodes the DECTRIS
-SIMPLON stream v2 (CBOR over ZeroMQ), :mod:`~quantem_flow.streams.dectris_receive`
-receives a series with deadlines and a report of every missing image, and
-:mod:`~quantem_flow.streams.dectris_sim` replays frames as a detector would.
-``qf.live`` (:mod:`~quantem_flow.streams.session`) receives a series into a
-file in scan order and queries it while it runs.  Merlin over TCP is not
-built yet (docs/live.md).
+* :mod:`~quantem_flow.streams.dectris_stream`, ``dectris_receive``,
+  ``dectris_sim``: the DECTRIS SIMPLON stream v2 (CBOR over ZeroMQ) decoded,
+  received with deadlines and a report of every missing image, and replayed;
+* :mod:`~quantem_flow.streams.merlin_tcp`: the Merlin readout's TCP data
+  socket, received and replayed;
+* :mod:`~quantem_flow.streams.session`: ``qf.live``, a series received into a
+  file in scan order and queried while it runs (optionally kept as HDF5 with
+  the chunks as received).
 """
