@@ -6,6 +6,7 @@ import asyncio
 import os
 import pickle
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any
@@ -111,9 +112,19 @@ def test_a_holder_killed_between_queries_falls_back_to_the_graph_and_back(
         route = after.provenance.execution["query_route"]
         assert route["path"] == "graph", route  # the kept route no longer holds: why is said
         assert "direct route failed" in route["why"] or "holder is unknown" in route["why"]
-        (again,) = qf.compute(qf.virtual_adf(p, inner=7.0, center=CENTER), client=client)
-        np.testing.assert_array_equal(again.data, ref.data)
-        assert again.provenance.execution["query_route"]["path"] == "direct"
+        # the route comes back once the restarted worker serves queries again (its plugin
+        # registers a moment after it joins: under load the next query may still take the
+        # graph, exactly, and say why)
+        deadline = time.monotonic() + 30
+        while True:
+            (again,) = qf.compute(qf.virtual_adf(p, inner=7.0, center=CENTER), client=client)
+            np.testing.assert_array_equal(again.data, ref.data)
+            route = again.provenance.execution["query_route"]
+            if route["path"] == "direct" or time.monotonic() > deadline:
+                break
+            assert route.get("why"), route
+            time.sleep(0.5)
+        assert route["path"] == "direct", route
         assert victim not in {r["worker"] for r in again.provenance.execution["chunks"]}
     finally:
         client.close()

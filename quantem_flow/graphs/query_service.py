@@ -41,6 +41,10 @@ __all__ = [
     "run_direct",
 ]
 
+#: Seconds a direct query waits to connect to a holding worker before the graph route
+#: takes over (a worker lost since the placement was kept).
+CONNECT_TIMEOUT_S = 5.0
+
 #: The worker handler's name (an ``op`` of distributed's RPC).
 HANDLER = "qf_resident_query"
 
@@ -144,6 +148,11 @@ def run_direct(
     }
 
     async def ask(address: str, groups: bytes) -> dict[str, Any]:
+        # connect with a short deadline: a holder that died since the placement was kept
+        # refuses connections, which distributed retries for its whole connect timeout
+        # (30 s); the graph route is the answer long before that
+        comm = await client.rpc.connect(address, timeout=CONNECT_TIMEOUT_S)
+        client.rpc.reuse(address, comm)
         reply: dict[str, Any] = await client.rpc(address).qf_resident_query(
             spec=spec_bytes, groups=groups
         )
