@@ -114,6 +114,28 @@ def _scan_shape_option(values: Sequence[str]) -> tuple[int, int] | str:
     )
 
 
+def _add_input_options(p: argparse.ArgumentParser) -> None:
+    """``--format``, ``--scan-shape`` and ``--dataset-path``: how a command opens its input."""
+    p.add_argument("--format", help="reader name (default: guessed from the name)")
+    p.add_argument(
+        "--scan-shape",
+        nargs="+",
+        metavar="R C",
+        help="scan rows and columns, for files of flat frames (or 'square', recorded)",
+    )
+    p.add_argument("--dataset-path", help="dataset inside an HDF5 file, e.g. /data")
+
+
+def _input_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The reader options ``--scan-shape`` and ``--dataset-path`` give (those given)."""
+    options: dict[str, Any] = {}
+    if args.scan_shape is not None:
+        options["scan_shape"] = _scan_shape_option(args.scan_shape)
+    if args.dataset_path is not None:
+        options["dataset_path"] = args.dataset_path
+    return options
+
+
 # -- info -----------------------------------------------------------------------------------
 def _calibration_lines(cal: Mapping[str, Any]) -> list[str]:
     def axis(kind: str) -> str:
@@ -230,12 +252,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from . import open as open_dataset
     from .streams.dectris_sim import DectrisSimulator
 
-    options: dict[str, Any] = {}
-    if args.scan_shape is not None:
-        options["scan_shape"] = _scan_shape_option(args.scan_shape)
-    if args.dataset_path is not None:
-        options["dataset_path"] = args.dataset_path
-    ds = open_dataset(args.file, format=args.format, **options)
+    ds = open_dataset(args.file, format=args.format, **_input_options(args))
     R, C = ds.scan_shape
 
     def rows(a: int, b: int) -> Any:  # frames [a, b) in scan order, read row block by row block
@@ -333,14 +350,10 @@ def _info(args: argparse.Namespace) -> int:
 
     if args.format is None and is_results_store(Path(args.file).expanduser()):
         return _info_results(Path(args.file).expanduser(), as_json=bool(args.json))
-    options: dict[str, Any] = {}
+    options = _input_options(args)
     notes: list[str] = []
-    if args.scan_shape is not None:
-        options["scan_shape"] = _scan_shape_option(args.scan_shape)
     fmt = args.format or detect_format(args.file)
-    if args.dataset_path is not None:
-        options["dataset_path"] = args.dataset_path
-    elif fmt == "hdf5":
+    if args.dataset_path is None and fmt == "hdf5":
         options["dataset_path"], note = _hdf5_default_path(Path(args.file).expanduser())
         notes.append(note)
     ds = open_dataset(args.file, format=fmt, **options)
@@ -401,13 +414,9 @@ def _explore(args: argparse.Namespace) -> int:
     from .explorer import InputSpec, explore
     from .io import detect_format
 
-    options: dict[str, Any] = {}
-    if args.scan_shape is not None:
-        options["scan_shape"] = _scan_shape_option(args.scan_shape)
+    options = _input_options(args)
     fmt = args.format or detect_format(args.file)
-    if args.dataset_path is not None:
-        options["dataset_path"] = args.dataset_path
-    elif fmt == "hdf5":
+    if args.dataset_path is None and fmt == "hdf5":
         options["dataset_path"], note = _hdf5_default_path(Path(args.file).expanduser())
         _say(f"note: {note}")
     ds = open_dataset(args.file, format=fmt, **options)
@@ -839,13 +848,9 @@ def _convert(args: argparse.Namespace) -> int:
     from .io.base import path_size
 
     kind = output_kind(args.output, to=args.to)  # before the input is opened
-    options: dict[str, Any] = {}
+    options = _input_options(args)
     if args.format is not None:
         options["format"] = args.format
-    if args.dataset_path is not None:
-        options["dataset_path"] = args.dataset_path
-    if args.scan_shape is not None:
-        options["scan_shape"] = _scan_shape_option(args.scan_shape)
     if kind == "counted":
         given = [
             flag
@@ -1133,9 +1138,7 @@ def _parser() -> argparse.ArgumentParser:
         help="the stream protocol (Merlin: its TCP data socket)",
     )
     p.add_argument("file", help="any readable 4D-STEM input")
-    p.add_argument("--format", help="reader name (default: guessed from the name)")
-    p.add_argument("--scan-shape", nargs="+", metavar="R C", help="scan rows and columns")
-    p.add_argument("--dataset-path", help="dataset inside an HDF5 file, e.g. /data")
+    _add_input_options(p)
     p.add_argument(
         "--rate", type=float, default=None, help="frames per second (default: as fast as taken)"
     )
@@ -1153,14 +1156,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="describe a 4D-STEM input (reads no frames)")
     p.add_argument("file", help="data file or Zarr store")
-    p.add_argument("--format", help="reader name (default: guessed from the name)")
-    p.add_argument(
-        "--scan-shape",
-        nargs="+",
-        metavar="R C",
-        help="scan rows and columns, for files of flat frames (or 'square', recorded)",
-    )
-    p.add_argument("--dataset-path", help="dataset inside an HDF5 file, e.g. /data")
+    _add_input_options(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_info)
 
@@ -1169,14 +1165,7 @@ def _parser() -> argparse.ArgumentParser:
         help="explore a dataset in the browser: drag virtual detectors, watch the image follow",
     )
     p.add_argument("file", help="data file or Zarr store")
-    p.add_argument("--format", help="reader name (default: guessed from the name)")
-    p.add_argument(
-        "--scan-shape",
-        nargs="+",
-        metavar="R C",
-        help="scan rows and columns, for files of flat frames (or 'square', recorded)",
-    )
-    p.add_argument("--dataset-path", help="dataset inside an HDF5 file, e.g. /data")
+    _add_input_options(p)
     p.add_argument(
         "--scheduler",
         metavar="ADDRESS|synchronous",
@@ -1257,14 +1246,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="OUTPUT",
         help="OUTPUT.zarr (a Zarr store, a directory) or OUTPUT.h5 with --to counted",
     )
-    p.add_argument("--format", help="reader name (default: guessed from the name)")
-    p.add_argument("--dataset-path", help="dataset inside an HDF5 file, e.g. /data")
-    p.add_argument(
-        "--scan-shape",
-        nargs="+",
-        metavar="R C",
-        help="scan rows and columns, for files of flat frames (or 'square', recorded)",
-    )
+    _add_input_options(p)
     p.add_argument(
         "--to",
         choices=("zarr", "counted"),
