@@ -110,6 +110,9 @@ class FlowDashboard:
         self.live = live
         self._half = half
         self._last: dict[str, Any] = {}
+        self._width = width
+        self._live_panel: Any = None
+        self._live_key: tuple[Any, ...] | None = None
         self.header = Div(text="", width=width)
 
         # throughput over time, one line per worker, lost workers marked
@@ -319,6 +322,22 @@ class FlowDashboard:
             self._last[source.id] = data
             source.data = dict(data)
 
+    def _update_live(self, live: Mapping[str, Any] | None) -> None:
+        key = None if not live else (live.get("rows"), live.get("published"), live.get("final"))
+        if key == self._live_key:
+            return
+        self._live_key = key
+        children = list(self.root.children)
+        if self._live_panel is not None:
+            children.remove(self._live_panel)
+            self._live_panel = None
+        if live:
+            from .live_panel import live_figures
+
+            self._live_panel = live_figures(live, width=self._width)
+            children.insert(1, self._live_panel)
+        self.root.children = children
+
     # -- colours -------------------------------------------------------------------------
     def _color_of(self, workers: Sequence[str]) -> dict[str, str]:
         for w in workers:
@@ -331,8 +350,14 @@ class FlowDashboard:
 
     # -- update --------------------------------------------------------------------------
     def update(self, state: Mapping[str, Any]) -> None:
-        """Redraw every chart from one plugin state (see ``PlacementSchedulerPlugin.state``)."""
+        """Redraw every chart from one plugin state (see ``PlacementSchedulerPlugin.state``).
+
+        A ``"live"`` entry (a live acquisition's latest images, see
+        :mod:`~quantem_flow.graphs.live_panel`) adds the live panel under the header.
+        """
         import numpy as np
+
+        self._update_live(state.get("live"))
 
         workers = [str(w["address"]) for w in state.get("workers", [])]
         passes = list(state.get("passes", []))
@@ -547,7 +572,11 @@ def dash_snapshot(dash: FlowDashboard) -> dict[str, Any]:
     """What the charts show (every data source's columns and the titles), for change detection."""
     from bokeh.models import ColumnDataSource
 
-    out: dict[str, Any] = {"header": dash.header.text, "map": dash.scan_map.title.text}
+    out: dict[str, Any] = {
+        "header": dash.header.text,
+        "map": dash.scan_map.title.text,
+        "live": list(dash._live_key or ()),
+    }
     for name, value in vars(dash).items():
         if isinstance(value, ColumnDataSource):
             out[name] = {k: list(v) for k, v in value.data.items()}
@@ -580,7 +609,7 @@ body {{ margin: 0; font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Ar
 <div id="{root}"></div>
 <script>
 (function () {{
-  const refreshMs = {refresh_ms};
+  let refreshMs = {refresh_ms};
   let tag = {tag};
   let container = document.getElementById("{root}");
   async function show(item) {{
@@ -601,6 +630,7 @@ body {{ margin: 0; font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Ar
     try {{
       const r = await fetch("{item_url}",
         {{ headers: {{ "If-None-Match": tag }}, cache: "no-store" }});
+      refreshMs = Number(r.headers.get("X-Refresh-Ms")) || refreshMs;
       if (r.status === 200) {{
         tag = r.headers.get("ETag") || tag;
         await show(await r.json());
@@ -717,10 +747,15 @@ def summary(state: Mapping[str, Any]) -> str:
         )
         parts.append(f"{w.get('name', '')} {_short(w['address'])}: {held or 'nothing resident'}")
     lost = [d for d in state.get("departures", []) if d.get("lost")]
-    return (
+    text = (
         f"quantem-flow placement: {len(parts)} worker(s) ({'; '.join(parts) or 'none'}); "
         f"{len(lost)} worker(s) lost, {sum(1 for d in lost if d.get('restored'))} restored."
     )
+    if state.get("live"):
+        from .live_panel import live_summary
+
+        text += " " + live_summary(state["live"])
+    return text
 
 
 def register_page(scheduler: Any, plugin: Any) -> tuple[bool, str]:
@@ -777,15 +812,28 @@ def register_page(scheduler: Any, plugin: Any) -> tuple[bool, str]:
     except Exception:  # a Dask without that helper: the page works, unlinked
         pass
 
+    from .live_panel import LIVE_REFRESH_MS, live_state
+
+    def page_state() -> dict[str, Any]:
+        state = dict(plugin.state())
+        live = live_state(scheduler)
+        if live is not None:
+            state["live"] = live
+        return state
+
     class Page(RequestHandler):
         def get(self) -> None:
             self.set_header("Content-Type", "text/html; charset=utf-8")
             self.set_header("Cache-Control", "no-store")
-            self.write(render_page(plugin.state(), static_root=prefix, pages=list(pages)))
+            self.write(render_page(page_state(), static_root=prefix, pages=list(pages)))
 
     class Item(RequestHandler):
         def get(self) -> None:
-            item, tag = document_item(plugin.state())
+            state = page_state()
+            item, tag = document_item(state)
+            live = state.get("live")
+            refresh = LIVE_REFRESH_MS if live and not live.get("final") else REFRESH_MS
+            self.set_header("X-Refresh-Ms", str(refresh))
             self.set_header("Cache-Control", "no-store")
             self.set_header("ETag", tag)
             if self.request.headers.get("If-None-Match") == tag:

@@ -159,6 +159,13 @@ class Operator(abc.ABC):
 class ChunkOperator(Operator):
     """An operator that runs over the chunks of one dataset."""
 
+    #: Each scan position's value depends only on that position's frame once the plan
+    #: is fixed, and the plan needs nothing but the parameters and the calibration
+    #: unless it asks the context for a probe estimate.  A live scan then computes it
+    #: over new scan rows alone and joins the blocks (streams/live_results.py); the
+    #: joined result equals one pass over all rows bit for bit.
+    scan_local: ClassVar[bool] = False
+
     def validate(self, ds: Dataset4D) -> None:
         """Raise at build time if the operator cannot run on ``ds`` (reads nothing)."""
 

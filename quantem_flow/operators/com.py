@@ -58,6 +58,7 @@ class CenterOfMass(ChunkOperator):
     """
 
     name: ClassVar[str] = "center_of_mass"
+    scan_local: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -96,6 +96,7 @@ class VirtualImage(ChunkOperator):
     """
 
     name: ClassVar[str] = "virtual_image"
+    scan_local: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -78,6 +78,7 @@ class LiveAcquisition:
         self._lock = threading.Condition()
         self._received = np.zeros(R * C, dtype=bool)
         self._rows_done = 0
+        self._row_time = np.full(R, np.nan)  # time.time() each row became complete
         self.report: SeriesReport | None = None
         self.error: BaseException | None = None
         self.frame_shape: tuple[int, int] | None = None
@@ -207,6 +208,7 @@ class LiveAcquisition:
                         self._rows_done < R
                         and self._received[self._rows_done * C : (self._rows_done + 1) * C].all()
                     ):
+                        self._row_time[self._rows_done] = time.time()
                         self._rows_done += 1
                     if self._rows_done != before:
                         self._lock.notify_all()
@@ -228,6 +230,26 @@ class LiveAcquisition:
     def rows_complete(self) -> int:
         """Scan rows whose every frame has arrived, from the top (a prefix of the scan)."""
         with self._lock:
+            return self._rows_done
+
+    def row_arrival_time(self, row: int) -> float | None:
+        """Wall-clock time (``time.time()``) scan row ``row`` became complete, or ``None``."""
+        with self._lock:
+            t = float(self._row_time[int(row)])
+        return None if np.isnan(t) else t
+
+    def wait_rows(self, rows: int, *, timeout_s: float = 30.0) -> int:
+        """Wait until ``rows`` scan rows are complete or the series ended; return the rows now.
+
+        Returns after ``timeout_s`` with fewer rows rather than raising (a poll).
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._rows_done < rows and not self._finished:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._lock.wait(min(left, 0.5))
             return self._rows_done
 
     @property
@@ -352,8 +374,11 @@ class LiveAcquisition:
         every_s: float = 1.0,
         client: Any = None,
         allow_incomplete: bool = False,
+        publish: bool = False,
     ) -> Iterator[tuple[int, tuple[Any, ...]]]:
         """Yield results over the rows so far, again whenever more rows are complete.
+
+        The same updates as :meth:`watch`, in the caller's thread.
 
         Parameters
         ----------
@@ -366,35 +391,84 @@ class LiveAcquisition:
             As for :func:`quantem_flow.compute`.
         allow_incomplete
             For the last update, as for :meth:`dataset`.
+        publish
+            Also show each update on the dashboard page (as :meth:`watch`).
 
         Yields
         ------
         (int, tuple of Result)
-            Rows covered, and the computed results; the last yield covers the
-            whole scan once the series ended (bit-identical to the offline
-            pass).  Each update recomputes the rows so far (the cost grows
-            with the scan; accumulating only the new rows is not built yet).
+            Rows covered, and the results; the last yield covers the whole
+            scan once the series ended (bit-identical to the offline pass).
+            Outputs that allow it are computed over the new rows only and
+            joined (:mod:`~quantem_flow.streams.live_results`); the others
+            over all the rows so far.
         """
-        from ..graphs import compute
+        from .live_results import LiveResults
 
-        def run(ds: Any) -> tuple[Any, ...]:
-            lazy = build(ds)
-            items = list(lazy) if isinstance(lazy, (list, tuple)) else [lazy]
-            return tuple(compute(*items, client=client, progress=False))
-
-        shown = 0
+        results = LiveResults(
+            self,
+            build,
+            client=client,
+            allow_incomplete=allow_incomplete,
+            publish=publish,
+            start=False,
+        )
+        last = 0.0
         while True:
-            finished = self.finished
-            rows = self.rows_complete
-            if finished:
-                full = self.dataset(allow_incomplete=allow_incomplete)
-                yield full.scan_shape[0], run(full)
+            if self.finished:
+                if self.error is not None and self.rows_complete == 0:
+                    raise self.error
+                yield self.scan_shape[0], results.step(self.scan_shape[0], final=True)
                 return
-            if rows > shown:
-                shown = rows
-                yield rows, run(self.dataset_so_far())
-            with self._lock:
-                self._lock.wait(every_s)
+            rows = self.rows_complete
+            if rows > results.rows and time.monotonic() - last >= every_s:
+                last = time.monotonic()
+                yield rows, results.step(rows)
+                continue
+            self.wait_rows(results.rows + 1, timeout_s=max(every_s, 0.05))
+
+    def watch(
+        self,
+        build: Callable[[Any], Any],
+        *,
+        every_s: float = 0.2,
+        client: Any = None,
+        allow_incomplete: bool = False,
+        publish: bool = True,
+    ) -> Any:
+        """Keep a pipeline's results up to date on a background thread while the scan runs.
+
+        Parameters
+        ----------
+        build
+            ``build(dataset) -> lazy result or sequence of them`` (the same
+            operators as offline).
+        every_s
+            Least seconds between two updates.
+        client
+            As for :func:`quantem_flow.compute`.
+        allow_incomplete
+            For the final update, as for :meth:`dataset`.
+        publish
+            Show each update's images on the quantem-flow dashboard page of
+            the client's scheduler.
+
+        Returns
+        -------
+        LiveResults
+            ``results()`` (the latest, partial until ``final``), ``wait_rows(n)``,
+            ``wait()`` (the final results, equal to the offline pass), ``updates``.
+        """
+        from .live_results import LiveResults
+
+        return LiveResults(
+            self,
+            build,
+            every_s=every_s,
+            client=client,
+            allow_incomplete=allow_incomplete,
+            publish=publish,
+        )
 
     def close(self) -> None:
         """Delete the received frames' file (when live() chose the folder)."""

@@ -1,0 +1,125 @@
+"""The dashboard page's live panel: the partial images of a scan as it fills in.
+
+A live acquisition's results (``streams/live_results.py``) publish their
+latest images on the scheduler with ``Client.set_metadata`` under
+:data:`LIVE_METADATA_KEY`; the page's handlers read them with
+``Scheduler.get_metadata`` and this module draws them: one image per result,
+over the whole scan, rows not yet received left blank (never zero), with the
+rows covered and how long after the last of them arrived the results were
+ready.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+__all__ = ["LIVE_METADATA_KEY", "LIVE_REFRESH_MS", "live_figures", "live_state", "live_summary"]
+
+#: Where a live acquisition publishes its latest images on the scheduler.
+LIVE_METADATA_KEY = ("quantem_flow", "live")
+
+#: Images drawn side by side (the first results that are scan images).
+MAX_IMAGES = 4
+
+#: Milliseconds between the page's polls while a live scan is filling in.
+LIVE_REFRESH_MS = 200
+
+
+def live_state(scheduler: Any) -> dict[str, Any] | None:
+    """The latest live payload published on ``scheduler``, or ``None``."""
+    try:
+        payload = scheduler.get_metadata(keys=list(LIVE_METADATA_KEY), default=None)
+    except Exception:  # a scheduler without metadata (an old distributed): no live panel
+        return None
+    return dict(payload) if isinstance(payload, Mapping) else None
+
+
+def _clock(t: Any) -> str:
+    if t is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(float(t)).strftime("%H:%M:%S.%f")[:-3]
+
+
+def live_summary(live: Mapping[str, Any]) -> str:
+    """One line: the stream, the rows covered, and how fresh the results are."""
+    R = int(live.get("scan_shape", [0, 0])[0])
+    rows = int(live.get("rows", 0))
+    arrived, ready = live.get("arrived"), live.get("ready")
+    lag = (
+        f"; results ready {1000 * (float(ready) - float(arrived)):.0f} ms after the last of "
+        f"those rows arrived ({_clock(arrived)})"
+        if arrived is not None and ready is not None
+        else ""
+    )
+    state = "final" if live.get("final") else "scan running"
+    where = live.get("endpoint", "?")
+    return f"Live acquisition from {where}: {rows} of {R} scan rows ({state}){lag}."
+
+
+def _image(entry: Mapping[str, Any]) -> np.ndarray:
+    shape = tuple(int(v) for v in entry["shape"])
+    return np.frombuffer(bytes(entry["pixels"]), dtype=np.float32).reshape(shape)
+
+
+def live_figures(live: Mapping[str, Any], *, width: int) -> Any:
+    """The live panel: a status line and one image per published result (a Bokeh layout)."""
+    from bokeh.layouts import column, row
+    from bokeh.models import ColorBar, LinearColorMapper, Range1d  # type: ignore[attr-defined]
+    from bokeh.models.widgets import Div
+    from bokeh.palettes import Greys256, Viridis256
+    from bokeh.plotting import figure
+
+    R, C = (int(v) for v in live.get("scan_shape", [1, 1]))
+    images = list(live.get("images", []))
+    more = (
+        f" Images of the first {MAX_IMAGES} of {len(images)} results."
+        if len(images) > MAX_IMAGES
+        else ""
+    )
+    status = Div(
+        text=f"<b>{html.escape(live_summary(live))}</b>{html.escape(more)}",
+        width=width,
+        name="qf-live-status",
+        tags=[int(live.get("rows", 0)), float(live.get("arrived") or 0.0)],
+    )
+    n = max(1, min(len(images), MAX_IMAGES))
+    side = max(140, min(360, width // n - 100))
+    figs = []
+    for i, entry in enumerate(images[:MAX_IMAGES]):
+        shown = _image(entry)
+        step = int(entry.get("step", 1))
+        full = np.full((-(-R // step), -(-C // step)), np.nan, dtype=np.float32)
+        full[: shown.shape[0], : shown.shape[1]] = shown[: full.shape[0], : full.shape[1]]
+        finite = shown[np.isfinite(shown)]
+        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        mapper = LinearColorMapper(
+            palette=Greys256 if i == 0 else Viridis256,
+            low=low,
+            high=high if high > low else low + 1.0,
+            nan_color=(0, 0, 0, 0),
+        )
+        title = f"{entry.get('label', '')}: rows {live.get('rows', 0)} of {R}"
+        if step > 1:
+            title += f" (every {step}th position shown)"
+        fig: Any = figure(
+            title=title,
+            width=side + 70,
+            height=int(side * R / max(C, 1)) + 40,
+            x_range=Range1d(start=0, end=C),
+            y_range=Range1d(start=R, end=0),
+            tools="hover,save,reset",
+            tooltips=[("row, col", "$y{0}, $x{0}"), ("value", "@image")],
+            name=f"qf-live-image-{i}",
+        )
+        # image row 0 at y = 0, the top of the flipped axis: rows not yet received below
+        fig.image(image=[full], x=0, y=0, dw=C, dh=R, color_mapper=mapper)
+        fig.add_layout(ColorBar(color_mapper=mapper, width=8), "right")
+        fig.xaxis.axis_label = "scan column (px)"
+        fig.yaxis.axis_label = "scan row (px)"
+        figs.append(fig)
+    return column(status, row(*figs), name="qf-live")
