@@ -180,11 +180,10 @@ def _hdf5_default_path(path: Path) -> tuple[str, str]:
 
 
 def _live(args: argparse.Namespace) -> int:
-    """Receive one series from a stream, then run a pipeline on it."""
+    """Run a pipeline on one series from a stream, updating its results as rows arrive."""
     import dataclasses
-    import time
 
-    from .pipeline import load_pipeline, prepare_pipeline, run_pipeline
+    from .pipeline import load_pipeline, prepare_pipeline, save_pipeline_results
     from .streams.session import live
 
     match = re.fullmatch(r"(\d+)x(\d+)", str(args.scan))
@@ -206,38 +205,54 @@ def _live(args: argparse.Namespace) -> int:
     )
     _say(f"live:      receiving a {scan[0]} x {scan[1]} scan from {endpoint} ({protocol})")
     sys.stdout.flush()
-    last = -1
-    while not acq.finished:
-        rows = acq.rows_complete
-        if rows != last:
-            _say(f"live:      {rows} of {scan[0]} scan rows complete")
-            sys.stdout.flush()
-            last = rows
-        time.sleep(0.25)
-    report = acq.wait(timeout_s=60)
-    _say(f"live:      series {report.describe()}")
-    ds = acq.dataset(allow_incomplete=bool(args.allow_incomplete))
-    src = ds.source
-    live_input = dataclasses.replace(
-        pipe.input,
-        path=Path(acq.path),
-        format="raw",
-        options={
-            "dtype": str(src.dtype),
-            "frame_shape": list(src.shape[2:]),
-            "scan_shape": list(scan),
-        },
-    )
-    pipe = dataclasses.replace(pipe, input=live_input)
-    prepared = prepare_pipeline(
-        pipe, output_dir=args.output_dir, overwrite=True if args.overwrite else None
-    )
-    # what the live series was (complete, or which frames never came) goes into every result
-    prepared.dataset._notes.extend(n for n in ds.notes if n.startswith("live:"))
     client, where = _start_client(args.scheduler)
     try:
-        _say(f"scheduler: {where}", f"computing {', '.join(pipe.outputs)} in one pass ...")
-        results = run_pipeline(prepared, client=None if args.scheduler is None else client)
+        frame_shape, dtype = acq.wait_started()
+        # the pipeline's checks (outputs, units, files) against the stream's frames, before
+        # anything is computed
+        live_input = dataclasses.replace(
+            pipe.input,
+            path=Path(acq.path),
+            format="raw",
+            options={
+                "dtype": str(dtype),
+                "frame_shape": list(frame_shape),
+                "scan_shape": list(scan),
+            },
+        )
+        pipe = dataclasses.replace(pipe, input=live_input)
+        prepared = prepare_pipeline(
+            pipe, output_dir=args.output_dir, overwrite=True if args.overwrite else None
+        )
+        _say(
+            f"scheduler: {where}",
+            f"computing {', '.join(pipe.outputs)} as scan rows arrive ...",
+        )
+        if client is not None and not isinstance(client, str):
+            from .graphs.cluster import flow_dashboard_url
+
+            page = flow_dashboard_url(client)
+            if page:
+                _say(f"page:      {page} (the images fill in as the scan runs)")
+        sys.stdout.flush()
+        updates = acq.watch(
+            lambda view: list(pipe.build(pipe.apply_transforms(view)).values()),
+            client=None if args.scheduler is None else client,
+            allow_incomplete=bool(args.allow_incomplete),
+        )
+        shown = -1
+        while not updates.final:
+            if updates.error is not None:
+                break
+            if updates.rows != shown:
+                shown = updates.rows
+                _say(f"live:      results over {shown} of {scan[0]} scan rows")
+                sys.stdout.flush()
+            updates.wait_rows(shown + 1, timeout_s=args.timeout + 60)
+        report = acq.wait(timeout_s=60)
+        _say(f"live:      series {report.describe()}")
+        computed = updates.wait(timeout_s=600)
+        results = save_pipeline_results(prepared, computed)
     finally:
         _finish_client(client, args.scheduler)
         if args.keep is None:

@@ -94,6 +94,7 @@ __all__ = [
     "reader_options",
     "reader_options_reference",
     "run_pipeline",
+    "save_pipeline_results",
     "write_reference",
     "yaml_terms",
 ]
@@ -694,6 +695,16 @@ class Pipeline:
             )
         except QuantemFlowError as exc:
             raise self.error(exc, _input_key(exc)) from exc
+        return self.apply_transforms(ds)
+
+    def apply_transforms(self, ds: Dataset4D) -> Dataset4D:
+        """Apply the pipeline's transforms, in order, to an opened dataset.
+
+        Parameters
+        ----------
+        ds
+            The input as opened (by :meth:`open`, or a live acquisition's view).
+        """
         for i, (kind, arg) in enumerate(self.transforms):
             try:
                 if kind == "crop_scan":
@@ -1658,8 +1669,6 @@ def run_pipeline(
         pipeline, and YAML keys instead of Python arguments.
     """
     from .graphs import compute
-    from .io.results_store import results_to_json, save_results
-    from .operators.display import save_png
 
     if isinstance(pipeline, PreparedRun):
         if output_dir is not None or overwrite is not None:
@@ -1670,12 +1679,7 @@ def run_pipeline(
         prepared = pipeline
     else:
         prepared = prepare_pipeline(pipeline, output_dir=output_dir, overwrite=overwrite)
-    pipe, lazy, targets, replace = (
-        prepared.pipeline,
-        prepared.lazy,
-        prepared.targets,
-        prepared.overwrite,
-    )
+    pipe, lazy = prepared.pipeline, prepared.lazy
     compute_client, close_after = _connect(client)
     try:
         if isinstance(compute_client, str):
@@ -1694,8 +1698,36 @@ def run_pipeline(
     finally:
         if close_after:
             compute_client.close()
+    return save_pipeline_results(prepared, computed)
+
+
+def save_pipeline_results(prepared: PreparedRun, computed: Sequence[Result]) -> dict[str, Result]:
+    """Name a pipeline's computed results and write the files it asks for.
+
+    Parameters
+    ----------
+    prepared
+        The run (:func:`prepare_pipeline`).
+    computed
+        One result per output, in the pipeline's order (computed from
+        ``prepared.lazy``, or over a live acquisition by the same build).
+
+    Returns
+    -------
+    dict of str to Result
+        ``{output name: result}``; every provenance names the pipeline and output.
+    """
+    from .io.results_store import results_to_json, save_results
+    from .operators.display import save_png
+
+    pipe, targets, replace = prepared.pipeline, prepared.targets, prepared.overwrite
+    if len(computed) != len(pipe.outputs):
+        raise ParameterError(
+            f"pipeline {pipe.origin} has {len(pipe.outputs)} outputs; {len(computed)} results "
+            "were given"
+        )
     results: dict[str, Result] = {}
-    for name, result in zip(lazy, computed, strict=True):
+    for name, result in zip(pipe.outputs, computed, strict=True):
         result.provenance.notes.append(f"computed by pipeline {pipe.origin} as output {name!r}")
         results[name] = result
     if targets.results is not None:

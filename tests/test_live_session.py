@@ -216,3 +216,46 @@ def test_the_series_is_kept_as_hdf5_with_the_chunks_as_received(
             assert dset.id.read_direct_chunk((7, 0, 0))[1] == payload
     with pytest.raises(qf.errors.OverwriteError, match="never replaces"):
         qf.live("tcp://127.0.0.1:1", scan_shape=SCAN, directory=tmp_path, keep_hdf5=kept)
+
+
+@pytest.mark.cluster
+def test_the_live_command_updates_results_while_the_scan_runs(
+    rng: np.random.Generator, tmp_path: Path
+) -> None:
+    import re
+    import subprocess
+    import sys
+
+    import yaml
+
+    data = probe_data(rng, scan=SCAN)
+    frames = data.reshape(-1, *data.shape[2:])
+    pipeline = tmp_path / "live.yaml"
+    pipeline.write_text(
+        yaml.safe_dump(
+            {
+                "version": 1,
+                "input": {"path": "unused.npy", "chunk_rows": 3},
+                "outputs": {"bf": {"op": "virtual_bf", "radius": 4.5, "center": list(CENTER)}},
+                "save": {"results": "live_results.h5"},
+            }
+        )
+    )
+    with DectrisSimulator(frames, rate_hz=25.0) as sim:  # 4.8 s of scan
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "quantem_flow", "live", "--dectris", sim.endpoint,
+             "--scan", f"{SCAN[0]}x{SCAN[1]}", str(pipeline)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        sim.start()
+        out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err[-3000:]
+    covered = [int(m) for m in re.findall(r"results over (\d+) of 12 scan rows", out)]
+    assert any(0 < r < SCAN[0] for r in covered), out  # partial results before the end
+    assert re.search(r"page: +http://127\.0\.0\.1:\d+/quantem-flow", out), out
+    (offline,) = qf.compute(
+        qf.virtual_bf(qf.open(data), radius=4.5, center=CENTER), client="synchronous"
+    )
+    saved = qf.load_results(tmp_path / "live_results.h5")["bf"]
+    np.testing.assert_array_equal(saved.data, offline.data)
+    assert any(n.startswith("live: joined from") for n in saved.provenance.notes)

@@ -232,6 +232,31 @@ class LiveAcquisition:
         with self._lock:
             return self._rows_done
 
+    def wait_started(self, *, timeout_s: float | None = None) -> tuple[tuple[int, int], Any]:
+        """Wait for the series' first frame; return its frame shape and dtype.
+
+        Raises
+        ------
+        StreamTimeoutError
+            No frame within ``timeout_s`` (default: the start deadline given
+            to :func:`live`).
+        StreamProtocolError, StreamTimeoutError
+            What stopped the series before its first frame.
+        """
+        wait = self._start_timeout_s + 1.0 if timeout_s is None else float(timeout_s)
+        if not self._started.wait(wait):
+            raise StreamTimeoutError(
+                f"no frame from {self.endpoint} within {wait:g} s; is the detector (or "
+                "`quantem-flow simulate`) sending to that address?"
+            )
+        if self.frame_shape is None or self.dtype is None:
+            if self.error is not None:
+                raise self.error
+            raise StreamTimeoutError(
+                f"the series from {self.endpoint} ended before its first frame"
+            )
+        return self.frame_shape, self.dtype
+
     def row_arrival_time(self, row: int) -> float | None:
         """Wall-clock time (``time.time()``) scan row ``row`` became complete, or ``None``."""
         with self._lock:
