@@ -181,8 +181,6 @@ def _hdf5_default_path(path: Path) -> tuple[str, str]:
 
 def _live(args: argparse.Namespace) -> int:
     """Run a pipeline on one series from a stream, updating its results as rows arrive."""
-    import dataclasses
-
     from .pipeline import load_pipeline, prepare_pipeline, save_pipeline_results
     from .streams.session import live
 
@@ -207,22 +205,14 @@ def _live(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     client, where = _start_client(args.scheduler)
     try:
-        frame_shape, dtype = acq.wait_started()
+        acq.wait_started()
         # the pipeline's checks (outputs, units, files) against the stream's frames, before
         # anything is computed
-        live_input = dataclasses.replace(
-            pipe.input,
-            path=Path(acq.path),
-            format="raw",
-            options={
-                "dtype": str(dtype),
-                "frame_shape": list(frame_shape),
-                "scan_shape": list(scan),
-            },
-        )
-        pipe = dataclasses.replace(pipe, input=live_input)
         prepared = prepare_pipeline(
-            pipe, output_dir=args.output_dir, overwrite=True if args.overwrite else None
+            pipe,
+            output_dir=args.output_dir,
+            overwrite=True if args.overwrite else None,
+            dataset=acq.dataset_view(),
         )
         _say(
             f"scheduler: {where}",
@@ -1122,7 +1112,7 @@ def _parser() -> argparse.ArgumentParser:
         "pipeline", help="YAML pipeline (its input section gives calibration and chunking)"
     )
     p.add_argument(
-        "--keep", metavar="DIR", help="keep the received frames in DIR (live_frames.raw)"
+        "--keep", metavar="DIR", help="keep the received frames in DIR (live.json and the frames, as they came)"
     )
     p.add_argument(
         "--keep-hdf5",

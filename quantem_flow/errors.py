@@ -35,6 +35,7 @@ __all__ = [
     "StaleHandleError",
     "StorageError",
     "StreamProtocolError",
+    "StreamReceiverLostError",
     "StreamTimeoutError",
     "UnitsError",
     "UnsupportedOperationError",
@@ -211,6 +212,10 @@ class StreamProtocolError(QuantemFlowError, ValueError):
 
 class StreamTimeoutError(QuantemFlowError, TimeoutError):
     """A detector stream sent nothing within its deadline (the detector stopped or is gone)."""
+
+
+class StreamReceiverLostError(QuantemFlowError, RuntimeError):
+    """The process receiving a live stream ended without its report (killed, out of memory)."""
 
 
 class ExternalWorkerError(_ExternalContext, QuantemFlowError, RuntimeError):

@@ -1568,6 +1568,7 @@ def prepare_pipeline(
     *,
     output_dir: str | os.PathLike[str] | None = None,
     overwrite: bool | None = None,
+    dataset: Dataset4D | None = None,
 ) -> PreparedRun:
     """Check everything about a run that needs no pixel data, and build it lazily.
 
@@ -1588,6 +1589,9 @@ def prepare_pipeline(
         :meth:`Pipeline.save_targets`).
     overwrite
         Replace existing output files; ``None`` takes ``save.overwrite``.
+    dataset
+        The input already opened (a live acquisition's view), used instead
+        of the pipeline's ``input`` (its transforms are applied).
 
     Returns
     -------
@@ -1619,7 +1623,7 @@ def prepare_pipeline(
             "overwritten silently -- set save.overwrite: true in the pipeline, pass "
             "--overwrite, or write elsewhere with --output-dir DIR"
         )
-    ds = pipe.open()
+    ds = pipe.open() if dataset is None else pipe.apply_transforms(dataset)
     check_outputs(pipe, targets, ds)
     lazy = pipe.build(ds)
     _dry_plan(pipe, lazy)

@@ -15,6 +15,7 @@ pytest.importorskip("lz4")
 import quantem_flow as qf
 from quantem_flow.errors import StreamProtocolError
 from quantem_flow.streams.dectris_sim import DectrisSimulator
+from quantem_flow.streams.live_chunks import open_live_folder
 from tests.conftest import probe_data
 
 SCAN = (12, 10)
@@ -54,8 +55,9 @@ def test_partial_results_while_the_scan_runs_and_bit_identical_results_at_the_en
     for a, b in zip(live_results, offline_results, strict=True):
         np.testing.assert_array_equal(a.data, b.data)  # bit for bit
     np.testing.assert_array_equal(bf_partial.data, offline_results[0].data[:rows])
-    kept = np.fromfile(tmp_path / "live_frames.raw", dtype=data.dtype).reshape(data.shape)
-    np.testing.assert_array_equal(kept, data)  # the stream was kept as it came
+    assert acq.storage == "bslz4-chunks"  # the simulator sends bitshuffle+LZ4: kept so
+    kept = open_live_folder(tmp_path)  # the folder opens again on its own
+    np.testing.assert_array_equal(kept.load_block((0, SCAN[0])), data)
 
 
 def test_an_incomplete_series_is_refused_or_marked(
@@ -156,7 +158,9 @@ def test_the_live_command_runs_a_pipeline_on_a_stream(
     expected.reshape(-1)[5] = 0  # the frame that never came reads as 0
     np.testing.assert_array_equal(results["bf"].data, expected)
     assert any("INCOMPLETE" in n and "image numbers 5" in n for n in results["bf"].provenance.notes)
-    assert (tmp_path / "kept" / "live_frames.raw").is_file()
+    kept = open_live_folder(tmp_path / "kept").load_block((0, SCAN[0])).reshape(-1, *data.shape[2:])
+    np.testing.assert_array_equal(np.delete(kept, 5, axis=0), np.delete(frames, 5, axis=0))
+    assert not kept[5].any()  # the image that never came reads as 0
 
 
 def test_follow_yields_growing_results_and_ends_on_the_whole_scan(

@@ -196,6 +196,15 @@ def open_source_explained(
         the detection's reason (``"content: ..."``, ``"suffix ..."``), which
         :func:`quantem_flow.open` records in provenance as ``format_from``.
     """
+    from .base import Source
+
+    if isinstance(path_or_array, Source):  # a source made by the caller (a live series...)
+        if format is not None or options:
+            raise ParameterError(
+                f"a {type(path_or_array).__name__} is opened as it is; format= and reader "
+                f"options do not apply (got format={format!r}, {sorted(options)})"
+            )
+        return path_or_array, f"given source ({path_or_array.format})"
     if isinstance(path_or_array, np.ndarray):
         if format not in (None, "memory"):
             raise ParameterError(f"an in-memory array needs format='memory', got {format!r}")

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ParameterError, StreamProtocolError, StreamTimeoutError
-from .dectris_stream import EndMessage, StartMessage, decode_message
+from .dectris_stream import EndMessage, PackedImage, StartMessage, decode_message
 
 __all__ = ["Frame", "SeriesReport", "receive_series"]
 
@@ -32,7 +32,8 @@ class Frame:
     """One received image: its number in the series and its frame."""
 
     image_id: int
-    data: np.ndarray
+    #: The frame, or its checked chunk not decoded (``receive_series(decode=False)``).
+    data: np.ndarray | PackedImage
     #: The bitshuffle+LZ4 chunk as the detector sent it, when it did (kept as is).
     bslz4: bytes | None = None
 
@@ -101,6 +102,7 @@ def receive_series(
     high_water_mark: int = 4096,
     channel: str | None = None,
     report: list[SeriesReport] | None = None,
+    decode: bool = True,
 ) -> Iterator[Frame]:
     """Yield the frames of one series from a DECTRIS stream v2 endpoint.
 
@@ -121,6 +123,9 @@ def receive_series(
     report
         A list that receives the :class:`SeriesReport` when the series ends
         (also when the consumer stops early).
+    decode
+        ``False`` yields images sent bitshuffle+LZ4 as their checked chunks
+        (:class:`~quantem_flow.streams.dectris_stream.PackedImage`), not decoded.
 
     Raises
     ------
@@ -172,7 +177,7 @@ def receive_series(
             if payload is None:
                 state.reason = "timeout"
                 break
-            message = decode_message(payload)
+            message = decode_message(payload, decode=decode)
             if isinstance(message, EndMessage):
                 state.ended = True
                 state.reason = "end"

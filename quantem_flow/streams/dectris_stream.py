@@ -87,7 +87,7 @@ class ImageMessage:
 
     series_id: int
     image_id: int
-    data: dict[str, np.ndarray]
+    data: dict[str, np.ndarray | PackedImage]
     fields: dict[str, Any]
     #: Per channel, the checked bitshuffle+LZ4 chunk as received (the HDF5 filter's
     #: chunk format), for channels sent ``bslz4`` in little-endian order: kept as is.
@@ -152,6 +152,58 @@ def _lz4_hdf5_decode(payload: bytes, where: str) -> bytes:
     return bytes(out)
 
 
+def _checked_bslz4(
+    modifier: Any, payload: bytes | bytearray, n_elem: int, itemsize: int, where: str
+) -> Any:
+    """A bslz4 chunk as ``uint8``, after the checks the decoder needs (sizes, block lengths)."""
+    from ..representations.encoded import bitshuffle_chunk_problem
+
+    if modifier != itemsize:
+        raise _protocol(
+            f"bslz4 element size {modifier!r} does not match the array's {itemsize} bytes",
+            where,
+        )
+    buf = np.frombuffer(payload, dtype=np.uint8)
+    problem = bitshuffle_chunk_problem(buf, n_elem, itemsize)
+    if problem is not None:
+        raise _protocol(f"a bslz4 image is damaged: {problem}", where)
+    return buf
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedImage:
+    """An image kept as its checked bitshuffle+LZ4 chunk, not decoded (``decode=False``).
+
+    Attributes
+    ----------
+    shape
+        ``(k_r, k_c)``.
+    dtype
+        The elements' dtype (native order).
+    chunk
+        The chunk in the HDF5 bitshuffle filter's format, as received.
+    """
+
+    shape: tuple[int, int]
+    dtype: np.dtype[Any]
+    chunk: bytes
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the decoded image."""
+        return int(self.shape[0] * self.shape[1] * self.dtype.itemsize)
+
+    def decode(self) -> np.ndarray:
+        """The image (the chunk was checked when it was received)."""
+        from ..representations.encoded import _bitshuffle
+
+        n = self.shape[0] * self.shape[1]
+        buf = np.frombuffer(self.chunk, dtype=np.uint8)
+        block = int(struct.unpack_from(">I", self.chunk, 8)[0]) // self.dtype.itemsize
+        out = _bitshuffle().decompress_lz4(buf[12:], (n,), self.dtype, block)
+        return np.asarray(out).reshape(self.shape)
+
+
 def _decompress(value: Any, n_elem: int, itemsize: int, where: str) -> bytes:
     """The plain bytes of a tag-56500 item, checked before they are decoded."""
     if not (isinstance(value, (list, tuple)) and len(value) == 3):
@@ -164,17 +216,9 @@ def _decompress(value: Any, n_elem: int, itemsize: int, where: str) -> bytes:
     if not isinstance(payload, (bytes, bytearray)):
         raise _protocol(f"tag {COMPRESSION_TAG}'s data must be a byte string", where)
     if algorithm == "bslz4":
-        from ..representations.encoded import _bitshuffle, bitshuffle_chunk_problem
+        from ..representations.encoded import _bitshuffle
 
-        if modifier != itemsize:
-            raise _protocol(
-                f"bslz4 element size {modifier!r} does not match the array's {itemsize} bytes",
-                where,
-            )
-        buf = np.frombuffer(payload, dtype=np.uint8)
-        problem = bitshuffle_chunk_problem(buf, n_elem, itemsize)
-        if problem is not None:
-            raise _protocol(f"a bslz4 image is damaged: {problem}", where)
+        buf = _checked_bslz4(modifier, payload, n_elem, itemsize, where)
         block_elems = int(struct.unpack_from(">I", payload, 8)[0]) // itemsize
         dtype = np.dtype(f"u{itemsize}")
         out = _bitshuffle().decompress_lz4(buf[12:], (n_elem,), dtype, block_elems)
@@ -190,7 +234,9 @@ def _decompress(value: Any, n_elem: int, itemsize: int, where: str) -> bytes:
     raise _protocol(f"compression {algorithm!r} is not one of the documented 'bslz4', 'lz4'", where)
 
 
-def _array(item: Any, where: str) -> tuple[np.ndarray, bytes | None]:
+def _array(
+    item: Any, where: str, decode: bool = True
+) -> tuple[np.ndarray | PackedImage, bytes | None]:
     """A tag-40 multi-dimensional array as a NumPy array (decompressed, native order).
 
     Also returns the bitshuffle+LZ4 chunk as received when the array came so
@@ -229,6 +275,10 @@ def _array(item: Any, where: str) -> tuple[np.ndarray, bytes | None]:
             and dtype.byteorder in ("<", "|", "=")
         ):
             kept = bytes(raw.value[2])
+            if not decode:
+                _checked_bslz4(raw.value[1], kept, n_elem, dtype.itemsize, where)
+                shape = (int(dims[0]), int(dims[1]))
+                return PackedImage(shape, dtype.newbyteorder("="), kept), kept
         raw = _decompress(raw.value, n_elem, dtype.itemsize, where)
     if not isinstance(raw, (bytes, bytearray)):
         raise _protocol(f"a typed array must hold a byte string, got {_describe(raw)}", where)
@@ -257,8 +307,18 @@ def _int(message: Mapping[str, Any], key: str, kind: str) -> int:
     return int(value)
 
 
-def decode_message(payload: bytes) -> StartMessage | ImageMessage | EndMessage:
+def decode_message(
+    payload: bytes, *, decode: bool = True
+) -> StartMessage | ImageMessage | EndMessage:
     """Decode one stream message.
+
+    Parameters
+    ----------
+    payload
+        The message's bytes.
+    decode
+        Decode the images; ``False`` keeps each channel sent as little-endian
+        bitshuffle+LZ4 as a :class:`PackedImage` (checked, not decoded).
 
     Raises
     ------
@@ -297,7 +357,8 @@ def decode_message(payload: bytes) -> StartMessage | ImageMessage | EndMessage:
             raise _protocol(f"image {image_id} has no 'data' map of channels")
         where = f"image {image_id}"
         decoded = {
-            str(name): _array(item, f"{where}, channel {name!r}") for name, item in data.items()
+            str(name): _array(item, f"{where}, channel {name!r}", decode)
+            for name, item in data.items()
         }
         return ImageMessage(
             series_id=_int(message, "series_id", "image"),

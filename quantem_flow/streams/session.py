@@ -1,7 +1,7 @@
 """A live acquisition: a stream received into a file in scan order, queryable while it runs.
 
 :func:`live` connects to a detector's stream where the user says and
-receives one series on a background thread into a raw file (frames in scan
+receives one series in a process of its own into a raw file (frames in scan
 order, native byte order: the data are kept as they come, without a second
 pass).  :class:`LiveAcquisition` then gives, at any moment, a dataset over
 the scan rows that are complete so far (:meth:`LiveAcquisition.dataset_so_far`),
@@ -19,18 +19,25 @@ every result says so in its provenance notes.
 
 from __future__ import annotations
 
-import os
+import multiprocessing
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import ParameterError, StreamProtocolError, StreamTimeoutError
-from .dectris_receive import Frame, SeriesReport, receive_series
+from ..errors import (
+    ParameterError,
+    StreamProtocolError,
+    StreamReceiverLostError,
+    StreamTimeoutError,
+)
+from .dectris_receive import SeriesReport
+from .receiver_process import ReceiverConfig, run_receiver
 
 __all__ = ["LiveAcquisition", "live"]
 
@@ -66,7 +73,8 @@ class LiveAcquisition:
         )
         folder = Path(directory if directory is not None else self._tmp.name)  # type: ignore[union-attr]
         folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / "live_frames.raw"
+        self.directory = folder
+        self.storage: str | None = None  # "bslz4-chunks" or "raw", at the first frame
         self.hdf5_path = None if keep_hdf5 is None else Path(keep_hdf5).expanduser().absolute()
         if self.hdf5_path is not None and self.hdf5_path.exists():
             from ..errors import OverwriteError
@@ -76,7 +84,7 @@ class LiveAcquisition:
                 "never replaces a file)"
             )
         self._lock = threading.Condition()
-        self._received = np.zeros(R * C, dtype=bool)
+        self._received = np.zeros(R * C, dtype=bool)  # filled in from the receiver's report
         self._rows_done = 0
         self._row_time = np.full(R, np.nan)  # time.time() each row became complete
         self.report: SeriesReport | None = None
@@ -87,143 +95,72 @@ class LiveAcquisition:
         self._started = threading.Event()
         self._timeout_s = float(timeout_s)
         self._start_timeout_s = float(start_timeout_s)
-        self._thread = threading.Thread(target=self._receive, name="qf-live", daemon=True)
-        self._thread.start()
-
-    # -- receiving ----------------------------------------------------------------------
-    def _frames(self, reports: list[SeriesReport]) -> Iterator[Frame]:
-        """The stream's frames; ``reports`` receives what arrived."""
-        if self.protocol == "dectris":
-            yield from receive_series(
-                self.endpoint,
-                timeout_s=self._timeout_s,
-                start_timeout_s=self._start_timeout_s,
-                report=reports,
-            )
-            return
-        from .dectris_stream import StartMessage
-        from .merlin_tcp import receive_merlin
-
-        host, _, port = self.endpoint.removeprefix("tcp://").rpartition(":")
-        if not host or not port.isdigit():
-            raise ParameterError(
-                f"a Merlin endpoint is 'tcp://HOST:PORT' (the readout's data socket), got "
-                f"{self.endpoint!r}"
-            )
-        status: list[dict[str, Any]] = []
-        seen: list[int] = []
-        shape: tuple[int, int] = (0, 0)
-        try:
-            for frame in receive_merlin(
-                host,
-                int(port),
-                timeout_s=self._timeout_s,
-                connect_timeout_s=self._start_timeout_s,
-                status=status,
-            ):
-                seen.append(frame.image_id)
-                shape = (int(frame.data.shape[0]), int(frame.data.shape[1]))
-                yield frame
-        finally:
-            done = status[0] if status else {"expected": None, "ended": "stopped"}
-            n = int(done["expected"] or self.scan_shape[0] * self.scan_shape[1])
-            start = StartMessage(0, "merlin", n, shape, (), {"protocol": "merlin"})
-            got = set(seen)
-            reports.append(
-                SeriesReport(
-                    start=start,
-                    received=len(seen),
-                    missing=[i for i in range(n) if i not in got],
-                    ended=done["ended"] == "complete",
-                    reason="end" if done["ended"] == "complete" else str(done["ended"]),
-                )
-            )
-
-    def _open_hdf5(self, frame_shape: tuple[int, int], dtype: np.dtype[Any]) -> Any:
-        """The archive file: ``/entry/data/data``, one bitshuffle+LZ4 chunk per frame."""
-        import json
-
-        import h5py
-        import hdf5plugin
-
-        assert self.hdf5_path is not None
-        R, C = self.scan_shape
-        f = h5py.File(self.hdf5_path, "x")
-        dset = f.create_dataset(
-            "entry/data/data",
-            shape=(R * C, *frame_shape),
-            dtype=dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype,
-            chunks=(1, *frame_shape),
-            **hdf5plugin.Bitshuffle(cname="lz4"),
+        cal = calibration
+        config = ReceiverConfig(
+            endpoint=endpoint,
+            protocol=protocol,
+            scan_shape=(R, C),
+            folder=str(folder),
+            hdf5_path=None if self.hdf5_path is None else str(self.hdf5_path),
+            timeout_s=self._timeout_s,
+            start_timeout_s=self._start_timeout_s,
+            calibration=None
+            if cal is None
+            else (cal.to_dict() if hasattr(cal, "to_dict") else dict(cal)),
         )
-        record: dict[str, Any] = {"live": {"endpoint": self.endpoint, "protocol": self.protocol,
-                                           "scan_shape": [R, C]}}  # fmt: skip
-        if self.calibration is not None:
-            cal = self.calibration
-            record["calibration"] = cal.to_dict() if hasattr(cal, "to_dict") else dict(cal)
-        dset.attrs["quantem_flow"] = json.dumps(record)
-        return f, dset
+        # the receiver is a process of its own: as a thread here it would wait for the GIL
+        # after every socket read, decode and write (receiver_process.py says how much)
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child_end = ctx.Pipe(duplex=False)
+        self._process = ctx.Process(
+            target=run_receiver, args=(config, child_end), name="qf-live-receiver", daemon=True
+        )
+        self._process.start()
+        child_end.close()
+        self._listener = threading.Thread(target=self._listen, name="qf-live", daemon=True)
+        self._listener.start()
+        self._finalizer = weakref.finalize(self, _stop_process, self._process)
 
-    def _receive(self) -> None:
-        reports: list[SeriesReport] = []
-        archive: Any = None
-        dset: Any = None
-        fd: int | None = None
-        frame_bytes = 0
+    # -- receiving (in the child process; here its messages) --------------------------------
+    def _listen(self) -> None:
         R, C = self.scan_shape
         try:
-            for frame in self._frames(reports):
-                if fd is None:
-                    self.frame_shape = (int(frame.data.shape[0]), int(frame.data.shape[1]))
-                    self.dtype = frame.data.dtype
-                    frame_bytes = frame.data.nbytes
-                    # the whole scan's size at once (sparse); each frame is written in place
-                    # with pwrite, which fills the page cache without a fault per page
-                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-                    os.ftruncate(fd, R * C * frame_bytes)
-                    if self.hdf5_path is not None:
-                        archive, dset = self._open_hdf5(self.frame_shape, self.dtype)
-                    self._started.set()
-                if frame.image_id >= R * C:
-                    raise StreamProtocolError(
-                        f"image {frame.image_id} lies beyond the {R} x {C} scan that was given; "
-                        "check scan_shape against the detector's number of images"
-                    )
-                data = np.ascontiguousarray(frame.data, dtype=self.dtype)
-                if data.nbytes != frame_bytes:
-                    raise StreamProtocolError(
-                        f"image {frame.image_id} is {frame.data.shape} {frame.data.dtype}; the "
-                        f"series began with {self.frame_shape} {self.dtype}"
-                    )
-                os.pwrite(fd, data.data.cast("B"), frame.image_id * frame_bytes)
-                if dset is not None:
-                    if frame.bslz4 is not None:  # kept as received: no second compression
-                        dset.id.write_direct_chunk((frame.image_id, 0, 0), frame.bslz4)
-                    else:
-                        dset[frame.image_id] = data
+            while True:
+                message = self._conn.recv()
+                kind = message[0]
                 with self._lock:
-                    self._received[frame.image_id] = True
-                    before = self._rows_done
-                    while (
-                        self._rows_done < R
-                        and self._received[self._rows_done * C : (self._rows_done + 1) * C].all()
-                    ):
-                        self._row_time[self._rows_done] = time.time()
-                        self._rows_done += 1
-                    if self._rows_done != before:
-                        self._lock.notify_all()
-        except BaseException as exc:  # reported by wait() and the datasets
-            self.error = exc
-        finally:
-            if fd is not None:
-                os.close(fd)
-            if archive is not None:
-                archive.close()
+                    if kind == "started":
+                        self.frame_shape = (int(message[1][0]), int(message[1][1]))
+                        self.dtype = np.dtype(message[2])
+                        self.storage = str(message[3])
+                        self._started.set()
+                    elif kind == "rows":
+                        for t in message[2]:
+                            self._row_time[self._rows_done] = t
+                            self._rows_done += 1
+                    elif kind == "end":
+                        self.report, self.error = message[1], message[2]
+                        bits = np.frombuffer(message[3], dtype=np.uint8)
+                        self._received = np.unpackbits(bits)[: R * C].astype(bool)
+                        self._finished = True
+                    self._lock.notify_all()
+                if kind == "end":
+                    return
+        except (EOFError, OSError):
+            self._process.join(5.0)
             with self._lock:
-                self.report = reports[0] if reports else None
-                self._finished = True
+                if not self._finished:
+                    self.error = StreamReceiverLostError(
+                        f"the process receiving {self.endpoint} ended without its report (exit "
+                        f"code {self._process.exitcode}) after {self._rows_done} complete scan "
+                        f"rows; the frames it wrote are kept in {str(self.directory)!r}"
+                    )
+                    self._finished = True
+        finally:
+            with self._lock:
                 self._started.set()
                 self._lock.notify_all()
+            self._conn.close()
 
     # -- what has arrived -----------------------------------------------------------------
     @property
@@ -310,23 +247,28 @@ class LiveAcquisition:
         return self.report
 
     def _open(self, rows: int, notes: list[str]) -> Any:
-        from .. import open as open_dataset
+        from .live_chunks import open_live_folder
 
         assert self.frame_shape is not None and self.dtype is not None
-        R, C = self.scan_shape
-        ds = open_dataset(
-            self.path,
-            format="raw",
-            dtype=self.dtype,
-            frame_shape=self.frame_shape,
-            scan_shape=(R, C),
+        R = self.scan_shape[0]
+        ds = open_live_folder(
+            self.directory,
             calibration=self.calibration,
             chunk_rows=self.chunk_rows,
+            scan_rows=(0, rows) if rows < R else None,
         )
-        if rows < R:
-            ds = ds.crop_scan(rows=(0, rows))
         ds._notes.extend(notes)
         return ds
+
+    def dataset_view(self) -> Any:
+        """The whole scan as it stands now (rows not yet received read as 0), for checks.
+
+        What a pipeline checks before it runs (shapes, units, output files)
+        needs the dataset's layout, not its frames; results need
+        :meth:`dataset_so_far` or :meth:`dataset`.
+        """
+        self.wait_started()
+        return self._open(self.scan_shape[0], ["live: layout only (the series is running)"])
 
     def dataset_so_far(self, *, wait_s: float = 30.0) -> Any:
         """A dataset over the scan rows complete now (every operator applies).
@@ -496,10 +438,19 @@ class LiveAcquisition:
         )
 
     def close(self) -> None:
-        """Delete the received frames' file (when live() chose the folder)."""
+        """Stop receiving if the series still runs; delete the frames' file if live() chose it."""
+        _stop_process(self._process)
+        self._listener.join(10.0)
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+
+
+def _stop_process(process: Any) -> None:
+    """End the receiving process if it still runs (it ends by itself at its deadlines)."""
+    if process.is_alive():
+        process.terminate()
+        process.join(10.0)
 
 
 def live(
@@ -524,8 +475,12 @@ def live(
     scan_shape
         ``(rows, cols)`` of the scan the images fill in order.
     directory
-        Where the frames are kept as they arrive (``live_frames.raw``); a
-        temporary folder when ``None``, removed by :meth:`LiveAcquisition.close`.
+        Where the frames are kept as they arrive: images sent bitshuffle+LZ4
+        as their chunks (``live_chunks.bin`` and ``.idx``), others decoded
+        (``live_frames.raw``), described by ``live.json``
+        (:func:`~quantem_flow.streams.live_chunks.open_live_folder` opens it
+        again); a temporary folder when ``None``, removed by
+        :meth:`LiveAcquisition.close`.
     timeout_s, start_timeout_s
         Longest silence within the series, and longest wait for its start.
     calibration, chunk_rows
