@@ -1112,7 +1112,9 @@ def _parser() -> argparse.ArgumentParser:
         "pipeline", help="YAML pipeline (its input section gives calibration and chunking)"
     )
     p.add_argument(
-        "--keep", metavar="DIR", help="keep the received frames in DIR (live.json and the frames, as they came)"
+        "--keep",
+        metavar="DIR",
+        help="keep the received frames in DIR (live.json and the frames as they came)",
     )
     p.add_argument(
         "--keep-hdf5",

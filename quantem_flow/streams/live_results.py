@@ -197,9 +197,10 @@ class LiveResults:
     rows
         Scan rows the latest results cover.
     updates
-        ``[{"rows", "arrived", "ready", "new_rows", "incremental"}]``, one per
-        update: ``arrived`` is the wall-clock time (``time.time()``) the last
-        frame of the covered rows arrived, ``ready`` when the results were.
+        ``[{"rows", "arrived", "ready", "new_rows", "incremental", "seconds"}]``,
+        one per update: ``arrived`` is the wall-clock time (``time.time()``) the
+        last frame of the covered rows arrived, ``ready`` when the results
+        were, ``seconds`` what the update took.
     error
         What stopped the updates, if anything (re-raised by :meth:`wait`).
     """
@@ -260,6 +261,7 @@ class LiveResults:
             The results, in the order ``build`` returns them.
         """
         acq = self._acq
+        t_step = time.perf_counter()
         R = acq.scan_shape[0]
         done = self.rows
         whole = acq.dataset(allow_incomplete=self._allow_incomplete) if final else None
@@ -294,6 +296,7 @@ class LiveResults:
             "ready": time.time(),
             "new_rows": new_rows,
             "incremental": [bool(v) for v in incremental],
+            "seconds": time.perf_counter() - t_step,
         }
         if self._publish:  # before the results are handed out: a waiter then finds the page
             self._publish_latest(tuple(out), update, final=final)
@@ -317,9 +320,11 @@ class LiveResults:
                     self.step(acq.scan_shape[0], final=True)
                     return
                 if rows > self.rows:
+                    started = time.monotonic()
                     self.step(rows)
-                    if self._every_s:
-                        time.sleep(self._every_s)
+                    rest = self._every_s - (time.monotonic() - started)
+                    if rest > 0:  # at most one update per every_s; a slow one waits no more
+                        time.sleep(rest)
                     continue
                 acq.wait_rows(self.rows + 1, timeout_s=0.5)
         except BaseException as exc:  # re-raised by wait()

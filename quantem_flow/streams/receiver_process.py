@@ -155,6 +155,7 @@ def run_receiver(cfg: ReceiverConfig, conn: Any) -> None:
     R, C = cfg.scan_shape
     folder = Path(cfg.folder)
     received = np.zeros(R * C, dtype=bool)
+    per_row = [0] * R  # frames received per scan row
     rows_done = 0
     dtype: np.dtype[Any] | None = None
     frame_shape: tuple[int, int] | None = None
@@ -216,10 +217,13 @@ def run_receiver(cfg: ReceiverConfig, conn: Any) -> None:
                         packed.decode() if packed is not None else np.asarray(frame.data)
                     )
             received[frame.image_id] = True
+            per_row[frame.image_id // C] += 1
             before = rows_done
-            while rows_done < R and received[rows_done * C : (rows_done + 1) * C].all():
+            while rows_done < R and per_row[rows_done] == C:
                 rows_done += 1
             if rows_done != before:
+                if store is not None:
+                    store.flush()  # the rows' chunks and index entries before the message
                 now = time.time()
                 conn.send(("rows", rows_done, [now] * (rows_done - before)))
     except BaseException as exc:  # sent to the parent, which re-raises it
