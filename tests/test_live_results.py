@@ -121,12 +121,15 @@ def test_follow_computes_each_new_row_once(rng: np.random.Generator, tmp_path: P
 def test_the_dashboard_page_shows_the_scan_filling_in(
     rng: np.random.Generator, tmp_path: Path
 ) -> None:
+    import base64
+    import json
     import urllib.request
 
     from distributed import Client
     from PIL import Image
 
     from quantem_flow.graphs.cluster import flow_dashboard_url, start_local_cluster
+    from quantem_flow.graphs.live_panel import LIVE_METADATA_KEY, LIVE_REFRESH_MS
     from tests.test_dashboard import _chromium_screenshot
 
     def page_text(url: str) -> str:
@@ -142,6 +145,8 @@ def test_the_dashboard_page_shows_the_scan_filling_in(
         url = flow_dashboard_url(client)
         assert url is not None
         assert "Live acquisition" not in page_text(url)  # no live panel before a live scan
+        with urllib.request.urlopen(url + "/live.json", timeout=20) as resp:
+            assert resp.status == 204  # nothing live yet
         with DectrisSimulator(frames, rate_hz=150.0) as sim:
             acq = qf.live(sim.endpoint, scan_shape=scan, directory=tmp_path)
             live = acq.watch(_pipeline, every_s=0.2, client=client)
@@ -161,6 +166,14 @@ def test_the_dashboard_page_shows_the_scan_filling_in(
             assert f"qf-live-image-{i}" in item  # bf, adf, |com|, bf auto (the pattern is no image)
         assert "qf-live-image-4" not in item
         assert "|com| (px)" in item  # a vector field drawn as its magnitude
+        # the page's fast path: live.json carries only the pictures, drawn into the panel
+        with urllib.request.urlopen(url + "/live.json", timeout=20) as resp:
+            fast = json.loads(resp.read())
+            assert resp.headers["X-Refresh-Ms"] == str(LIVE_REFRESH_MS)
+        assert fast["rows"] == scan[0] and fast["final"] and len(fast["images"]) == 4
+        assert fast["images"][0]["shape"] == list(scan)
+        pixels8 = np.frombuffer(base64.b64decode(fast["images"][0]["b64"]), dtype=np.uint8)
+        assert pixels8.size == scan[0] * scan[1] and pixels8.max() == 254 and pixels8.min() == 0
         shot = tmp_path / "live.png"
         proc = _chromium_screenshot(url, shot, budget_ms=5000)
         assert proc.returncode == 0, proc.stderr[-2000:]
@@ -170,6 +183,39 @@ def test_the_dashboard_page_shows_the_scan_filling_in(
         frame = pixels[215:445, 70:215]
         levels = len(np.unique(frame))
         assert levels > 20 and frame.std() > 10, f"{levels} grey levels where the bf image is"
+        # a new scan's first rows reach an open page without a new document
+        from playwright.sync_api import sync_playwright
+
+        from tests.test_explore import _chromium
+
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+            page = browser.new_page()
+            page.goto(url)
+            page.wait_for_function(
+                "() => window.Bokeh && Bokeh.documents.length > 0 && "
+                "Bokeh.documents[0].get_model_by_name('qf-live-status')"
+            )
+            first_doc = page.evaluate("() => Bokeh.documents[0].id")
+            payload = live.page_payload(early, {"rows": rows, "arrived": 1.0, "ready": 2.0})
+            client.set_metadata(list(LIVE_METADATA_KEY), payload)
+            page.wait_for_function(
+                f"() => Bokeh.documents.at(-1).get_model_by_name('qf-live-status').tags[0] "
+                f"=== {rows}",
+                timeout=10_000,
+            )
+            drawn = page.evaluate(
+                "() => Bokeh.documents.at(-1).get_model_by_name('qf-live-src-0').data.image[0]"
+                ".map(r => Array.from(r).map(v => Number.isNaN(v) ? null : v))"
+            )
+            same_doc = page.evaluate("() => Bokeh.documents.at(-1).id") == first_doc
+            browser.close()
+        assert same_doc  # drawn into the page's document, not re-embedded
+        assert len(drawn) == scan[0] and all(v is None for v in drawn[rows])
+        got = np.array(drawn[:rows], dtype=float)
+        want = early[0].data.astype(float)
+        span = (want.max() - want.min()) / 254
+        assert np.abs(got - want).max() <= span / 2 + 1e-6 * abs(want).max()  # 8-bit display
         np.testing.assert_array_equal(
             final[0].data, qf.compute(_pipeline(qf.open(data))[0], client=client)[0].data
         )

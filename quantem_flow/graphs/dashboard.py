@@ -35,6 +35,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .live_panel import LIVE_REFRESH_MS
+
 __all__ = [
     "PAGE",
     "ROOT_ID",
@@ -52,6 +54,9 @@ __all__ = [
 PAGE = "/quantem-flow"
 #: Milliseconds between refreshes of a live page.
 REFRESH_MS = 500
+#: Milliseconds between polls for the charts while a live scan fills in (its images
+#: come every LIVE_REFRESH_MS by the lighter live.json).
+LIVE_CHARTS_REFRESH_MS = 2000
 _NO_BOKEH = (
     "Bokeh is not installed, so this is the plain page without charts; install it "
     "(pip install bokeh) for the dashboard"
@@ -323,7 +328,7 @@ class FlowDashboard:
             source.data = dict(data)
 
     def _update_live(self, live: Mapping[str, Any] | None) -> None:
-        key = None if not live else (live.get("rows"), live.get("published"), live.get("final"))
+        key = None if not live else _live_structure(live)
         if key == self._live_key:
             return
         self._live_key = key
@@ -525,6 +530,17 @@ class FlowDashboard:
         )
 
 
+def _live_structure(live: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What decides the live panel's layout (its pictures arrive by ``live.json``)."""
+    labels = tuple(str(e.get("label", "")) for e in live.get("images", []))
+    return (
+        tuple(live.get("scan_shape", [])),
+        labels,
+        live.get("endpoint"),
+        bool(live.get("final")),
+    )
+
+
 def _clock(t: Any) -> str:
     if t is None:
         return ""
@@ -638,7 +654,55 @@ body {{ margin: 0; font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Ar
     }} catch (e) {{ /* the scheduler went away: keep the last picture */ }}
     setTimeout(poll, refreshMs);
   }}
-  Bokeh.embed.embed_item({item}, "{root}").then(() => setTimeout(poll, refreshMs));
+  // a live scan's images: only their pixels, drawn into the panel already on the page
+  let liveTag = "";
+  function applyLive(live) {{
+    const doc = Bokeh.documents[Bokeh.documents.length - 1];
+    const status = doc ? doc.get_model_by_name("qf-live-status") : null;
+    if (!status) {{ liveTag = ""; return; }}  // the panel comes with the next charts
+    live.images.forEach((im, i) => {{
+      const src = doc.get_model_by_name("qf-live-src-" + i);
+      const mapper = doc.get_model_by_name("qf-live-mapper-" + i);
+      const fig = doc.get_model_by_name("qf-live-image-" + i);
+      if (!src || !mapper || !fig) return;
+      const bytes = atob(im.b64);
+      const [rows, cols] = im.shape;
+      const span = (im.high - im.low) / 254;
+      const image = [];
+      for (let r = 0; r < rows; r++) {{
+        const line = new Array(cols);
+        for (let c = 0; c < cols; c++) {{
+          const v = bytes.charCodeAt(r * cols + c);
+          line[c] = v === 255 ? NaN : im.low + v * span;
+        }}
+        image.push(line);
+      }}
+      mapper.low = im.low;
+      mapper.high = im.high;
+      src.data = {{ image: [image] }};
+      fig.title.text = im.title;
+    }});
+    status.text = live.status_html;
+    status.tags = [live.rows, live.arrived];
+  }}
+  async function pollLive() {{
+    let wait = {live_refresh_ms};
+    try {{
+      const r = await fetch("{live_url}",
+        {{ headers: {{ "If-None-Match": liveTag }}, cache: "no-store" }});
+      wait = Number(r.headers.get("X-Refresh-Ms")) || wait;
+      if (r.status === 200) {{
+        const live = await r.json();
+        liveTag = r.headers.get("ETag") || liveTag;
+        applyLive(live);
+      }}
+    }} catch (e) {{ /* the scheduler went away */ }}
+    setTimeout(pollLive, wait);
+  }}
+  Bokeh.embed.embed_item({item}, "{root}").then(() => {{
+    setTimeout(poll, refreshMs);
+    setTimeout(pollLive, {live_refresh_ms});
+  }});
 }})();
 </script>
 </body></html>
@@ -696,6 +760,8 @@ def render_page(
         tag=script_literal(tag),
         item=item.replace("</", "<\\/"),
         item_url=f"{here}/item.json",
+        live_url=f"{here}/live.json",
+        live_refresh_ms=int(LIVE_REFRESH_MS),
     )
 
 
@@ -812,7 +878,7 @@ def register_page(scheduler: Any, plugin: Any) -> tuple[bool, str]:
     except Exception:  # a Dask without that helper: the page works, unlinked
         pass
 
-    from .live_panel import LIVE_REFRESH_MS, live_state
+    from .live_panel import live_json, live_state
 
     def page_state() -> dict[str, Any]:
         state = dict(plugin.state())
@@ -832,7 +898,8 @@ def register_page(scheduler: Any, plugin: Any) -> tuple[bool, str]:
             state = page_state()
             item, tag = document_item(state)
             live = state.get("live")
-            refresh = LIVE_REFRESH_MS if live and not live.get("final") else REFRESH_MS
+            # while a scan fills in, its images come by live.json; the rest less often
+            refresh = LIVE_CHARTS_REFRESH_MS if live and not live.get("final") else REFRESH_MS
             self.set_header("X-Refresh-Ms", str(refresh))
             self.set_header("Cache-Control", "no-store")
             self.set_header("ETag", tag)
@@ -842,7 +909,27 @@ def register_page(scheduler: Any, plugin: Any) -> tuple[bool, str]:
             self.set_header("Content-Type", "application/json")
             self.write(item)
 
-    app.add_handlers(r".*", [(PAGE + r"/?", Page), (PAGE + r"/item\.json", Item)])
+    class Live(RequestHandler):
+        def get(self) -> None:
+            live = live_state(scheduler)
+            self.set_header("Cache-Control", "no-store")
+            if live is None:
+                self.set_header("X-Refresh-Ms", str(REFRESH_MS * 4))
+                self.set_status(204)  # no live scan: the page asks again, slowly
+                return
+            tag = f"{live.get('published')}-{live.get('rows')}"
+            self.set_header("ETag", tag)
+            self.set_header("X-Refresh-Ms", str(LIVE_REFRESH_MS))
+            if self.request.headers.get("If-None-Match") == tag:
+                self.set_status(304)
+                return
+            self.set_header("Content-Type", "application/json")
+            self.write(live_json(live))
+
+    app.add_handlers(
+        r".*",
+        [(PAGE + r"/?", Page), (PAGE + r"/item\.json", Item), (PAGE + r"/live\.json", Live)],
+    )
     tornado_log = logging.getLogger("tornado.application")
     if not any(isinstance(f, EarlyLeaveFilter) for f in tornado_log.filters):
         tornado_log.addFilter(EarlyLeaveFilter())

@@ -18,7 +18,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LIVE_METADATA_KEY", "LIVE_REFRESH_MS", "live_figures", "live_state", "live_summary"]
+__all__ = [
+    "LIVE_METADATA_KEY",
+    "LIVE_REFRESH_MS",
+    "live_figures",
+    "live_json",
+    "live_state",
+    "live_summary",
+]
 
 #: Where a live acquisition publishes its latest images on the scheduler.
 LIVE_METADATA_KEY = ("quantem_flow", "live")
@@ -61,6 +68,79 @@ def live_summary(live: Mapping[str, Any]) -> str:
     return f"Live acquisition from {where}: {rows} of {R} scan rows ({state}){lag}."
 
 
+def _title(entry: Mapping[str, Any], live: Mapping[str, Any]) -> str:
+    R = int(live.get("scan_shape", [0, 0])[0])
+    title = f"{entry.get('label', '')}: rows {live.get('rows', 0)} of {R}"
+    step = int(entry.get("step", 1))
+    if step > 1:
+        title += f" (every {step}th position shown)"
+    return title
+
+
+def _status_html(live: Mapping[str, Any]) -> str:
+    images = list(live.get("images", []))
+    more = (
+        f" Images of the first {MAX_IMAGES} of {len(images)} results."
+        if len(images) > MAX_IMAGES
+        else ""
+    )
+    return f"<b>{html.escape(live_summary(live))}</b>{html.escape(more)}"
+
+
+_json_cache: dict[Any, str] = {}
+
+
+def live_json(live: Mapping[str, Any]) -> str:
+    """The live images for the page's fast poll (``/quantem-flow/live.json``).
+
+    Each image goes as 8-bit display values over the whole scan (``255``:
+    not received yet) with the colour range they span: what the page draws,
+    about 1/4 of float32's bytes.  The results themselves stay exact; only
+    this picture of them is quantised.
+    """
+    import base64
+    import json
+
+    key = (live.get("published"), live.get("rows"))
+    cached = _json_cache.get(key)
+    if cached is not None:
+        return cached
+    R, C = (int(v) for v in live.get("scan_shape", [1, 1]))
+    images = []
+    for entry in list(live.get("images", []))[:MAX_IMAGES]:
+        shown = _image(entry)
+        step = int(entry.get("step", 1))
+        rows_full, cols_full = -(-R // step), -(-C // step)
+        full = np.full((rows_full, cols_full), 255, dtype=np.uint8)
+        finite = shown[np.isfinite(shown)]
+        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        high = high if high > low else low + 1.0
+        scaled = np.rint((np.nan_to_num(shown, nan=low) - low) / (high - low) * 254.0)
+        block = np.where(np.isfinite(shown), scaled, 255).astype(np.uint8)
+        full[: block.shape[0], : block.shape[1]] = block[:rows_full, :cols_full]
+        images.append(
+            {
+                "title": _title(entry, live),
+                "shape": [rows_full, cols_full],
+                "low": low,
+                "high": high,
+                "b64": base64.b64encode(full.tobytes()).decode("ascii"),
+            }
+        )
+    text = json.dumps(
+        {
+            "rows": int(live.get("rows", 0)),
+            "arrived": float(live.get("arrived") or 0.0),
+            "final": bool(live.get("final")),
+            "status_html": _status_html(live),
+            "images": images,
+        }
+    )
+    _json_cache.clear()  # one entry: the latest
+    _json_cache[key] = text
+    return text
+
+
 def _image(entry: Mapping[str, Any]) -> np.ndarray:
     shape = tuple(int(v) for v in entry["shape"])
     return np.frombuffer(bytes(entry["pixels"]), dtype=np.float32).reshape(shape)
@@ -69,20 +149,20 @@ def _image(entry: Mapping[str, Any]) -> np.ndarray:
 def live_figures(live: Mapping[str, Any], *, width: int) -> Any:
     """The live panel: a status line and one image per published result (a Bokeh layout)."""
     from bokeh.layouts import column, row
-    from bokeh.models import ColorBar, LinearColorMapper, Range1d  # type: ignore[attr-defined]
+    from bokeh.models import (  # type: ignore[attr-defined]
+        ColorBar,
+        ColumnDataSource,
+        LinearColorMapper,
+        Range1d,
+    )
     from bokeh.models.widgets import Div
     from bokeh.palettes import Greys256, Viridis256
     from bokeh.plotting import figure
 
     R, C = (int(v) for v in live.get("scan_shape", [1, 1]))
     images = list(live.get("images", []))
-    more = (
-        f" Images of the first {MAX_IMAGES} of {len(images)} results."
-        if len(images) > MAX_IMAGES
-        else ""
-    )
     status = Div(
-        text=f"<b>{html.escape(live_summary(live))}</b>{html.escape(more)}",
+        text=_status_html(live),
         width=width,
         name="qf-live-status",
         tags=[int(live.get("rows", 0)), float(live.get("arrived") or 0.0)],
@@ -102,10 +182,9 @@ def live_figures(live: Mapping[str, Any], *, width: int) -> Any:
             low=low,
             high=high if high > low else low + 1.0,
             nan_color=(0, 0, 0, 0),
+            name=f"qf-live-mapper-{i}",
         )
-        title = f"{entry.get('label', '')}: rows {live.get('rows', 0)} of {R}"
-        if step > 1:
-            title += f" (every {step}th position shown)"
+        title = _title(entry, live)
         fig: Any = figure(
             title=title,
             width=side + 70,
@@ -117,7 +196,8 @@ def live_figures(live: Mapping[str, Any], *, width: int) -> Any:
             name=f"qf-live-image-{i}",
         )
         # image row 0 at y = 0, the top of the flipped axis: rows not yet received below
-        fig.image(image=[full], x=0, y=0, dw=C, dh=R, color_mapper=mapper)
+        source = ColumnDataSource({"image": [full]}, name=f"qf-live-src-{i}")
+        fig.image(image="image", source=source, x=0, y=0, dw=C, dh=R, color_mapper=mapper)
         fig.add_layout(ColorBar(color_mapper=mapper, width=8), "right")
         fig.xaxis.axis_label = "scan column (px)"
         fig.yaxis.axis_label = "scan row (px)"
