@@ -658,7 +658,7 @@ body {{ margin: 0; font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Ar
   let liveTag = "";
   function applyLive(live) {{
     const doc = Bokeh.documents[Bokeh.documents.length - 1];
-    const status = doc ? doc.get_model_by_name("qf-live-status") : null;
+    const status = livePanel();
     if (!status) {{ liveTag = ""; return; }}  // the panel comes with the next charts
     live.images.forEach((im, i) => {{
       const src = doc.get_model_by_name("qf-live-src-" + i);
@@ -685,8 +685,13 @@ body {{ margin: 0; font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Ar
     status.text = live.status_html;
     status.tags = [live.rows, live.arrived];
   }}
+  function livePanel() {{
+    const doc = Bokeh.documents[Bokeh.documents.length - 1];
+    return doc ? doc.get_model_by_name("qf-live-status") : null;
+  }}
   async function pollLive() {{
     let wait = {live_refresh_ms};
+    if (!livePanel()) {{ setTimeout(pollLive, refreshMs); return; }}  // no live scan shown
     try {{
       const r = await fetch("{live_url}",
         {{ headers: {{ "If-None-Match": liveTag }}, cache: "no-store" }});
