@@ -56,7 +56,7 @@ PAGE = "/quantem-flow"
 REFRESH_MS = 500
 #: Milliseconds between polls for the charts while a live scan fills in (its images
 #: come every LIVE_REFRESH_MS by the lighter live.json).
-LIVE_CHARTS_REFRESH_MS = 2000
+LIVE_CHARTS_REFRESH_MS = 5000
 _NO_BOKEH = (
     "Bokeh is not installed, so this is the plain page without charts; install it "
     "(pip install bokeh) for the dashboard"
