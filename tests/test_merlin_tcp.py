@@ -5,10 +5,12 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import quantem_flow as qf
 from quantem_flow.errors import StreamProtocolError, StreamTimeoutError
 from quantem_flow.io.merlin import parse_mib_header
 from quantem_flow.streams.merlin_tcp import MerlinSimulator, encode_mpx, mq1_header, receive_merlin
@@ -135,3 +137,50 @@ def test_the_simulate_command_serves_merlin(rng: np.random.Generator, tmp_path: 
     assert proc.returncode == 0, err
     assert "sent 12 frames" in out
     np.testing.assert_array_equal(np.stack([f.data for f in got]), data.reshape(12, 16, 16))
+
+
+@pytest.mark.parametrize(
+    ("counter_depth", "quad"),
+    [(1, False), (6, False), (12, False), (24, False), (1, True), (6, True), (12, True)],
+)
+def test_raw_mode_frames_single_chip_and_quad_arrive_as_the_mib_reader_reads_them(
+    rng: np.random.Generator, tmp_path: Path, counter_depth: int, quad: bool
+) -> None:
+    from tests.io.writers_mib import write_raw_mib, write_raw_quad_mib
+
+    top = {1: 1, 6: 63, 12: 4095, 24: 2**24 - 1}[counter_depth]
+    side = 128 if quad else 32  # a 1-bit quad chip's row must fill 64-bit words
+    frames = rng.integers(0, top + 1, size=(6, side, side)).astype(np.uint32)
+    path = tmp_path / "raw.mib"
+    if quad:
+        write_raw_quad_mib(path, frames, counter_depth=counter_depth)
+    else:
+        write_raw_mib(path, frames, counter_depth=counter_depth)
+    blob = path.read_bytes()
+    record = len(blob) // len(frames)
+    header = f"HDR,\t\nFrames in Acquisition (Number):\t{len(frames)}\nEnd\t\n".encode("ascii")
+    messages = [encode_mpx(header)] + [
+        encode_mpx(blob[i * record : (i + 1) * record]) for i in range(len(frames))
+    ]
+    port, t = _serve(messages)
+    status: list[dict[str, object]] = []
+    got = list(receive_merlin("127.0.0.1", port, timeout_s=5, status=status))
+    t.join(10)
+    assert status[0]["ended"] == "complete"
+    offline = qf.open(path, scan_shape=(2, 3)).load_block((0, 2)).reshape(-1, side, side)
+    for i, f in enumerate(got):
+        assert f.image_id == i
+        np.testing.assert_array_equal(f.data, frames[i])  # the independent writer's values
+        np.testing.assert_array_equal(f.data, offline[i])  # and the file reader's
+
+
+def test_raw_multi_chip_layouts_other_than_quads_are_refused(tmp_path: Path) -> None:
+    from tests.io.writers_mib import raw_header
+
+    head = raw_header(1, width=64, height=16, counter_depth=12, size=768, n_chips=2)
+    payload = head + bytes(16 * 64 * 2)
+    header = b"HDR,\t\nFrames in Acquisition (Number):\t1\nEnd\t\n"
+    port, t = _serve([encode_mpx(header), encode_mpx(payload)])
+    with pytest.raises(StreamProtocolError, match=r"2-chip sensor.*only single chips and 2x2"):
+        list(receive_merlin("127.0.0.1", port, timeout_s=5))
+    t.join(10)

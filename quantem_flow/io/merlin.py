@@ -81,6 +81,7 @@ __all__ = [
     "parse_hdr",
     "parse_hdr_text",
     "parse_mib_header",
+    "raw_frame_layout",
     "raw_payload_bytes",
 ]
 
@@ -300,6 +301,70 @@ def decode_raw_frames(
     return out
 
 
+def raw_frame_layout(
+    header: dict[str, Any], depth: int, height: int, width: int, where: str
+) -> tuple[int, int, bool]:
+    """The decoded frame shape of a raw-mode (``R64``) frame, and whether it is a 2x2 quad.
+
+    Parameters
+    ----------
+    header
+        :func:`parse_mib_header` of the frame.
+    depth
+        Its counter depth (1, 6, 12 or 24).
+    height, width
+        The header's frame size.
+    where
+        The file or stream, for messages.
+
+    Raises
+    ------
+    FormatError
+        For multi-chip layouts other than 2x2 quads of 1, 6 or 12 bits, and
+        sizes that do not fill whole 64-bit words.
+    """
+    chips = int(header["n_chips"])
+    layout = str(header.get("sensor_layout", "")).strip().rstrip("G")
+    quad = chips == 4 and layout == "2x2"
+    if chips != 1 and not (quad and depth != 24):
+        raise FormatError(
+            f"{where} holds raw-mode (R64) {depth}-bit frames of a {chips}-chip "
+            f"sensor (layout {header.get('sensor_layout')!r}); only single chips and "
+            "2x2 quads of 1, 6 or 12 bits are decoded (the chips' rows are interleaved in "
+            "an order known only for those). Record in processed mode (U08/U16/U32), "
+            "which stores assembled frames"
+        )
+    if quad:
+        if width != 4 * height:
+            raise FormatError(
+                f"the MQ1 header of {where} declares a raw 2x2 quad frame of "
+                f"{width} x {height} (width x height); expected the four chips' rows side by "
+                f"side, a width of 4 x the chip height ({4 * height})"
+            )
+        if (height * RAW_DEPTHS[depth][0]) % 64:
+            raise FormatError(
+                f"the MQ1 header of {where} declares raw {depth}-bit quad chips "
+                f"{height} pixels wide, whose rows do not fill whole 64-bit words; the "
+                "header is damaged"
+            )
+        height, width = 2 * height, 2 * height
+    if depth == 24:
+        if width % 2:
+            raise FormatError(
+                f"the MQ1 header of {where} declares a 24-bit raw frame of odd "
+                f"width {width}; expected twice the frame width (two 12-bit sub-frames)"
+            )
+        width //= 2
+    slot = RAW_DEPTHS[depth][0]
+    if (height * width * slot) % 64:
+        raise FormatError(
+            f"the MQ1 header of {where} declares a raw {depth}-bit frame of "
+            f"{height} x {width} pixels, which does not fill whole 64-bit words of "
+            f"{64 // slot} pixels; the header is damaged"
+        )
+    return height, width, quad
+
+
 def parse_hdr(path: Path) -> dict[str, str]:
     """Parse a Merlin ``.hdr`` acquisition header (``key:<TAB>value`` lines)."""
     try:
@@ -497,47 +562,10 @@ class MerlinSource(FrameSource):
 
     def _raw_frame_shape(self, height: int, width: int) -> tuple[int, int]:
         """The decoded frame shape of a raw-mode header, checked against the 64-bit words."""
-        depth = self._counter_depth
-        assert depth is not None
-        chips = int(self._header["n_chips"])
-        layout = str(self._header.get("sensor_layout", "")).strip().rstrip("G")
-        self._quad = chips == 4 and layout == "2x2"
-        if chips != 1 and not (self._quad and depth != 24):
-            raise FormatError(
-                f"{str(self._path)!r} holds raw-mode (R64) {depth}-bit frames of a {chips}-chip "
-                f"sensor (layout {self._header.get('sensor_layout')!r}); only single chips and "
-                "2x2 quads of 1, 6 or 12 bits are decoded (the chips' rows are interleaved in "
-                "an order known only for those). Record in processed mode (U08/U16/U32), "
-                "which stores assembled frames"
-            )
-        if self._quad:
-            if width != 4 * height:
-                raise FormatError(
-                    f"the MQ1 header of {str(self._path)!r} declares a raw 2x2 quad frame of "
-                    f"{width} x {height} (width x height); expected the four chips' rows side by "
-                    f"side, a width of 4 x the chip height ({4 * height})"
-                )
-            if (height * RAW_DEPTHS[depth][0]) % 64:
-                raise FormatError(
-                    f"the MQ1 header of {str(self._path)!r} declares raw {depth}-bit quad chips "
-                    f"{height} pixels wide, whose rows do not fill whole 64-bit words; the "
-                    "header is damaged"
-                )
-            height, width = 2 * height, 2 * height
-        if depth == 24:
-            if width % 2:
-                raise FormatError(
-                    f"the MQ1 header of {str(self._path)!r} declares a 24-bit raw frame of odd "
-                    f"width {width}; expected twice the frame width (two 12-bit sub-frames)"
-                )
-            width //= 2
-        slot = RAW_DEPTHS[depth][0]
-        if (height * width * slot) % 64:
-            raise FormatError(
-                f"the MQ1 header of {str(self._path)!r} declares a raw {depth}-bit frame of "
-                f"{height} x {width} pixels, which does not fill whole 64-bit words of "
-                f"{64 // slot} pixels; the header is damaged"
-            )
+        assert self._counter_depth is not None
+        height, width, self._quad = raw_frame_layout(
+            self._header, self._counter_depth, height, width, f"{str(self._path)!r}"
+        )
         return height, width
 
     # -- properties --------------------------------------------------------------

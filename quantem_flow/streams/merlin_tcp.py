@@ -178,6 +178,7 @@ def receive_merlin(
         decode_raw_frames,
         parse_hdr_text,
         parse_mib_header,
+        raw_frame_layout,
         raw_payload_bytes,
     )
 
@@ -237,14 +238,12 @@ def receive_merlin(
             body = np.frombuffer(payload, dtype=np.uint8, offset=size)
             if head["pixel_depth"] == "R64":
                 depth = int(head["counter_depth"])
-                if int(head["n_chips"]) != 1:
-                    raise StreamProtocolError(
-                        f"Merlin TCP: frame {i} is raw-mode (R64) from a {head['n_chips']}-chip "
-                        "sensor; raw quads are decoded from .mib files only so far. Record in "
-                        "processed mode (U08/U16/U32) for live use"
+                try:  # single chips and 2x2 quads, as the .mib reader decodes them
+                    rows, cols, quad = raw_frame_layout(
+                        head, depth, rows, cols, f"Merlin TCP frame {i}"
                     )
-                if depth == 24:
-                    cols //= 2  # two 12-bit sub-frames, the header gives both widths
+                except FormatError as exc:
+                    raise StreamProtocolError(str(exc)) from exc
                 if body.size != raw_payload_bytes(depth, rows * cols):
                     raise StreamProtocolError(
                         f"Merlin TCP: frame {i} carries {body.size} raw bytes, expected "
@@ -252,7 +251,7 @@ def receive_merlin(
                         f"{depth} bit"
                     )
                 out = np.empty((1, rows, cols), dtype=RAW_DEPTHS[depth][1])
-                frame = decode_raw_frames(body[None, :], depth, out=out)[0]
+                frame = decode_raw_frames(body[None, :], depth, out=out, quad=quad)[0]
             else:
                 dtype = np.dtype(MIB_DTYPES[head["pixel_depth"]])
                 if body.size != rows * cols * dtype.itemsize:
