@@ -1119,7 +1119,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--keep-hdf5",
         metavar="FILE",
-        help="also keep the series as HDF5 (bitshuffle+LZ4 chunks as the detector sent them)",
+        help=(
+            "also keep the series as HDF5 (bitshuffle+LZ4 chunks as the detector sent them); "
+            "NAME_master.h5 writes DECTRIS's master and data files"
+        ),
     )
     p.add_argument("--output-dir", help="folder for the pipeline's outputs")
     p.add_argument("--timeout", type=float, default=10.0, help="longest silence in the stream, s")

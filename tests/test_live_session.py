@@ -222,6 +222,50 @@ def test_the_series_is_kept_as_hdf5_with_the_chunks_as_received(
         qf.live("tcp://127.0.0.1:1", scan_shape=SCAN, directory=tmp_path, keep_hdf5=kept)
 
 
+def test_the_series_is_kept_in_dectris_layout_and_opens_whole(
+    rng: np.random.Generator, tmp_path: Path
+) -> None:
+    import h5py
+
+    data = probe_data(rng, scan=SCAN)  # 120 frames
+    frames = data.reshape(-1, *data.shape[2:])
+    cal = qf.Calibration(detector_sampling=0.5, detector_units="mrad")
+    master = tmp_path / "series_master.h5"
+    with DectrisSimulator(frames, skip=[61]) as sim:
+        acq = qf.live(
+            sim.endpoint,
+            scan_shape=SCAN,
+            directory=tmp_path / "work",
+            keep_hdf5=master,
+            images_per_file=50,  # 3 data files: 50, 50, 20 frames
+            calibration=cal,
+            timeout_s=2,
+        )
+        sim.start()
+        assert acq.wait(timeout_s=30).missing == [61]
+    data_files = sorted(p.name for p in tmp_path.glob("series_data_*.h5"))
+    assert data_files == [f"series_data_{k:06d}.h5" for k in (1, 2, 3)]
+    ds = qf.open(master)  # the DECTRIS reader; scan shape and calibration from the sidecar
+    assert ds.source.format == "dectris" and ds.scan_shape == SCAN and ds.calibration == cal
+    got = ds.load_block((0, SCAN[0])).reshape(-1, *data.shape[2:])
+    want = frames.copy()
+    want[61] = 0  # never came: a chunk never written reads as the fill value
+    np.testing.assert_array_equal(got, want)
+    with h5py.File(tmp_path / "series_data_000002.h5", "r") as f:
+        d = f["entry/data/data"]
+        assert d.shape[0] == 50 and int(d.attrs["image_nr_low"]) == 51
+        assert "32008" in d._filters and d.chunks == (1, *data.shape[2:])
+    (tmp_path / "series_master.h5").unlink()  # the master gone, the others still there
+    with pytest.raises(qf.errors.OverwriteError, match=r"series\.json' exists"):
+        qf.live(
+            "tcp://127.0.0.1:1",
+            scan_shape=SCAN,
+            directory=tmp_path,
+            keep_hdf5=master,
+            images_per_file=50,
+        )
+
+
 @pytest.mark.cluster
 def test_the_live_command_updates_results_while_the_scan_runs(
     rng: np.random.Generator, tmp_path: Path

@@ -25,7 +25,6 @@ with the exit code; the frames already written stay in the file.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -53,6 +52,7 @@ class ReceiverConfig:
     timeout_s: float
     start_timeout_s: float
     calibration: dict[str, Any] | None
+    images_per_file: int = 1000
 
 
 def _frames(cfg: ReceiverConfig, reports: list[SeriesReport]) -> Iterator[Frame]:
@@ -105,32 +105,6 @@ def _frames(cfg: ReceiverConfig, reports: list[SeriesReport]) -> Iterator[Frame]
         )
 
 
-def _open_hdf5(
-    cfg: ReceiverConfig, frame_shape: tuple[int, int], dtype: np.dtype[Any]
-) -> tuple[Any, Any]:
-    """The archive file: ``/entry/data/data``, one bitshuffle+LZ4 chunk per frame."""
-    import h5py
-    import hdf5plugin
-
-    assert cfg.hdf5_path is not None
-    R, C = cfg.scan_shape
-    f = h5py.File(cfg.hdf5_path, "x")
-    dset = f.create_dataset(
-        "entry/data/data",
-        shape=(R * C, *frame_shape),
-        dtype=dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype,
-        chunks=(1, *frame_shape),
-        **hdf5plugin.Bitshuffle(cname="lz4"),
-    )
-    record: dict[str, Any] = {
-        "live": {"endpoint": cfg.endpoint, "protocol": cfg.protocol, "scan_shape": [R, C]}
-    }
-    if cfg.calibration is not None:
-        record["calibration"] = cfg.calibration
-    dset.attrs["quantem_flow"] = json.dumps(record)
-    return f, dset
-
-
 def _chunk_of(data: np.ndarray) -> bytes:
     """A frame that came decoded, as a bitshuffle+LZ4 chunk (the chunk store is uniform)."""
     from ..representations.encoded import _bitshuffle, _default_block_elements
@@ -148,7 +122,6 @@ def run_receiver(cfg: ReceiverConfig, conn: Any) -> None:
 
     reports: list[SeriesReport] = []
     archive: Any = None
-    dset: Any = None
     fd: int | None = None
     store: ChunkStoreWriter | None = None
     frame_bytes = 0
@@ -188,7 +161,24 @@ def run_receiver(cfg: ReceiverConfig, conn: Any) -> None:
                     },
                 )
                 if cfg.hdf5_path is not None:
-                    archive, dset = _open_hdf5(cfg, frame_shape, dtype)
+                    from .hdf5_keep import open_keep
+
+                    record: dict[str, Any] = {
+                        "live": {
+                            "endpoint": cfg.endpoint,
+                            "protocol": cfg.protocol,
+                            "scan_shape": [R, C],
+                        },
+                        "calibration": cfg.calibration,
+                    }
+                    archive = open_keep(
+                        Path(cfg.hdf5_path),
+                        scan_shape=(R, C),
+                        frame_shape=frame_shape,
+                        dtype=dtype,
+                        record=record,
+                        images_per_file=cfg.images_per_file,
+                    )
                 conn.send(("started", frame_shape, dtype.str, storage))
             if frame.image_id >= R * C:
                 raise StreamProtocolError(
@@ -209,12 +199,14 @@ def run_receiver(cfg: ReceiverConfig, conn: Any) -> None:
                 data = packed.decode() if packed is not None else np.asarray(frame.data)
                 data = np.ascontiguousarray(data, dtype=dtype)
                 os.pwrite(fd, data.data.cast("B"), frame.image_id * frame_bytes)
-            if dset is not None:
+            if archive is not None:
                 if frame.bslz4 is not None:  # kept as received: no second compression
-                    dset.id.write_direct_chunk((frame.image_id, 0, 0), frame.bslz4)
+                    archive.write(frame.image_id, frame.bslz4, None)
                 else:
-                    dset[frame.image_id] = (
-                        packed.decode() if packed is not None else np.asarray(frame.data)
+                    archive.write(
+                        frame.image_id,
+                        None,
+                        packed.decode() if packed is not None else np.asarray(frame.data),
                     )
             received[frame.image_id] = True
             per_row[frame.image_id // C] += 1

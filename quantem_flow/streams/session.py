@@ -57,6 +57,7 @@ class LiveAcquisition:
         chunk_rows: int | None = None,
         protocol: str = "dectris",
         keep_hdf5: str | Path | None = None,
+        images_per_file: int = 1000,
     ) -> None:
         if protocol not in ("dectris", "merlin"):
             raise ParameterError(f"protocol must be 'dectris' or 'merlin', got {protocol!r}")
@@ -76,13 +77,18 @@ class LiveAcquisition:
         self.directory = folder
         self.storage: str | None = None  # "bslz4-chunks" or "raw", at the first frame
         self.hdf5_path = None if keep_hdf5 is None else Path(keep_hdf5).expanduser().absolute()
-        if self.hdf5_path is not None and self.hdf5_path.exists():
+        if self.hdf5_path is not None:
             from ..errors import OverwriteError
+            from .hdf5_keep import kept_files
 
-            raise OverwriteError(
-                f"{str(self.hdf5_path)!r} exists; choose another keep_hdf5 path (a live series "
-                "never replaces a file)"
-            )
+            if int(images_per_file) < 1:
+                raise ParameterError(f"images_per_file must be >= 1, got {images_per_file!r}")
+            for existing in kept_files(self.hdf5_path, R * C, int(images_per_file)):
+                if existing.exists():
+                    raise OverwriteError(
+                        f"{str(existing)!r} exists; choose another keep_hdf5 path (a live "
+                        "series never replaces a file)"
+                    )
         self._lock = threading.Condition()
         self._received = np.zeros(R * C, dtype=bool)  # filled in from the receiver's report
         self._rows_done = 0
@@ -107,6 +113,7 @@ class LiveAcquisition:
             calibration=None
             if cal is None
             else (cal.to_dict() if hasattr(cal, "to_dict") else dict(cal)),
+            images_per_file=int(images_per_file),
         )
         # the receiver is a process of its own: as a thread here it would wait for the GIL
         # after every socket read, decode and write (receiver_process.py says how much)
@@ -464,6 +471,7 @@ def live(
     chunk_rows: int | None = None,
     protocol: str = "dectris",
     keep_hdf5: str | Path | None = None,
+    images_per_file: int = 1000,
 ) -> LiveAcquisition:
     """Receive one series from a detector stream; query it while it runs.
 
@@ -489,11 +497,17 @@ def live(
         ``"dectris"`` (SIMPLON stream v2, ZeroMQ) or ``"merlin"`` (the Merlin
         readout's TCP data socket).
     keep_hdf5
-        Also keep the series in this new HDF5 file, ``/entry/data/data`` of
-        ``(R_r * R_c, k_r, k_c)`` frames, one bitshuffle+LZ4 chunk each (HDF5
-        filter 32008): a frame the detector sent bitshuffle+LZ4 is written as
-        the bytes it came in, without a second compression.  Its attribute
-        ``quantem_flow`` records the stream, the scan shape and the calibration.
+        Also keep the series as HDF5, one bitshuffle+LZ4 chunk per frame
+        (HDF5 filter 32008): a frame the detector sent bitshuffle+LZ4 is
+        written as the bytes it came in, without a second compression.  A
+        name ending ``_master.h5`` writes DECTRIS's layout (master, data files
+        of 1000 frames, a JSON sidecar with the scan shape and calibration:
+        ``qf.open(master)`` opens it whole); any other name one file,
+        ``/entry/data/data`` of ``(R_r * R_c, k_r, k_c)`` frames whose
+        ``quantem_flow`` attribute records the stream, the scan shape and the
+        calibration (:mod:`~quantem_flow.streams.hdf5_keep`).
+    images_per_file
+        Frames per data file of the DECTRIS layout.
 
     Returns
     -------
@@ -510,4 +524,5 @@ def live(
         chunk_rows=chunk_rows,
         protocol=protocol,
         keep_hdf5=keep_hdf5,
+        images_per_file=images_per_file,
     )
