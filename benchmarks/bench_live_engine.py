@@ -98,10 +98,17 @@ def _send_merlin(n: int, rate: float, ports: Any, go: Any, done: Any) -> None:
     from quantem_flow.streams.merlin_tcp import encode_mpx, mq1_header
 
     base = _merlin_frames(64).astype(">u2")
-    header = encode_mpx(
-        f"HDR,\t\nFrames in Acquisition (Number):\t{n}\nCounter Depth (number):\t12\nEnd\t\n"
-        .encode("ascii")
-    )  # fmt: skip
+    fields = {
+        "Frames in Acquisition (Number)": str(n),
+        "Frames per Trigger (Number)": str(n),
+        "Counter Depth (number)": "12",
+        "Chip ID": "W530_L8,-,-,-",
+        "Assembly Size (NX1, 2X2)": "1x1",
+        "Sensor Layout": "1x1",
+        "Number of Chips": "1",
+    }
+    text = "HDR,\t\n" + "".join(f"{k}:\t{v}\n" for k, v in fields.items()) + "End\t\n"
+    header = encode_mpx(text.encode("ascii"))
     messages = [
         encode_mpx(mq1_header(i + 1, (256, 256), np.uint16) + base[i % 64].tobytes())
         for i in range(n)

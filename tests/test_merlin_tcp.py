@@ -29,6 +29,11 @@ def test_an_acquisition_arrives_whole(rng: np.random.Generator, dtype: str) -> N
     assert header[0]["Frames in Acquisition (Number)"] == "30"
 
 
+def test_the_length_counts_the_comma_before_the_payload() -> None:
+    # as Merlins send it (and LiberTEM-live, run against them, reads it)
+    assert encode_mpx(b"HDR,abc") == b"MPX,0000000008,HDR,abc"
+
+
 def test_the_frame_header_is_the_mib_readers() -> None:
     head = parse_mib_header(mq1_header(7, (256, 256), np.uint16), __import__("pathlib").Path("x"))
     assert (head["sequence_number"], head["header_bytes"], head["width"], head["height"]) == (

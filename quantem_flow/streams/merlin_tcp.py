@@ -1,14 +1,18 @@
 """Quantum Detectors Merlin over TCP: the acquisition header, then framed frames.
 
 The Merlin readout sends each message on its data socket as ``MPX,`` then
-the payload's length as 10 decimal digits, a comma, and the payload.  The
+10 decimal digits, a comma, and the payload; the digits count the bytes
+after them, the comma included (the payload's length + 1).  An earlier
+version of this module counted the payload alone: LiberTEM-live's receiver,
+which runs against real Merlins, then stopped one byte short at the second
+message (it found a newline where ``MPX,`` belonged), and so would a Merlin's own
+framing against this receiver.  The
 first payload is the acquisition header (the text of a ``.hdr`` file,
 ``HDR,`` ... ``End``); each following payload is one frame exactly as a
 ``.mib`` file stores it: its ``MQ1`` header, then the pixels (processed
 ``U08``/``U16``/``U32`` big-endian, or raw ``R64`` counters), so the frame
 is parsed and decoded by the ``.mib`` reader's own functions
-(:mod:`quantem_flow.io.merlin`).  Framing as LiberTEM-live documents and
-reads it; a 10-digit length of anything but digits, a payload that is not a
+(:mod:`quantem_flow.io.merlin`).  A 10-digit length of anything but digits, a payload that is not a
 header or a frame, or a frame whose shape changes mid-acquisition raises
 :class:`~quantem_flow.errors.StreamProtocolError`.
 
@@ -40,8 +44,8 @@ _DEPTH_OF_DTYPE = {"u1": "U08", "u2": "U16", "u4": "U32"}
 
 
 def encode_mpx(payload: bytes) -> bytes:
-    """One message of the Merlin data socket."""
-    return b"MPX," + f"{len(payload):010d}".encode() + b"," + payload
+    """One message of the Merlin data socket (the length counts the comma before the payload)."""
+    return b"MPX," + f"{len(payload) + 1:010d}".encode() + b"," + payload
 
 
 def mq1_header(
@@ -110,7 +114,12 @@ class _Messages:
             raise StreamProtocolError(
                 f"Merlin TCP: expected a message prefix 'MPX,<10 digits>,', got {prefix!r}"
             )
-        n = int(digits)
+        n = int(digits) - 1  # the count includes the comma already read
+        if n < 0:
+            raise StreamProtocolError(
+                f"Merlin TCP: a message prefix counts {int(digits)} bytes; it counts the comma "
+                "after it, so at least 1"
+            )
         if n > len(self._buffer):
             self._buffer = bytearray(n)
         view = memoryview(self._buffer)[:n]
