@@ -115,30 +115,37 @@ def test_merlin_tcp_through_qf_live_equals_the_offline_pass(
         np.testing.assert_array_equal(a.data, b.data)
 
 
+def _pipeline_file(folder: Path, *, with_com: bool) -> Path:
+    """A pipeline YAML for `quantem-flow live`: BF (and CoM), saved to live_results.h5."""
+    import yaml
+
+    outputs: dict[str, object] = {"bf": {"op": "virtual_bf", "radius": 4.5, "center": list(CENTER)}}
+    if with_com:
+        outputs["com"] = {"op": "center_of_mass", "center": list(CENTER)}
+    pipeline = folder / "live.yaml"
+    pipeline.write_text(
+        yaml.safe_dump(
+            {
+                "version": 1,
+                "input": {"path": "unused.npy", "chunk_rows": 3},
+                "outputs": outputs,
+                "save": {"results": "live_results.h5"},
+            }
+        )
+    )
+    return pipeline
+
+
 def test_the_live_command_runs_a_pipeline_on_a_stream(
     rng: np.random.Generator, tmp_path: Path
 ) -> None:
     import subprocess
     import sys
 
-    import yaml
 
     data = probe_data(rng, scan=SCAN)
     frames = data.reshape(-1, *data.shape[2:])
-    pipeline = tmp_path / "live.yaml"
-    pipeline.write_text(
-        yaml.safe_dump(
-            {
-                "version": 1,
-                "input": {"path": "unused.npy", "chunk_rows": 3},
-                "outputs": {
-                    "bf": {"op": "virtual_bf", "radius": 4.5, "center": list(CENTER)},
-                    "com": {"op": "center_of_mass", "center": list(CENTER)},
-                },
-                "save": {"results": "live_results.h5"},
-            }
-        )
-    )
+    pipeline = _pipeline_file(tmp_path, with_com=True)
     with DectrisSimulator(frames, skip=[5]) as sim:
         proc = subprocess.Popen(
             [sys.executable, "-m", "quantem_flow", "live", "--dectris", sim.endpoint,
@@ -274,21 +281,10 @@ def test_the_live_command_updates_results_while_the_scan_runs(
     import subprocess
     import sys
 
-    import yaml
 
     data = probe_data(rng, scan=SCAN)
     frames = data.reshape(-1, *data.shape[2:])
-    pipeline = tmp_path / "live.yaml"
-    pipeline.write_text(
-        yaml.safe_dump(
-            {
-                "version": 1,
-                "input": {"path": "unused.npy", "chunk_rows": 3},
-                "outputs": {"bf": {"op": "virtual_bf", "radius": 4.5, "center": list(CENTER)}},
-                "save": {"results": "live_results.h5"},
-            }
-        )
-    )
+    pipeline = _pipeline_file(tmp_path, with_com=False)
     with DectrisSimulator(frames, rate_hz=25.0) as sim:  # 4.8 s of scan
         proc = subprocess.Popen(
             [sys.executable, "-m", "quantem_flow", "live", "--dectris", sim.endpoint,

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["IMAGES_PER_FILE", "HDF5Keep", "kept_files", "open_keep"]
+__all__ = ["IMAGES_PER_FILE", "HDF5Keep", "kept_files"]
 
 #: Frames per data file in the DECTRIS layout (the SIMPLON file writer's usual
 #: ``nimages_per_file``).
@@ -157,23 +157,3 @@ class HDF5Keep:
                 errors.append(exc)
         if errors:
             raise errors[0]
-
-
-def open_keep(
-    path: Path,
-    *,
-    scan_shape: tuple[int, int],
-    frame_shape: tuple[int, int],
-    dtype: np.dtype[Any],
-    record: dict[str, Any],
-    images_per_file: int = IMAGES_PER_FILE,
-) -> HDF5Keep:
-    """Open the kept HDF5 for a series (see the module)."""
-    return HDF5Keep(
-        path,
-        scan_shape=scan_shape,
-        frame_shape=frame_shape,
-        dtype=dtype,
-        record=record,
-        images_per_file=images_per_file,
-    )

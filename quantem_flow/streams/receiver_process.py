@@ -161,7 +161,7 @@ def run_receiver(cfg: ReceiverConfig, conn: Any) -> None:
                     },
                 )
                 if cfg.hdf5_path is not None:
-                    from .hdf5_keep import open_keep
+                    from .hdf5_keep import HDF5Keep
 
                     record: dict[str, Any] = {
                         "live": {
@@ -171,7 +171,7 @@ def run_receiver(cfg: ReceiverConfig, conn: Any) -> None:
                         },
                         "calibration": cfg.calibration,
                     }
-                    archive = open_keep(
+                    archive = HDF5Keep(
                         Path(cfg.hdf5_path),
                         scan_shape=(R, C),
                         frame_shape=frame_shape,
