@@ -251,3 +251,54 @@ def test_the_live_panel_draws_only_the_rows_received() -> None:
     assert dash.root.children[1] is dash._live_panel
     dash.update({})
     assert dash._live_panel is None and len(dash.root.children) == 7
+
+
+def test_the_explorer_follows_a_live_scan(rng: np.random.Generator, tmp_path: Path) -> None:
+    import time
+    import urllib.request
+
+    from quantem_flow.explorer.detectors import Detector
+
+    scan = (12, 10)
+    data = probe_data(rng, scan=scan)
+    frames = data.reshape(-1, *data.shape[2:])
+    with DectrisSimulator(frames, rate_hz=40.0) as sim:  # 3 s of scan
+        acq = qf.live(
+            sim.endpoint, scan_shape=scan, directory=tmp_path, keep_hdf5=tmp_path / "s_master.h5"
+        )
+        sim.start()
+        acq.wait_rows(2, timeout_s=30)
+        ex = qf.explore(acq, client="synchronous", export_dir=tmp_path / "export")
+        try:
+            session = ex.session
+            session._follow_s = 0.2
+            assert session.scan_shape == scan and session.dataset.scan_shape[0] < scan[0]
+            with urllib.request.urlopen(ex.url, timeout=30) as page:
+                assert page.status == 200
+            det = Detector("disk", center=CENTER, outer=4.5, name="bf")
+            session.set_detector(det)
+            deadline = time.monotonic() + 60
+            early = None
+            while time.monotonic() < deadline:
+                latest = session.latest
+                if latest is not None and latest.detector == det:
+                    early = early or latest
+                    if not np.isnan(latest.image).any():
+                        break
+                time.sleep(0.05)
+            assert early is not None and early.image.shape == scan  # the whole scan's frame
+            blank = np.isnan(early.image).all(axis=1)
+            assert blank.any() and not blank[0]  # rows to come are blank, never zero
+            final = session.latest
+            assert final is not None and not np.isnan(final.image).any()  # filled in
+            (offline,) = qf.compute(
+                qf.virtual_bf(qf.open(data), radius=4.5, center=CENTER), client="synchronous"
+            )
+            np.testing.assert_array_equal(final.image, offline.data)
+            spec = ex._input_spec  # the exported pipeline reads the kept master file
+            assert (
+                spec is not None and spec.format == "dectris" and spec.path.endswith("s_master.h5")
+            )
+            assert session.pattern(scan[0] - 1, 0).shape == data.shape[2:]
+        finally:
+            ex.close()

@@ -105,7 +105,7 @@ def make_document(
     ds = session.dataset
     axes = _Axes(session)
     kr, kc = ds.detector_shape
-    R, C = ds.scan_shape
+    R, C = session.scan_shape  # a live scan's whole shape (its rows fill in)
     cal = ds.calibration
     scan_units = str(cal.scan_units)
     sy, sx = (float(cal.scan_sampling[0]), float(cal.scan_sampling[1]))

@@ -204,8 +204,20 @@ class Explorer:
         )
 
 
+def _kept_input(live: Any) -> InputSpec:
+    """The HDF5 a live series is kept in, as the exported pipeline's input."""
+    path = Path(live.hdf5_path)
+    if path.name.endswith("_master.h5"):  # DECTRIS layout: the sidecar gives the scan shape
+        return InputSpec(path=str(path), format="dectris", options={})
+    return InputSpec(
+        path=str(path),
+        format="hdf5",
+        options={"dataset_path": "/entry/data/data", "scan_shape": list(live.scan_shape)},
+    )
+
+
 def explore(
-    ds: Dataset4D,
+    ds: Dataset4D | Any,
     *,
     client: Any = None,
     host: str = "127.0.0.1",
@@ -223,7 +235,10 @@ def explore(
     Parameters
     ----------
     ds
-        The dataset.
+        The dataset, or a live acquisition (:func:`quantem_flow.live`): the
+        explorer opens on the rows received so far and follows the scan (its
+        images fill in; rows not yet received are blank), and the exported
+        pipeline reads the HDF5 the series is kept in (``keep_hdf5=``).
     client
         ``None`` (the embedded local cluster), a ``distributed.Client`` or
         ``"synchronous"``.
@@ -243,15 +258,26 @@ def explore(
     Explorer
         The running explorer (``.url``, ``.close()``).
     """
-    if not isinstance(ds, Dataset4D):
-        raise ParameterError(f"explore takes a Dataset4D (qf.open(...)), got {type(ds).__name__}")
-    session = ExplorerSession(ds, client=client)
+    live = None
+    if hasattr(ds, "dataset_so_far") and hasattr(ds, "rows_complete"):  # qf.live(...)
+        live = ds
+        ds = live.dataset_so_far()
+        if input_spec is None and getattr(live, "hdf5_path", None) is not None:
+            input_spec = _kept_input(live)
+    elif not isinstance(ds, Dataset4D):
+        raise ParameterError(
+            f"explore takes a Dataset4D (qf.open(...)) or a live acquisition (qf.live(...)), "
+            f"got {type(ds).__name__}"
+        )
+    session = ExplorerSession(ds, client=client, live=live)
     try:
         return Explorer(
             session,
             host=host,
             port=port,
-            input_spec=input_spec if input_spec is not None else input_spec_of(ds),
+            input_spec=input_spec
+            if input_spec is not None or live is not None
+            else input_spec_of(ds),
             export_dir=export_dir,
         )
     except BaseException:

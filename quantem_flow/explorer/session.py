@@ -90,11 +90,20 @@ class ExplorerSession:
         cluster), a ``distributed.Client``, or ``"synchronous"``.
     """
 
-    def __init__(self, ds: Dataset4D, *, client: Any = None):
+    def __init__(
+        self, ds: Dataset4D, *, client: Any = None, live: Any = None, follow_s: float = 2.0
+    ):
         self.client = client
         t0 = time.perf_counter()
         self.dataset = ds if ds.is_persisted else ds.persist(client=client)
         self.persist_s = time.perf_counter() - t0
+        #: A live acquisition this session follows (``qf.explore(acq)``): the persisted
+        #: dataset is replaced by one over more rows as they arrive; images cover the
+        #: whole scan, rows not yet received blank (NaN).
+        self.live = live
+        self.scan_shape: tuple[int, int] = (
+            tuple(live.scan_shape) if live is not None else tuple(self.dataset.scan_shape)  # type: ignore[assignment]
+        )
         mean, peak = _compute(
             mean_diffraction(self.dataset), max_diffraction(self.dataset), client=client
         )
@@ -130,6 +139,14 @@ class ExplorerSession:
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="qf-explore", daemon=True)
         self._thread.start()
+        self._follower: threading.Thread | None = None
+        self._stop_following = threading.Event()
+        if live is not None:
+            self._follow_s = float(follow_s)
+            self._follower = threading.Thread(
+                target=self._follow, name="qf-explore-live", daemon=True
+            )
+            self._follower.start()
         self.request()
 
     # -- listeners --------------------------------------------------------------------------
@@ -180,7 +197,7 @@ class ExplorerSession:
 
     def set_position(self, row: int, col: int) -> None:
         """Choose the scan position whose pattern is shown."""
-        R, C = self.dataset.scan_shape
+        R, C = self.scan_shape
         if not (0 <= row < R and 0 <= col < C):
             raise ParameterError(f"scan position ({row}, {col}) is outside the scan ({R}, {C})")
         if (row, col) != self.position:
@@ -204,7 +221,7 @@ class ExplorerSession:
         """The half-open ``size x size`` scan region around ``(row, col)``, within the scan."""
         if size < 1:
             raise ParameterError(f"a region is at least 1 x 1 positions, got size={size}")
-        R, C = self.dataset.scan_shape
+        R, C = self.scan_shape
         r0 = min(max(row - (size - 1) // 2, 0), max(R - size, 0))
         c0 = min(max(col - (size - 1) // 2, 0), max(C - size, 0))
         return r0, min(r0 + size, R), c0, min(c0 + size, C)
@@ -215,7 +232,10 @@ class ExplorerSession:
         Integer data are summed in int64 (exact); the result is float64 for display.
         """
         r0, r1, c0, c1 = self.region_of(row, col, size)
-        block = self.dataset.load_block((r0, r1), (c0, c1))
+        received = self.dataset.scan_shape[0]  # a live scan: rows beyond have not come
+        if r0 >= received:
+            return np.zeros(self.dataset.detector_shape, dtype=np.float64)
+        block = self.dataset.load_block((r0, min(r1, received)), (c0, c1))
         acc = np.int64 if block.dtype.kind in "iub" else np.float64
         return np.asarray(block.sum(axis=(0, 1), dtype=acc), dtype=np.float64)
 
@@ -266,6 +286,11 @@ class ExplorerSession:
                 res = phase
                 image = np.asarray(phase.data, dtype=np.float64)
                 units = str(phase.units)
+        rows = image.shape[0]
+        if rows < self.scan_shape[0]:  # a live scan: rows not yet received are blank
+            full = np.full((self.scan_shape[0], image.shape[1]), np.nan)
+            full[:rows] = image
+            image = full
         return ImageUpdate(view, detector, res, image, units, time.perf_counter() - t0)
 
     def _run(self) -> None:
@@ -289,11 +314,39 @@ class ExplorerSession:
             self.latest = update
             self._notify("image")
 
+    def _follow(self) -> None:
+        """Persist the rows of a live scan as they arrive; swap them in; redraw."""
+        live = self.live
+        while not self._stop_following.is_set():
+            rows = self.dataset.scan_shape[0]
+            finished = live.finished
+            now = live.rows_complete
+            if now > rows:
+                try:
+                    fresh = live.dataset_so_far().persist(client=self.client)
+                except Exception as exc:  # the page says so; the rows shown stay
+                    logger.warning("quantem-flow explore: live rows: %s", exc)
+                    self.error = f"{type(exc).__name__}: {exc}"
+                    self._notify("error")
+                    return
+                with self._wake:
+                    old, self.dataset = self.dataset, fresh
+                    self._field_cache.clear()
+                old.release()
+                self._notify("rows")
+                self.request()
+            elif finished:
+                return
+            self._stop_following.wait(self._follow_s)
+
     def close(self, *, release: bool = True) -> None:
         """Stop the background thread; release the resident chunks persisted here."""
         with self._wake:
             self._closed = True
-            self._wake.notify()
+            self._wake.notify_all()
+        self._stop_following.set()
         self._thread.join(timeout=10)
+        if self._follower is not None:
+            self._follower.join(timeout=30)
         if release and self.dataset.is_persisted:
             self.dataset.release()
