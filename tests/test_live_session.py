@@ -142,7 +142,6 @@ def test_the_live_command_runs_a_pipeline_on_a_stream(
     import subprocess
     import sys
 
-
     data = probe_data(rng, scan=SCAN)
     frames = data.reshape(-1, *data.shape[2:])
     pipeline = _pipeline_file(tmp_path, with_com=True)
@@ -281,7 +280,6 @@ def test_the_live_command_updates_results_while_the_scan_runs(
     import subprocess
     import sys
 
-
     data = probe_data(rng, scan=SCAN)
     frames = data.reshape(-1, *data.shape[2:])
     pipeline = _pipeline_file(tmp_path, with_com=False)
@@ -303,3 +301,27 @@ def test_the_live_command_updates_results_while_the_scan_runs(
     saved = qf.load_results(tmp_path / "live_results.h5")["bf"]
     np.testing.assert_array_equal(saved.data, offline.data)
     assert any(n.startswith("live: joined from") for n in saved.provenance.notes)
+
+
+def test_a_script_without_a_main_guard_receives_once(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = tmp_path / "at_the_microscope.py"
+    script.write_text(
+        "import numpy as np\n"
+        "import quantem_flow as qf\n"
+        "from quantem_flow.streams.dectris_sim import DectrisSimulator\n"
+        "frames = np.arange(6 * 4 * 8 * 8, dtype=np.uint16).reshape(24, 8, 8)\n"
+        "with DectrisSimulator(frames) as sim:\n"
+        "    acq = qf.live(sim.endpoint, scan_shape=(6, 4))\n"
+        "    sim.start()\n"
+        "    print('report:', acq.wait(timeout_s=30).describe())\n"
+        "    print('bf total:', int(acq.dataset().load_block((0, 6)).sum()))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("report: complete: 24 of 24 images") == 1  # run once, not again
+    assert f"bf total: {sum(range(6 * 4 * 8 * 8))}" in proc.stdout

@@ -7,14 +7,19 @@ the write) around calls that release the GIL (the socket, the decoder,
 waits for the GIL each time it comes back from such a call, up to the
 interpreter's switch interval (5 ms) while the analysis holds it: measured
 here, ~650 frames/s instead of 10,000.  So the receiver runs in a child
-process of its own (``spawn``: safe with the threads of a Dask client):
+process of its own (``python -m quantem_flow.streams.receiver_process``, a
+fresh interpreter: safe beside a Dask client's threads, and it never runs
+the user's script again, as a ``multiprocessing`` child would; see
+:func:`start_receiver`):
 
-* it connects where the user said, receives one series and writes each
-  frame with ``os.pwrite`` into the preallocated raw file, in scan order
-  (and, when asked, keeps the series as HDF5 with the chunks as received);
-* it tells the parent over a pipe: ``("started", frame_shape, dtype)`` at
-  the first frame, ``("rows", rows_complete, [arrival times])`` whenever more
-  scan rows are complete, and ``("end", report, error, received)`` last;
+* it connects where the user said, receives one series and keeps each
+  frame in scan order: bitshuffle+LZ4 images as their chunks, others
+  decoded into the preallocated raw file (:mod:`.live_chunks`), and, when
+  asked, the series as HDF5 with the chunks as received (:mod:`.hdf5_keep`);
+* it tells the parent over its stdout (length-prefixed pickles):
+  ``("started", frame_shape, dtype, storage)`` at the first frame,
+  ``("rows", rows_complete, [arrival times])`` whenever more scan rows are
+  complete, and ``("end", report, error, received)`` last;
 * it never decides what the frames mean; the parent's views read the file.
 
 If the child dies without its ``end`` message, the parent's listener sees
@@ -37,7 +42,7 @@ from .dectris_receive import Frame, SeriesReport, receive_series
 from .dectris_stream import PackedImage
 from .live_chunks import CHUNKS, RAW, ChunkStoreWriter, write_manifest
 
-__all__ = ["ReceiverConfig", "run_receiver"]
+__all__ = ["MessagePipe", "ReceiverConfig", "run_receiver", "start_receiver"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,3 +249,80 @@ def run_receiver(cfg: ReceiverConfig, conn: Any) -> None:
                 )
             )
         conn.close()
+
+
+class MessagePipe:
+    """Pickled messages over a byte stream, each prefixed by its length (8 bytes, big-endian)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def send(self, message: Any) -> None:
+        """Write one message (flushed)."""
+        import pickle
+
+        body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        self._stream.write(len(body).to_bytes(8, "big") + body)
+        self._stream.flush()
+
+    def recv(self) -> Any:
+        """Read one message; ``EOFError`` when the other side is gone."""
+        import pickle
+
+        head = self._read(8)
+        return pickle.loads(self._read(int.from_bytes(head, "big")))
+
+    def _read(self, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            part = self._stream.read(n - len(out))
+            if not part:
+                raise EOFError("the receiving process closed its pipe")
+            out += part
+        return out
+
+    def close(self) -> None:
+        """Close the stream."""
+        self._stream.close()
+
+
+def start_receiver(cfg: ReceiverConfig) -> tuple[Any, MessagePipe]:
+    """Start the receiving process; return it and the pipe its messages come on.
+
+    It is ``python -m quantem_flow.streams.receiver_process``, not a
+    ``multiprocessing`` child: a spawned child imports the parent's main
+    module again, so a user's script without an ``if __name__ == "__main__":``
+    guard would start its acquisition a second time inside the receiver.
+    The configuration goes in on stdin, the messages come out on stdout
+    (the child points its own stdout at stderr, so nothing a library prints
+    mixes into them).
+    """
+    import pickle
+    import subprocess
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "quantem_flow.streams.receiver_process"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        close_fds=True,
+    )
+    assert process.stdin is not None and process.stdout is not None
+    process.stdin.write(pickle.dumps(cfg))
+    process.stdin.close()
+    return process, MessagePipe(process.stdout)
+
+
+def _main() -> None:
+    """The receiving process: its configuration on stdin, its messages on stdout."""
+    import pickle
+    import sys
+
+    cfg = pickle.load(sys.stdin.buffer)
+    messages = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything printed goes to stderr, never into the messages
+    run_receiver(cfg, MessagePipe(messages))
+
+
+if __name__ == "__main__":
+    _main()

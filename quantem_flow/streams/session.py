@@ -19,7 +19,7 @@ every result says so in its provenance notes.
 
 from __future__ import annotations
 
-import multiprocessing
+import contextlib
 import tempfile
 import threading
 import time
@@ -37,7 +37,7 @@ from ..errors import (
     StreamTimeoutError,
 )
 from .dectris_receive import SeriesReport
-from .receiver_process import ReceiverConfig, run_receiver
+from .receiver_process import ReceiverConfig, start_receiver
 
 __all__ = ["LiveAcquisition", "live"]
 
@@ -117,13 +117,7 @@ class LiveAcquisition:
         )
         # the receiver is a process of its own: as a thread here it would wait for the GIL
         # after every socket read, decode and write (receiver_process.py says how much)
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child_end = ctx.Pipe(duplex=False)
-        self._process = ctx.Process(
-            target=run_receiver, args=(config, child_end), name="qf-live-receiver", daemon=True
-        )
-        self._process.start()
-        child_end.close()
+        self._process, self._conn = start_receiver(config)
         self._listener = threading.Thread(target=self._listen, name="qf-live", daemon=True)
         self._listener.start()
         self._finalizer = weakref.finalize(self, _stop_process, self._process)
@@ -154,12 +148,13 @@ class LiveAcquisition:
                 if kind == "end":
                     return
         except (EOFError, OSError):
-            self._process.join(5.0)
+            with contextlib.suppress(Exception):  # still running: its code stays unknown
+                self._process.wait(5.0)
             with self._lock:
                 if not self._finished:
                     self.error = StreamReceiverLostError(
                         f"the process receiving {self.endpoint} ended without its report (exit "
-                        f"code {self._process.exitcode}) after {self._rows_done} complete scan "
+                        f"code {self._process.returncode}) after {self._rows_done} complete scan "
                         f"rows; the frames it wrote are kept in {str(self.directory)!r}"
                     )
                     self._finished = True
@@ -455,9 +450,13 @@ class LiveAcquisition:
 
 def _stop_process(process: Any) -> None:
     """End the receiving process if it still runs (it ends by itself at its deadlines)."""
-    if process.is_alive():
+    if process.poll() is None:
         process.terminate()
-        process.join(10.0)
+        try:
+            process.wait(10.0)
+        except Exception:  # it did not end: killed
+            process.kill()
+            process.wait(10.0)
 
 
 def live(
