@@ -255,15 +255,25 @@ def make_document(
     status = Div(text="", name="status", width=900)
     kept_div = Div(text="", name="kept", width=900)
     export_text = PreText(text="", name="export_text", width=900)
-    describe = Div(
-        name="dataset",
-        width=900,
-        text=(
+
+    def describe_text() -> str:
+        held = session.dataset
+        rows = held.scan_shape[0]
+        live = (
+            f"; <b>live</b> from {html.escape(str(session.live.endpoint))}: {rows} of {R} scan "
+            "rows received, the images fill in"
+            if session.live is not None
+            else ""
+        )
+        return (
             f"<b>quantem-flow explore</b>: {R} x {C} scan of {kr} x {kc} px {ds.dtype} patterns, "
-            f"persisted on the cluster ({ds.nbytes / 2**30:.2f} GiB, {len(ds.chunks)} chunks); "
-            f"detector in {axes.units}" + ("" if axes.calibrated else " (uncalibrated)")
-        ),
-    )
+            f"persisted on the cluster ({held.nbytes / 2**30:.2f} GiB, {len(held.chunks)} "
+            f"chunks); detector in {axes.units}"
+            + ("" if axes.calibrated else " (uncalibrated)")
+            + live
+        )
+
+    describe = Div(name="dataset", width=900, text=describe_text())
 
     # -- session -> page ----------------------------------------------------------------------
     def outline_of(det: Detector) -> tuple[list[list[float]], list[list[float]]]:
@@ -397,6 +407,8 @@ def make_document(
                 show_position()
             elif what == "kept":
                 show_kept()
+            elif what == "rows":
+                describe.text = describe_text()
             elif what == "view":
                 view_select.value = session.view
             elif what == "error" and session.error:
