@@ -169,7 +169,7 @@ def test_the_dashboard_page_shows_the_scan_filling_in(
         # the page's fast path: live.json carries only the pictures, drawn into the panel
         with urllib.request.urlopen(url + "/live.json", timeout=20) as resp:
             fast = json.loads(resp.read())
-            assert resp.headers["X-Refresh-Ms"] == str(LIVE_REFRESH_MS)
+            assert int(resp.headers["X-Refresh-Ms"]) > LIVE_REFRESH_MS  # ended: asked slowly
         assert fast["rows"] == scan[0] and fast["final"] and len(fast["images"]) == 4
         assert fast["images"][0]["shape"] == list(scan)
         pixels8 = np.frombuffer(base64.b64decode(fast["images"][0]["b64"]), dtype=np.uint8)

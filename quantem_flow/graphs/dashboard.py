@@ -924,7 +924,9 @@ def register_page(scheduler: Any, plugin: Any) -> tuple[bool, str]:
                 return
             tag = f"{live.get('published')}-{live.get('rows')}"
             self.set_header("ETag", tag)
-            self.set_header("X-Refresh-Ms", str(LIVE_REFRESH_MS))
+            # a scan that ended changes no more: ask again slowly (a new scan shows by then)
+            slow = REFRESH_MS * 4 if live.get("final") else LIVE_REFRESH_MS
+            self.set_header("X-Refresh-Ms", str(slow))
             if self.request.headers.get("If-None-Match") == tag:
                 self.set_status(304)
                 return
