@@ -178,3 +178,26 @@ def test_a_receiver_that_dies_is_reported_and_its_rows_kept(
     )
     err = StreamReceiverLostError("x")
     assert str(pickle.loads(pickle.dumps(err))) == "x"
+
+
+@pytest.mark.parametrize(
+    ("geometry", "shape", "dtype"),
+    [
+        ("ARINA", (192, 192), "uint16"),
+        ("QUADRO", (512, 512), "uint16"),
+        ("QUADRO 8-bit", (512, 512), "uint8"),
+    ],
+)
+def test_detector_geometries_through_qf_live(
+    rng: np.random.Generator, tmp_path: Path, geometry: str, shape: tuple[int, int], dtype: str
+) -> None:
+    scan = (3, 4)
+    frames = rng.poisson(0.05, size=(scan[0] * scan[1], *shape)).astype(dtype)
+    with DectrisSimulator(frames) as sim:  # bitshuffle+LZ4, as both detectors send by default
+        acq = qf.live(sim.endpoint, scan_shape=scan, directory=tmp_path)
+        sim.start()
+        assert acq.wait(timeout_s=60).complete, geometry
+    assert acq.storage == "bslz4-chunks" and acq.frame_shape == shape
+    kept = acq.dataset().load_block((0, scan[0])).reshape(frames.shape)
+    assert kept.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(kept, frames)
