@@ -230,7 +230,7 @@ def _live(args: argparse.Namespace) -> int:
             client=None if args.scheduler is None else client,
             allow_incomplete=bool(args.allow_incomplete),
         )
-        shown = -1
+        shown = 0  # the first line when rows have results
         while not updates.final:
             if updates.error is not None:
                 break
