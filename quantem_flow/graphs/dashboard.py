@@ -533,12 +533,7 @@ class FlowDashboard:
 def _live_structure(live: Mapping[str, Any]) -> tuple[Any, ...]:
     """What decides the live panel's layout (its pictures arrive by ``live.json``)."""
     labels = tuple(str(e.get("label", "")) for e in live.get("images", []))
-    return (
-        tuple(live.get("scan_shape", [])),
-        labels,
-        live.get("endpoint"),
-        bool(live.get("final")),
-    )
+    return (tuple(live.get("scan_shape", [])), labels, live.get("endpoint"))
 
 
 def _clock(t: Any) -> str:

@@ -36,6 +36,7 @@ import numpy as np
 
 from ..errors import ParameterError, StreamTimeoutError
 from ..graphs.live_panel import LIVE_METADATA_KEY
+from .waiting import wait_until
 
 __all__ = ["LIVE_METADATA_KEY", "LiveResults", "is_incremental", "join_scan_rows"]
 
@@ -361,22 +362,22 @@ class LiveResults:
         with self._lock:
             return self._final
 
+    def _raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
     def wait_rows(self, rows: int, *, timeout_s: float = 60.0) -> tuple[Any, ...]:
         """Wait until the results cover at least ``rows`` scan rows (or are final)."""
-        deadline = time.monotonic() + timeout_s
         with self._lock:
-            while self.rows < rows and not self._final:
-                if self.error is not None:
-                    raise self.error
-                if self._stop:
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise StreamTimeoutError(
-                        f"live results reached {self.rows} of {rows} scan rows within "
-                        f"{timeout_s:g} s"
-                    )
-                self._lock.wait(min(left, 0.5))
+            wait_until(
+                self._lock,
+                lambda: self.rows >= rows or self._final or self._stop,
+                timeout_s,
+                on_timeout=lambda: StreamTimeoutError(
+                    f"live results reached {self.rows} of {rows} scan rows within {timeout_s:g} s"
+                ),
+                check=self._raise_error,
+            )
         return self.results()
 
     def wait(self, *, timeout_s: float = 600.0) -> tuple[Any, ...]:
@@ -389,18 +390,17 @@ class LiveResults:
         StreamProtocolError, StreamTimeoutError
             What stopped the series or the updates.
         """
-        deadline = time.monotonic() + timeout_s
         with self._lock:
-            while not self._final:
-                if self.error is not None:
-                    raise self.error
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise StreamTimeoutError(
-                        f"live results not final within {timeout_s:g} s ({self.rows} of "
-                        f"{self._acq.scan_shape[0]} rows)"
-                    )
-                self._lock.wait(min(left, 0.5))
+            wait_until(
+                self._lock,
+                lambda: self._final,
+                timeout_s,
+                on_timeout=lambda: StreamTimeoutError(
+                    f"live results not final within {timeout_s:g} s ({self.rows} of "
+                    f"{self._acq.scan_shape[0]} rows)"
+                ),
+                check=self._raise_error,
+            )
             assert self._latest is not None
             return self._latest
 

@@ -38,6 +38,7 @@ from ..errors import (
 )
 from .dectris_receive import SeriesReport
 from .receiver_process import ReceiverConfig, start_receiver
+from .waiting import wait_until
 
 __all__ = ["LiveAcquisition", "live"]
 
@@ -207,13 +208,8 @@ class LiveAcquisition:
 
         Returns after ``timeout_s`` with fewer rows rather than raising (a poll).
         """
-        deadline = time.monotonic() + timeout_s
         with self._lock:
-            while self._rows_done < rows and not self._finished:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._lock.wait(min(left, 0.5))
+            wait_until(self._lock, lambda: self._rows_done >= rows or self._finished, timeout_s)
             return self._rows_done
 
     @property
@@ -233,16 +229,16 @@ class LiveAcquisition:
             What stopped the receiving (re-raised), after the frames before it
             were kept.
         """
-        deadline = time.monotonic() + timeout_s
         with self._lock:
-            while not self._finished:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise StreamTimeoutError(
-                        f"the live series from {self.endpoint} did not end within {timeout_s:g} s "
-                        f"({self._rows_done} of {self.scan_shape[0]} rows complete)"
-                    )
-                self._lock.wait(min(left, 0.5))
+            wait_until(
+                self._lock,
+                lambda: self._finished,
+                timeout_s,
+                on_timeout=lambda: StreamTimeoutError(
+                    f"the live series from {self.endpoint} did not end within {timeout_s:g} s "
+                    f"({self._rows_done} of {self.scan_shape[0]} rows complete)"
+                ),
+            )
         if self.error is not None:
             raise self.error
         assert self.report is not None
@@ -280,15 +276,15 @@ class LiveAcquisition:
         StreamTimeoutError
             Not one row arrived within ``wait_s``.
         """
-        deadline = time.monotonic() + wait_s
         with self._lock:
-            while self._rows_done == 0 and not self._finished:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise StreamTimeoutError(
-                        f"no complete scan row from {self.endpoint} within {wait_s:g} s"
-                    )
-                self._lock.wait(min(left, 0.5))
+            wait_until(
+                self._lock,
+                lambda: self._rows_done > 0 or self._finished,
+                wait_s,
+                on_timeout=lambda: StreamTimeoutError(
+                    f"no complete scan row from {self.endpoint} within {wait_s:g} s"
+                ),
+            )
             rows = self._rows_done
         if rows == 0:
             if self.error is not None:
