@@ -105,23 +105,15 @@ def live_json(live: Mapping[str, Any]) -> str:
     cached = _json_cache.get(key)
     if cached is not None:
         return cached
-    R, C = (int(v) for v in live.get("scan_shape", [1, 1]))
     images = []
     for entry in list(live.get("images", []))[:MAX_IMAGES]:
-        shown = _image(entry)
-        step = int(entry.get("step", 1))
-        rows_full, cols_full = -(-R // step), -(-C // step)
-        full = np.full((rows_full, cols_full), 255, dtype=np.uint8)
-        finite = shown[np.isfinite(shown)]
-        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-        high = high if high > low else low + 1.0
-        scaled = np.rint((np.nan_to_num(shown, nan=low) - low) / (high - low) * 254.0)
-        block = np.where(np.isfinite(shown), scaled, 255).astype(np.uint8)
-        full[: block.shape[0], : block.shape[1]] = block[:rows_full, :cols_full]
+        picture, low, high = _scan_picture(entry, live)
+        scaled = np.rint((np.nan_to_num(picture, nan=low) - low) / (high - low) * 254.0)
+        full = np.where(np.isfinite(picture), scaled, 255).astype(np.uint8)
         images.append(
             {
                 "title": _title(entry, live),
-                "shape": [rows_full, cols_full],
+                "shape": list(full.shape),
                 "low": low,
                 "high": high,
                 "b64": base64.b64encode(full.tobytes()).decode("ascii"),
@@ -141,9 +133,19 @@ def live_json(live: Mapping[str, Any]) -> str:
     return text
 
 
-def _image(entry: Mapping[str, Any]) -> np.ndarray:
+def _scan_picture(
+    entry: Mapping[str, Any], live: Mapping[str, Any]
+) -> tuple[np.ndarray, float, float]:
+    """One published image over the whole scan (rows not yet received NaN), and its range."""
+    R, C = (int(v) for v in live.get("scan_shape", [1, 1]))
     shape = tuple(int(v) for v in entry["shape"])
-    return np.frombuffer(bytes(entry["pixels"]), dtype=np.float32).reshape(shape)
+    shown = np.frombuffer(bytes(entry["pixels"]), dtype=np.float32).reshape(shape)
+    step = int(entry.get("step", 1))
+    full = np.full((-(-R // step), -(-C // step)), np.nan, dtype=np.float32)
+    full[: shown.shape[0], : shown.shape[1]] = shown[: full.shape[0], : full.shape[1]]
+    finite = shown[np.isfinite(shown)]
+    low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    return full, low, high if high > low else low + 1.0
 
 
 def live_figures(live: Mapping[str, Any], *, width: int) -> Any:
@@ -171,16 +173,11 @@ def live_figures(live: Mapping[str, Any], *, width: int) -> Any:
     side = max(140, min(360, width // n - 100))
     figs = []
     for i, entry in enumerate(images[:MAX_IMAGES]):
-        shown = _image(entry)
-        step = int(entry.get("step", 1))
-        full = np.full((-(-R // step), -(-C // step)), np.nan, dtype=np.float32)
-        full[: shown.shape[0], : shown.shape[1]] = shown[: full.shape[0], : full.shape[1]]
-        finite = shown[np.isfinite(shown)]
-        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        full, low, high = _scan_picture(entry, live)
         mapper = LinearColorMapper(
             palette=Greys256 if i == 0 else Viridis256,
             low=low,
-            high=high if high > low else low + 1.0,
+            high=high,
             nan_color=(0, 0, 0, 0),
             name=f"qf-live-mapper-{i}",
         )

@@ -69,6 +69,7 @@ __all__ = [
     "bitshuffle_chunk_problem",
     "build_payload",
     "codec_config",
+    "decode_bitshuffle_chunk",
     "decode_piece",
     "encode_frames",
     "numcodecs_pipeline",
@@ -517,20 +518,53 @@ def bitshuffle_chunk_problem(buf: np.ndarray, n_elem: int, itemsize: int) -> str
     return None
 
 
-def _decode_bitshuffle(payload: EncodedPayload, buf: np.ndarray, n_elem: int) -> np.ndarray:
-    bitshuffle = _bitshuffle()
+def decode_bitshuffle_chunk(
+    buf: np.ndarray,
+    n_elem: int,
+    dtype: np.dtype[Any],
+    *,
+    compression: str = "lz4",
+    check: bool = True,
+) -> np.ndarray:
+    """Decode one chunk of the HDF5 bitshuffle filter's format (``uint8`` bytes).
 
-    dt = payload.value_dtype
-    problem = bitshuffle_chunk_problem(buf, n_elem, dt.itemsize)
-    if problem is not None:
-        raise ValueError(problem)
+    Parameters
+    ----------
+    buf
+        The chunk: 12-byte header, then the compressed blocks.
+    n_elem
+        Elements it holds.
+    dtype
+        Their dtype.
+    compression
+        ``"lz4"`` or ``"zstd"``.
+    check
+        Check the header and block lengths first (:func:`bitshuffle_chunk_problem`;
+        ``False`` only for a chunk checked already).
+
+    Raises
+    ------
+    ValueError
+        Naming what is wrong with the chunk (callers say which chunk).
+    """
+    dt = np.dtype(dtype)
+    if check:
+        problem = bitshuffle_chunk_problem(buf, n_elem, dt.itemsize)
+        if problem is not None:
+            raise ValueError(problem)
     block_elems = int(_BITSHUFFLE_HEADER.unpack_from(buf[:12].tobytes())[1]) // dt.itemsize
     body = buf[_BITSHUFFLE_HEADER.size :]
-    if payload.codec == "bitshuffle-lz4":
+    bitshuffle = _bitshuffle()
+    if compression == "lz4":
         out = bitshuffle.decompress_lz4(body, (n_elem,), dt, block_elems)
     else:
         out = bitshuffle.decompress_zstd(body, (n_elem,), dt, block_elems)
     return np.asarray(out)
+
+
+def _decode_bitshuffle(payload: EncodedPayload, buf: np.ndarray, n_elem: int) -> np.ndarray:
+    compression = "lz4" if payload.codec == "bitshuffle-lz4" else "zstd"
+    return decode_bitshuffle_chunk(buf, n_elem, payload.value_dtype, compression=compression)
 
 
 def _decode_numcodecs(payload: EncodedPayload, buf: np.ndarray, n_elem: int) -> np.ndarray:

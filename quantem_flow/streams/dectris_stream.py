@@ -195,13 +195,11 @@ class PackedImage:
 
     def decode(self) -> np.ndarray:
         """The image (the chunk was checked when it was received)."""
-        from ..representations.encoded import _bitshuffle
+        from ..representations.encoded import decode_bitshuffle_chunk
 
-        n = self.shape[0] * self.shape[1]
         buf = np.frombuffer(self.chunk, dtype=np.uint8)
-        block = int(struct.unpack_from(">I", self.chunk, 8)[0]) // self.dtype.itemsize
-        out = _bitshuffle().decompress_lz4(buf[12:], (n,), self.dtype, block)
-        return np.asarray(out).reshape(self.shape)
+        n = self.shape[0] * self.shape[1]
+        return decode_bitshuffle_chunk(buf, n, self.dtype, check=False).reshape(self.shape)
 
 
 def _decompress(value: Any, n_elem: int, itemsize: int, where: str) -> bytes:
@@ -216,13 +214,11 @@ def _decompress(value: Any, n_elem: int, itemsize: int, where: str) -> bytes:
     if not isinstance(payload, (bytes, bytearray)):
         raise _protocol(f"tag {COMPRESSION_TAG}'s data must be a byte string", where)
     if algorithm == "bslz4":
-        from ..representations.encoded import _bitshuffle
+        from ..representations.encoded import decode_bitshuffle_chunk
 
         buf = _checked_bslz4(modifier, payload, n_elem, itemsize, where)
-        block_elems = int(struct.unpack_from(">I", payload, 8)[0]) // itemsize
-        dtype = np.dtype(f"u{itemsize}")
-        out = _bitshuffle().decompress_lz4(buf[12:], (n_elem,), dtype, block_elems)
-        return bytes(np.asarray(out).tobytes())
+        out = decode_bitshuffle_chunk(buf, n_elem, np.dtype(f"u{itemsize}"), check=False)
+        return bytes(out.tobytes())
     if algorithm == "lz4":
         plain = _lz4_hdf5_decode(bytes(payload), where)
         if len(plain) != n_elem * itemsize:
@@ -401,13 +397,11 @@ def _encode_array(frame: np.ndarray, compression: str | None) -> Any:
     raw = np.ascontiguousarray(frame, dtype=dtype).tobytes()
     body: Any = raw
     if compression == "bslz4":
-        from ..representations.encoded import _bitshuffle
+        from ..representations.encoded import encode_frames
 
         flat = np.ascontiguousarray(frame, dtype=dtype).reshape(-1)
-        block_elems = 8192 // flat.dtype.itemsize
-        packed = np.asarray(_bitshuffle().compress_lz4(flat, block_elems)).tobytes()
-        header = struct.pack(">QI", len(raw), block_elems * flat.dtype.itemsize)
-        body = cbor2.CBORTag(COMPRESSION_TAG, ["bslz4", flat.dtype.itemsize, header + packed])
+        chunk = encode_frames(flat, "bitshuffle-lz4")  # the HDF5 filter's chunk, 8 KiB blocks
+        body = cbor2.CBORTag(COMPRESSION_TAG, ["bslz4", flat.dtype.itemsize, chunk])
     elif compression == "lz4":
         body = cbor2.CBORTag(COMPRESSION_TAG, ["lz4", 0, _lz4_hdf5_encode(raw)])
     elif compression is not None:

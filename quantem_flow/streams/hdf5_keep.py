@@ -83,18 +83,18 @@ class HDF5Keep:
             self._files.append(f)
             self._dsets.append(dset)
             return
-        stem = path.name[: -len("_master.h5")]
         per = max(1, int(images_per_file))
         self._per_file = per
-        names = [f"{stem}_data_{k + 1:06d}.h5" for k in range(-(-n // per))]
-        for name in names:  # every data file refused up front if it exists: nothing replaced
-            if (path.parent / name).exists():
+        _, sidecar, *data_files = kept_files(path, n, per)
+        for existing in (sidecar, *data_files):  # refused up front: nothing is replaced
+            if existing.exists():
                 from ..errors import OverwriteError
 
                 raise OverwriteError(
-                    f"{str(path.parent / name)!r} exists; choose another keep_hdf5 name (a live "
-                    "series never replaces a file)"
+                    f"{str(existing)!r} exists; choose another keep_hdf5 name (a live series "
+                    "never replaces a file)"
                 )
+        names = [p.name for p in data_files]
         for k, name in enumerate(names):
             first = k * per
             count = min(per, n - first)
@@ -132,10 +132,10 @@ class HDF5Keep:
             spec.create_dataset("nimages", data=np.uint64(n))
             spec.create_dataset("ntrigger", data=np.uint64(1))
             spec.create_dataset("nimages_per_file", data=np.uint64(per))
-        sidecar = {"scan_shape": [R, C]}
+        record_of_scan: dict[str, Any] = {"scan_shape": [R, C]}
         if record.get("calibration") is not None:
-            sidecar["calibration"] = record["calibration"]
-        (path.parent / f"{stem}.json").write_text(json.dumps(sidecar, indent=1), encoding="utf-8")
+            record_of_scan["calibration"] = record["calibration"]
+        sidecar.write_text(json.dumps(record_of_scan, indent=1), encoding="utf-8")
 
     def write(self, image_id: int, chunk: bytes | None, frame: np.ndarray | None) -> None:
         """Keep one frame: its chunk as received, or the decoded frame through the filter."""

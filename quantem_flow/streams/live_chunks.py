@@ -259,7 +259,7 @@ class LiveChunkSource(FrameSource):
 
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
         """Decode frames ``[start, stop)``: each chunk checked, then decoded into ``out``."""
-        from ..representations.encoded import _bitshuffle, bitshuffle_chunk_problem
+        from ..representations.encoded import decode_bitshuffle_chunk
 
         kr, kc = self._frame_shape
         n = stop - start
@@ -271,9 +271,7 @@ class LiveChunkSource(FrameSource):
             out[...] = 0
             return out
         span, lo = self._span(offsets, lengths, f"images [{start}, {stop})")
-        itemsize = self._dtype.itemsize
         n_elem = kr * kc
-        bitshuffle = _bitshuffle()
         flat = out.reshape(n, n_elem)
         for i in range(n):
             if not present[i]:
@@ -281,14 +279,13 @@ class LiveChunkSource(FrameSource):
                 continue
             a = int(offsets[i]) - lo
             chunk = span[a : a + int(lengths[i])]
-            problem = bitshuffle_chunk_problem(chunk, n_elem, itemsize)
-            if problem is not None:
+            try:  # checked (sizes, block lengths), then decoded
+                flat[i] = decode_bitshuffle_chunk(chunk, n_elem, self._dtype)
+            except ValueError as exc:
                 raise CorruptChunkError(
                     f"image {start + i} of the live series in {str(self._folder)!r} is damaged: "
-                    f"{problem}"
-                )
-            block = int.from_bytes(bytes(chunk[8:12]), "big") // itemsize
-            flat[i] = bitshuffle.decompress_lz4(chunk[12:], (n_elem,), self._dtype, block)
+                    f"{exc}"
+                ) from exc
         return out
 
 

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ParameterError, StreamProtocolError
+from ..representations.encoded import encode_frames
 from .dectris_receive import Frame, SeriesReport, receive_series
 from .dectris_stream import PackedImage
 from .live_chunks import CHUNKS, RAW, ChunkStoreWriter, write_manifest
@@ -108,17 +109,6 @@ def _frames(cfg: ReceiverConfig, reports: list[SeriesReport]) -> Iterator[Frame]
                 reason="end" if done["ended"] == "complete" else str(done["ended"]),
             )
         )
-
-
-def _chunk_of(data: np.ndarray) -> bytes:
-    """A frame that came decoded, as a bitshuffle+LZ4 chunk (the chunk store is uniform)."""
-    from ..representations.encoded import _bitshuffle, _default_block_elements
-
-    flat = np.ascontiguousarray(data).reshape(-1)
-    block = _default_block_elements(flat.dtype.itemsize)
-    body = np.asarray(_bitshuffle().compress_lz4(flat, block)).tobytes()
-    head = int(flat.nbytes).to_bytes(8, "big") + int(block * flat.dtype.itemsize).to_bytes(4, "big")
-    return head + body
 
 
 def run_receiver(cfg: ReceiverConfig, conn: Any) -> None:
@@ -197,7 +187,11 @@ def run_receiver(cfg: ReceiverConfig, conn: Any) -> None:
                 )
             packed = frame.data if isinstance(frame.data, PackedImage) else None
             if store is not None:
-                chunk = packed.chunk if packed is not None else _chunk_of(np.asarray(frame.data))
+                chunk = (  # a frame that came decoded: encoded, so the store stays uniform
+                    packed.chunk
+                    if packed is not None
+                    else encode_frames(np.asarray(frame.data), "bitshuffle-lz4")
+                )
                 store.write(frame.image_id, chunk)
             else:
                 assert fd is not None
