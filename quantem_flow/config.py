@@ -62,6 +62,11 @@ name                          meaning                                    default
                               to the workers holding them, one message
                               each, not through the scheduler (off: a
                               graph, seen in the task stream)
+``integer_dot_kernel``        mask and moment rows (BF, ADF, annuli,     True
+                              CoM) of 8/16-bit frames run as SIMD
+                              integer dot products compiled for this
+                              CPU (AVX2 / AVX-512, VNNI where present;
+                              exact; runtimes/cpu/dot_pass.py)
 ============================  =========================================  ==========================
 """
 
@@ -113,6 +118,9 @@ _DEFAULTS: dict[str, Any] = {
     "radial_queries": True,
     # issue 24: ~30 ms of scheduling per resident query on the embedded default, gone
     "direct_queries": True,
+    # issue 24: mask and moment rows of 8/16-bit frames as SIMD integer dot products
+    # (pmaddwd / vpdpwssd, LLVM IR compiled in process; runtimes/cpu/dot_pass.py)
+    "integer_dot_kernel": True,
     # issue 24: a first compute on an empty Numba cache does not wait seconds for the compiler
     # where NumPy gives the same bits (runtimes/cpu/exact_numpy.py)
     "jit_in_background": True,

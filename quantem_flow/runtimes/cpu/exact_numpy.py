@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .structure import _KIND_COL, _KIND_ROW, EXACT_INTEGER, WeightPlan, finish_moment_rows
+from .structure import EXACT_INTEGER, WeightPlan, finish_moment_rows, structured_vectors
 
 __all__ = ["ExactPass", "exact_pass"]
 
@@ -92,15 +92,6 @@ def _dyadic_scale(w: np.ndarray) -> int | None:
     return None
 
 
-def _pixel_cells(plan: WeightPlan, k: int) -> np.ndarray:
-    cell = np.full(k, -1, dtype=np.int64)
-    for s, ln, c in zip(
-        plan.run_start.tolist(), plan.run_length.tolist(), plan.run_cell.tolist(), strict=True
-    ):
-        cell[s : s + ln] = c
-    return cell
-
-
 def exact_pass(
     weights: np.ndarray,
     *,
@@ -141,27 +132,9 @@ def exact_pass(
     if plan is not None:
         if plan.n_rows != m or not plan.applicable(dt)[0]:
             return None
-        if frame_shape is None or frame_shape[0] * frame_shape[1] != k:
-            shape = (1, k)
-        else:
-            shape = (int(frame_shape[0]), int(frame_shape[1]))
-        cells = _pixel_cells(plan, k)
-        rows = np.repeat(np.arange(shape[0], dtype=np.float64), shape[1]) - shape[0] // 2
-        cols = np.tile(np.arange(shape[1], dtype=np.float64), shape[0]) - shape[1] // 2
-        ptr, held = plan.srow_ptr, plan.srow_cells
-        for q in range(plan.srow_out.size):
-            support = np.isin(cells, held[ptr[q] : ptr[q + 1]]).astype(np.float64)
-            kind = int(plan.srow_kind[q])
-            if kind == _KIND_ROW:
-                vectors.append(support * rows)
-            elif kind == _KIND_COL:
-                vectors.append(support * cols)
-            else:
-                vectors.append(support)
-            columns.append(int(plan.srow_out[q]))
-            if kind in (_KIND_ROW, _KIND_COL):
-                vectors.append(support)
-                columns.append(int(plan.srow_scol[q]))
+        for vec, column in structured_vectors(plan):
+            vectors.append(vec.astype(np.float64))
+            columns.append(column)
     width = m if plan is None else max(m, plan.n_out)
     stacked = np.stack(vectors, axis=1) if vectors else np.zeros((k, 0), dtype=np.float64)
     return ExactPass(

@@ -108,6 +108,7 @@ __all__ = [
     "plan_arrays",
     "readonly",
     "structured_pass",
+    "structured_vectors",
 ]
 
 #: Most cells a structured plan may have (more: the rows go to the fused kernel).
@@ -469,6 +470,38 @@ def _build(weights: np.ndarray, frame_shape: tuple[int, int] | None, force: bool
         n_subruns=int(seg[7].size) if seg else 0,
         subrun_pixels=int(seg[8].sum()) if seg else 0,
     )
+
+
+def structured_vectors(plan: WeightPlan) -> list[tuple[np.ndarray, int]]:
+    """Integer vectors whose dot products with a frame give the plan's structured columns.
+
+    Per structured row: its support (0/1) for a mask row; for a moment row,
+    the support times the pixel's row (column) offset from the detector's
+    middle pixel, then the support itself for the row's sum column.  Each
+    ``(vector, output column)``; int64 vectors of ``k_r * k_c`` pixels.  The
+    dot products are the integers the cell kernels accumulate, before
+    :func:`finish_moment_rows` (the exact NumPy pass and the integer dot
+    kernel compute them this way).
+    """
+    kr, kc = plan.frame_shape
+    cells = np.full(kr * kc, -1, dtype=np.int64)
+    for s0, ln, c in zip(
+        plan.run_start.tolist(), plan.run_length.tolist(), plan.run_cell.tolist(), strict=True
+    ):
+        cells[s0 : s0 + ln] = c
+    rows = np.repeat(np.arange(kr, dtype=np.int64), kc) - kr // 2
+    cols = np.tile(np.arange(kc, dtype=np.int64), kr) - kc // 2
+    out: list[tuple[np.ndarray, int]] = []
+    ptr, held = plan.srow_ptr, plan.srow_cells
+    for q in range(plan.srow_out.size):
+        support = np.isin(cells, held[ptr[q] : ptr[q + 1]]).astype(np.int64)
+        kind = int(plan.srow_kind[q])
+        if kind == _KIND_SUM:
+            out.append((support, int(plan.srow_out[q])))
+        else:
+            out.append((support * (rows if kind == _KIND_ROW else cols), int(plan.srow_out[q])))
+            out.append((support, int(plan.srow_scol[q])))
+    return out
 
 
 def _sum_columns(n_rows: int, kinds: list[int]) -> np.ndarray:
