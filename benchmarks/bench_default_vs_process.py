@@ -321,6 +321,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="extra local clusters to compare, WORKERSxTHREADS, comma separated (e.g. 1x2,2x1)",
     )
     p.add_argument(
+        "--baseline-config",
+        default="",
+        help="a column 'baseline': a local cluster shaped as the embedded default whose "
+        "workers run with these qf.config settings, NAME=VALUE comma separated (e.g. "
+        "integer_dot_kernel=0: the cell kernels, side by side with the default)",
+    )
+    p.add_argument(
         "--whole-chunks",
         action="store_true",
         help="also run default and process with stream_piece_mib=0 (whole-chunk reads, the "
@@ -370,6 +377,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         nw, nt = (int(x) for x in spec.split("x"))
         cluster = qc.start_local_cluster(n_workers=nw, threads_per_worker=nt)
         clients[f"c{spec}"] = Client(cluster, set_as_default=False)
+        extra.append(cluster)
+    if a.baseline_config:
+        settings = dict(item.split("=", 1) for item in a.baseline_config.split(","))
+        cluster = qc.start_local_cluster(
+            n_workers=int(qf.config.get("local_workers")),
+            threads_per_worker=int(qf.config.get("local_threads")),
+            config={n: qf.config._coerce(n, v) for n, v in settings.items()},
+        )
+        clients["baseline"] = Client(cluster, set_as_default=False)
         extra.append(cluster)
     persisted = {}
     if "persisted" in wanted:

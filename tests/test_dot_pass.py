@@ -246,3 +246,28 @@ def test_kernels_are_cached_and_the_isa_pickles() -> None:
     assert compile_dot_kernel("u8", 2, 4, HOST) is a
     assert pickle.loads(pickle.dumps(HOST)) == HOST
     assert HOST.instruction.startswith("vp")
+
+
+def test_a_kernel_that_cannot_compile_leaves_the_cell_kernels_and_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from quantem_flow.runtimes.cpu import dot_pass
+
+    def broken(*args: object) -> None:
+        raise AttributeError("module 'llvmlite.binding' has no attribute 'create_pass_builder'")
+
+    monkeypatch.setattr(dot_pass, "compile_dot_kernel", broken)
+    monkeypatch.setattr(dot_pass, "_cache", {})
+    shape = (64, 64)
+    w = _weights(shape, (31.5, 32.5))
+    plan = analyse_weights(w, frame_shape=shape)
+    dp, why = dot_pass_for(plan, np.dtype("uint16"), want_patterns=False)
+    assert dp is None
+    assert "could not be compiled (AttributeError" in why
+    p = PreparedFramePass(
+        w, dtype=np.dtype("uint16"), n_frames=3, want_sum=False, want_max=False, frame_shape=shape
+    )
+    assert p.variant["kernel"].startswith("cell kernels (integer dot kernel could not be compiled")
+    fr = _frames("uint16", 3, 64 * 64)
+    p.run(fr)
+    assert np.array_equal(p.result()[0][:, 0], fr.astype(np.int64) @ (w[0] != 0))

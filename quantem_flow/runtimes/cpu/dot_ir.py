@@ -230,9 +230,16 @@ def _optimised(module: Any, isa: DotISA) -> tuple[Any, Any]:
     parsed.verify()
     target = llvm.Target.from_triple(module.triple)
     machine = target.create_target_machine(cpu=isa.cpu, features=_features(isa), opt=3)
-    tuning = llvm.create_pipeline_tuning_options(speed_level=3)
-    builder = llvm.create_pass_builder(machine, tuning)
-    builder.getModulePassManager().run(parsed, builder)
+    if hasattr(llvm, "create_pass_builder"):  # llvmlite >= 0.44: the new pass manager
+        tuning = llvm.create_pipeline_tuning_options(speed_level=3)
+        builder = llvm.create_pass_builder(machine, tuning)
+        builder.getModulePassManager().run(parsed, builder)
+    else:  # pragma: no cover - older llvmlite
+        legacy = llvm.PassManagerBuilder()
+        legacy.opt_level = 3
+        passes = llvm.ModulePassManager()
+        legacy.populate(passes)
+        passes.run(parsed)
     return parsed, machine
 
 
@@ -396,7 +403,13 @@ def _emit_frames(
     madd = g.get(madd_name) or ir.Function(module, ir.FunctionType(v32, [v16, v16]), madd_name)
     red_name = f"llvm.vector.reduce.add.v{lanes // 2}i64"
     reduce = g.get(red_name) or ir.Function(module, ir.FunctionType(i64, [v64]), red_name)
-    ml_name = f"llvm.masked.load.v{lanes}i{elem.width}.p0"
+    import llvmlite.binding as llvm
+
+    # LLVM 15+ names the overload by an opaque pointer, older ones by the pointee type
+    opaque = llvm.llvm_version_info >= (15,)
+    ml_name = f"llvm.masked.load.v{lanes}i{elem.width}.p0" + (
+        "" if opaque else f"v{lanes}i{elem.width}"
+    )
     masked_load = g.get(ml_name) or ir.Function(
         module,
         ir.FunctionType(v_elem, [ir.PointerType(v_elem), i32, vmask, v_elem]),

@@ -275,6 +275,10 @@ def dot_pass_for(
     use, why = _worth_it(dp)
     if not use:
         return None, why
+    try:
+        dp.kernels()  # compiled here (~0.1 s once per shape of kernel), not mid-pass
+    except Exception as exc:  # an llvmlite without what the kernel needs: recorded, cells run
+        return None, f"integer dot kernel could not be compiled ({type(exc).__name__}: {exc})"
     with _cache_lock:
         _cache[key] = dp
         while len(_cache) > 32:
