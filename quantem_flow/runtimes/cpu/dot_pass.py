@@ -18,8 +18,9 @@ Where the cell kernels read only the pixels of some support, the vectors
 span the whole frame: a pixel outside every support costs a multiply-add by
 zero.  The kernel still does less per pixel (one instruction per vector per
 32 pixels, against a widening, an add and, with moments, a multiply per 16)
-and measured 2.4x the cell kernels on BF + ADF + CoM over 128 x 128 u16
-frames in L2 (benchmarks/RESULTS.md, "Integer dot products").
+and measured 1.9x the cell kernels on BF + ADF + CoM over 128 x 128 u16
+frames in L2, 1.5-2.1x on 3-10 annuli (benchmarks/RESULTS.md, "Integer dot
+products"; docs/integer-dot-kernel.md).
 
 When it runs
 ------------
