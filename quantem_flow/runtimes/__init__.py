@@ -117,6 +117,14 @@ def _available(name: str) -> tuple[bool, str]:
     return bool(ok), str(why)
 
 
+def _auto_excluded(name: str) -> str | None:
+    try:
+        check = getattr(_factory(name), "auto_excluded", None)
+    except ImportError:
+        return None  # _available reports it
+    return check() if callable(check) else None
+
+
 def available_runtimes() -> dict[str, str]:
     """Return ``{name: reason}`` for every registered runtime that can run here."""
     out: dict[str, str] = {}
@@ -258,6 +266,10 @@ def resolve_backend(
                 passed_over.append(
                     f"{name} (no {_describe_kernel(tuple(lacking), representation, dt)} kernel)"
                 )
+                continue
+            excluded = _auto_excluded(name)
+            if excluded:
+                passed_over.append(f"{name} ({excluded})")
                 continue
             ok, _ = _available(name)
             if not ok:

@@ -324,6 +324,17 @@ class Runtime(abc.ABC):
         """
         return cls.available()
 
+    @classmethod
+    def auto_excluded(cls) -> str | None:
+        """Why ``backend="auto"`` may skip this runtime without probing it, or ``None``.
+
+        A check that costs nothing (the platform, an environment variable),
+        asked before :meth:`available`: a probe that initialises a device
+        library is not paid by passes that would never choose the runtime.
+        The default excludes nothing.
+        """
+        return None
+
     @property
     def declaration(self) -> RuntimeSpec:
         """The :class:`~quantem_flow.runtimes.registry.RuntimeSpec` of this runtime (by name)."""

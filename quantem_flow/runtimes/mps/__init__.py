@@ -28,6 +28,7 @@ guaranteed on every backend, and Dask runs tasks in threads.
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal
@@ -119,8 +120,26 @@ class MpsRuntime(Runtime):
         return ok, why
 
     @classmethod
+    def auto_excluded(cls) -> str | None:
+        """Off macOS there is no Metal GPU: ``auto`` skips MLX without starting it.
+
+        Starting MLX to find that out cost 0.21 s of a first compute on this
+        project's Linux VM (its CPU backend initialising).
+        """
+        if sys.platform == "darwin":
+            return None
+        return (
+            f"no Metal GPU off macOS ({sys.platform}): MLX here is at most its CPU backend or "
+            "a non-Metal GPU, not an accelerator this runtime targets (not probed); request "
+            "backend='mps' explicitly to use it"
+        )
+
+    @classmethod
     def auto_eligible(cls) -> tuple[bool, str]:
         """Only MLX on a Metal GPU is an accelerator worth choosing by ``backend="auto"``."""
+        excluded = cls.auto_excluded()
+        if excluded:
+            return False, excluded
         ok, on_metal, why = _probe()
         if not ok:
             return False, why
