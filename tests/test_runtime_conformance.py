@@ -449,3 +449,18 @@ def test_compute_through_the_engine_on_mps_matches_cpu(rng: np.random.Generator)
         assert len(ex["chunks"]) == len(ds.chunks) == 3
         assert all(r["runtime"] == "mps" for r in ex["chunks"])
         assert b.provenance.execution["runtimes"] == ["cpu"]
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="Metal may exist on macOS: auto probes MLX")
+def test_auto_skips_mlx_off_macos_without_starting_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantem_flow.runtimes import mps as mps_module
+
+    def must_not_run() -> tuple[bool, bool, str]:
+        raise AssertionError("backend='auto' started MLX to find it is not an accelerator")
+
+    monkeypatch.setattr(mps_module, "_probe", must_not_run)
+    choice = resolve_backend("auto")
+    assert choice.chosen in ("cpu", "cuda")
+    assert "mps (no Metal GPU off macOS" in choice.reason and "not probed" in choice.reason
+    eligible, why = mps_module.MpsRuntime.auto_eligible()
+    assert not eligible and "not an accelerator" in why

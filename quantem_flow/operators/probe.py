@@ -73,6 +73,8 @@ def estimate_probe(
     ProbeEstimate
         Centre and radius in pixels.
     """
+    from scipy import ndimage
+
     if not 0 < threshold < 1:
         raise ParameterError(f"threshold must be in (0, 1), got {threshold}")
     m = np.asarray(pattern, dtype=np.float64)
@@ -87,7 +89,7 @@ def estimate_probe(
         )
     if not finite.all():
         m = np.where(finite, m, 0.0)
-    smooth = _mean_3x3(m)
+    smooth = ndimage.uniform_filter(m, size=3, mode="nearest")
     bg = float(np.median(m))
     peak = float(smooth.max())
     if not peak > bg:
@@ -96,17 +98,15 @@ def estimate_probe(
             "col) and radii explicitly, or check the data"
         )
     above = m > bg + threshold * (peak - bg)
+    labels, _ = ndimage.label(above)
     seed = np.unravel_index(int(np.argmax(smooth)), m.shape)
-    if above[seed]:
-        disk = _region_at(above, (int(seed[0]), int(seed[1])))
-    else:
+    lab = labels[seed]
+    if lab == 0:
         # the smoothed peak fell between bright pixels; take the largest region
-        from scipy import ndimage
-
-        labels, _ = ndimage.label(above)
         counts = np.bincount(labels.ravel())
         counts[0] = 0
-        disk = labels == int(np.argmax(counts))
+        lab = int(np.argmax(counts))
+    disk = labels == lab
     area = int(disk.sum())
     if area < 3:
         raise ParameterError(
@@ -125,42 +125,6 @@ def estimate_probe(
         pattern_from=pattern_from,
         area_px=area,
     )
-
-
-def _mean_3x3(m: np.ndarray) -> np.ndarray:
-    """The mean of each pixel's 3 x 3 neighbourhood, edge pixels repeated outwards.
-
-    What ``scipy.ndimage.uniform_filter(m, size=3, mode="nearest")`` computes
-    (up to the order of the additions); NumPy here, as importing
-    ``scipy.ndimage`` cost a first SSB compute ~0.1 s.
-    """
-    p = np.pad(m, 1, mode="edge")
-    rows = p[:-2] + p[1:-1] + p[2:]
-    out: np.ndarray = (rows[:, :-2] + rows[:, 1:-1] + rows[:, 2:]) / 9.0
-    return out
-
-
-def _region_at(mask: np.ndarray, seed: tuple[int, int]) -> np.ndarray:
-    """The 4-connected region of ``mask`` holding ``seed`` (``scipy.ndimage.label``'s default).
-
-    Grown one pixel ring at a time from the seed until it stops growing: as
-    many steps as the region's farthest pixel is from the seed along the
-    region (about the radius for a bright-field disk).
-    """
-    region = np.zeros_like(mask)
-    region[seed] = True
-    size = 1
-    while True:
-        grown = region.copy()
-        grown[1:] |= region[:-1]
-        grown[:-1] |= region[1:]
-        grown[:, 1:] |= region[:, :-1]
-        grown[:, :-1] |= region[:, 1:]
-        grown &= mask
-        new_size = int(np.count_nonzero(grown))
-        if new_size == size:
-            return grown
-        region, size = grown, new_size
 
 
 def sample_positions(scan_shape: tuple[int, int], n: int) -> list[tuple[int, int]]:
