@@ -14,6 +14,11 @@ run it on its runtime::
     def test_webgpu_conforms(case):
         run_case(case)
 
+:mod:`quantem_flow.testing.readers` is the reader conformance suite: the
+checks every reader passes (format, shape, exact whole and block reads,
+stored-byte runs, orientation, pickling, identity), run on a case a
+package writes with its own independent writer.
+
 pytest is needed only by :func:`conformance_params` and by the skips of
 :func:`run_case`; importing this package does not import it.
 """

@@ -1,9 +1,10 @@
 """One suite every reader passes: shapes, dtypes, exact reads, orientation, pickling.
 
-Each case writes a rectangular scan (rows != cols) of fresh random data in
-its format with the writers in :mod:`tests.io.writers`, opens it through
-:func:`quantem_flow.io.open_source`, and compares what the reader returns
-with the array that was written.
+The checks are :mod:`quantem_flow.testing.readers` (shipped, so a third-party
+reader runs the same ones).  Each case here writes a rectangular scan of fresh
+random data in its format with the independent writers in
+:mod:`tests.io.writers`, and the checks compare what the reader returns with
+the array that was written.
 
 Cases of further formats live in modules ``tests/io/conformance_cases_<fmt>.py``,
 each exporting ``CASES: dict[str, Callable[[Path, np.random.Generator], Case]]``
@@ -15,42 +16,25 @@ case (:func:`test_every_registered_reader_has_a_case`).
 from __future__ import annotations
 
 import importlib
-import json
-import pickle
-import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from quantem_flow.errors import ShapeError
-from quantem_flow.io import Source, open_source
+from quantem_flow.testing.readers import (
+    DETECTOR,
+    READER_CHECKS,
+    SCAN,
+    ReaderCase,
+    random_values,
+)
 
 from . import writers
 
-SCAN = (5, 7)
-DETECTOR = (6, 9)
-
-
-@dataclass
-class Case:
-    """A written input: what to open, how, and what it must read back as."""
-
-    target: Any
-    options: dict[str, Any]
-    expected: np.ndarray
-    format: str
-
-
-def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    dt = np.dtype(dtype)
-    if dt.kind == "f":
-        return rng.standard_normal(shape).astype(dt)
-    hi = min(np.iinfo(dt).max, 2**31 - 1)
-    return rng.integers(0, hi, size=shape, endpoint=True).astype(dt)
+Case = ReaderCase
+_random = random_values
+__all__ = ["DETECTOR", "SCAN", "Case", "_random"]
 
 
 def _memory(tmp: Path, rng: np.random.Generator) -> Case:
@@ -207,124 +191,9 @@ def case(request: pytest.FixtureRequest, tmp_path: Path) -> Case:
     return CASES[request.param](tmp_path, rng)
 
 
-def _open(case: Case) -> Source:
-    return open_source(case.target, **case.options)
-
-
-def test_format_and_shape(case: Case) -> None:
-    src = _open(case)
-    assert src.format == case.format
-    assert src.shape == case.expected.shape
-    R, C = src.shape[:2]
-    assert R != C, "conformance scans must be rectangular"
-    assert src.dtype == case.expected.dtype.newbyteorder("=")
-    assert src.dtype.isnative
-    assert src.nbytes == case.expected.size * case.expected.dtype.itemsize
-
-
-def test_full_read_is_exact(case: Case) -> None:
-    src = _open(case)
-    R, C = src.shape[:2]
-    full = src.read((0, R), (0, C))
-    assert full.dtype == src.dtype
-    assert full.dtype.isnative
-    assert full.shape == case.expected.shape
-    np.testing.assert_array_equal(full, case.expected)
-
-
-def test_block_reads_are_exact(case: Case) -> None:
-    src = _open(case)
-    R, C = src.shape[:2]
-    e = case.expected
-    blocks = [
-        ((0, 1), (0, C)),  # one whole row
-        ((1, R), (1, C - 1)),  # interior columns, all later rows
-        ((R - 1, R), (C - 2, C)),  # bottom-right corner
-        ((0, R), (C - 1, C)),  # one column
-        ((R // 2, R // 2 + 1), (C // 2, C // 2 + 1)),  # a single position
-    ]
-    if R > 2:
-        blocks.append(((1, R - 1), (2, C - 1)))
-    for rows, cols in blocks:
-        got = src.read(rows, cols)
-        assert got.shape == (rows[1] - rows[0], cols[1] - cols[0], *e.shape[2:])
-        np.testing.assert_array_equal(got, e[rows[0] : rows[1], cols[0] : cols[1]])
-
-
-def test_block_bytes_name_the_blocks_own_bytes(case: Case) -> None:
-    """Where a reader says a block is one run of stored bytes, those bytes are the block.
-
-    A streamed pass may view them in place through a map (quantem_flow.io.mapped);
-    a block of several rows and part of the columns is never one run.
-    """
-    src = _open(case)
-    R, C = src.shape[:2]
-    e = case.expected
-    blocks = [((0, R), (0, C)), ((1, R), (0, C)), ((R - 1, R), (1, C - 1)), ((0, 1), (0, 1))]
-    found = 0
-    for rows, cols in blocks:
-        where = src.block_bytes(rows, cols)
-        if where is None:
-            continue
-        path, offset = where
-        want = e[rows[0] : rows[1], cols[0] : cols[1]]
-        with open(path, "rb") as f:
-            f.seek(offset)
-            raw = f.read(want.size * src.dtype.itemsize)
-        got = np.frombuffer(raw, dtype=src.dtype).reshape(want.shape)
-        np.testing.assert_array_equal(got, want)
-        found += 1
-    assert src.block_bytes((0, R), (1, C)) is None  # several rows, part of the columns
-    if case.format == "npy" and case.expected.dtype.isnative:
-        assert found == len(blocks)  # C-ordered native .npy: every such block is one run
-    if case.format == "hdf5" and getattr(src, "_contiguous_at", None) is not None:
-        assert found == len(blocks)  # a contiguous, unfiltered dataset is one run too
-
-
-def test_rows_and_cols_are_not_swapped(case: Case) -> None:
-    src = _open(case)
-    R, C = src.shape[:2]
-    e = case.expected
-    # Frame (1, 0) must be the written frame (1, 0), not (0, 1).
-    got = src.read((1, 2), (0, 1))[0, 0]
-    np.testing.assert_array_equal(got, e[1, 0])
-    assert not np.array_equal(got, e[0, 1])
-    # A block read with swapped bounds differs from the transposed expectation.
-    block = src.read((0, 2), (0, 2))
-    assert not np.array_equal(block, e[:2, :2].swapaxes(0, 1))
-    # Bounds only valid for the transposed scan are refused.
-    with pytest.raises(ShapeError):
-        src.read((0, C), (0, R))
-
-
-def test_pickle_round_trip_reads(case: Case) -> None:
-    src = _open(case)
-    R, C = src.shape[:2]
-    src.read((0, 1), (0, C))  # open handles before pickling
-    clone = pickle.loads(pickle.dumps(src))
-    assert clone.shape == src.shape
-    assert clone.dtype == src.dtype
-    np.testing.assert_array_equal(clone.read((0, R), (0, C)), case.expected)
-    src.close()
-    np.testing.assert_array_equal(src.read((R - 1, R), (0, C)), case.expected[R - 1 :])
-
-
-def test_identity_and_metadata(case: Case) -> None:
-    src = _open(case)
-    ident = src.identity
-    assert ident.format == case.format
-    assert re.fullmatch(r"[0-9a-f]{64}", ident.header_sha256)
-    assert len(ident.paths) == len(ident.file_sizes)
-    if case.format != "memory":
-        assert ident.paths
-        for p, size in zip(ident.paths, ident.file_sizes, strict=True):
-            assert Path(p).is_absolute() and Path(p).exists()
-            assert size > 0
-    json.dumps(ident.to_dict())
-    json.dumps(src.metadata)
-    assert all(isinstance(n, str) for n in src.notes)
-    # Opening the same input twice gives the same identity.
-    assert _open(case).identity == ident
+@pytest.mark.parametrize("check", READER_CHECKS, ids=lambda c: c.__name__)
+def test_reader_conforms(case: Case, check: Callable[[Case], None]) -> None:
+    check(case)
 
 
 def test_every_registered_reader_has_a_case(tmp_path: Path) -> None:
