@@ -20,8 +20,8 @@ content and the reader's options) and hold the reader to:
 
 Running it on a reader
 ----------------------
-In a test module of any package (the reader registered as a built-in, by an
-entry point or by :func:`~quantem_flow.io.registry.register_reader`)::
+In a test module of any package whose reader joins through the
+``quantem_flow.readers`` entry point group (docs/readers.md)::
 
     import numpy as np
     import pytest
