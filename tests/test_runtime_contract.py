@@ -312,8 +312,13 @@ def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> FakeCupy:
     fake = FakeCupy()
     monkeypatch.setitem(sys.modules, "cupy", fake)
     monkeypatch.setattr("quantem_flow.runtimes.cuda._module", lambda name: _NoKernels())
+    import quantem_flow.runtimes as runtimes
+
+    real = runtimes.get_runtime
     monkeypatch.setattr(
-        "quantem_flow.runtimes.registry_access.cuda_runtime", lambda: _FakeCudaRuntime()
+        runtimes,
+        "get_runtime",
+        lambda name: _FakeCudaRuntime() if name == "cuda" else real(name),
     )
     return fake
 

@@ -42,9 +42,9 @@ def grouped_frame_pass(
     """Decode groups of frames with ``decode(f0, f1, out)`` and run the dense pass on each."""
     import cupy
 
-    from ..registry_access import cuda_runtime
+    from .. import get_runtime  # at call time: the package imports this module
 
-    rt = cuda_runtime()
+    rt = get_runtime("cuda")
     group = max(1, GROUP_BYTES // max(frame_size * dtype.itemsize, 1))
     buffer = cupy.empty((min(group, max(n_frames, 1)), frame_size), dtype=dtype)
     per_frame: list[np.ndarray] = []

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from ...errors import ParameterError, UnsupportedOperationError
+from ..resident import ResidentPayload, split_host_payload
 
 __all__ = ["DEVICE_FIELDS", "DevicePayload"]
 
@@ -37,7 +37,7 @@ DEVICE_FIELDS: dict[str, tuple[str, ...]] = {
 
 
 @dataclasses.dataclass(eq=False)
-class DevicePayload:
+class DevicePayload(ResidentPayload):
     """A payload whose large arrays live on a CUDA device.
 
     Attributes
@@ -50,57 +50,30 @@ class DevicePayload:
         ``{field: device array}`` (:data:`DEVICE_FIELDS`); empty once freed.
     fields
         The payload's other fields, on the host.
-    extra
-        What the upload prepared for the kernels (the encoded block table).
     dtype
         Logical dtype of the decoded values (the host payload's ``dtype``).
     nbytes
         Bytes of the payload as resident: the device arrays plus the host
         index fields, equal to the host payload's ``nbytes``.
+    extra
+        What the upload prepared for the kernels (the encoded block table).
     device
         The CUDA device id.
     """
 
-    representation: str
-    host_type: type
-    arrays: dict[str, Any]
-    fields: dict[str, Any]
+    RESIDENT_FIELDS: ClassVar[dict[str, tuple[str, ...]]] = DEVICE_FIELDS
+
     extra: dict[str, Any]
-    dtype: np.dtype[Any]
-    nbytes: int
     device: int
-    freed: bool = False
 
-    def __getattr__(self, name: str) -> Any:
-        # only called when normal lookup fails: the payload's own fields
-        state = self.__dict__
-        if "arrays" in state and name in state["arrays"]:
-            return state["arrays"][name]
-        if "fields" in state and name in state["fields"]:
-            return state["fields"][name]
-        if state.get("freed") and name in DEVICE_FIELDS.get(state.get("representation", ""), ()):
-            raise ParameterError(
-                f"the {state['representation']} payload on cuda:{state.get('device')} was "
-                "released; load and put the chunk again"
-            )
-        raise AttributeError(name)
-
-    @property
-    def scan_shape(self) -> tuple[int, int]:
-        """``(rows, cols)`` of scan positions."""
-        rows, cols = self.fields["scan_shape"]
-        return (int(rows), int(cols))
-
-    @property
-    def frame_shape(self) -> tuple[int, int]:
-        """``(k_r, k_c)`` of one frame."""
-        kr, kc = self.fields["frame_shape"]
-        return (int(kr), int(kc))
+    def where(self) -> str:
+        """``"on cuda:<id>"``."""
+        return f"on cuda:{self.__dict__.get('device')}"
 
     @property
     def device_nbytes(self) -> int:
         """Bytes held in device memory."""
-        return int(sum(int(a.nbytes) for a in self.arrays.values()))
+        return self.resident_nbytes
 
     @classmethod
     def upload(
@@ -133,24 +106,19 @@ class DevicePayload:
             A paired payload has a threshold still pending.
         """
         names = DEVICE_FIELDS.get(representation)
-        if names is None or not dataclasses.is_dataclass(payload) or isinstance(payload, type):
-            raise UnsupportedOperationError(
-                f"the CUDA runtime keeps dense, paired, packed and encoded payloads on the "
-                f"device; got a {representation!r} payload of type {type(payload).__name__}"
-            )
-        host: Any = payload
-        require = getattr(host, "require_applied", None)
-        if callable(require):
-            require()
+        host, fields = split_host_payload(
+            representation,
+            payload,
+            names,
+            keeps="the CUDA runtime keeps dense, paired, packed and encoded payloads on the device",
+        )
+        assert names is not None
         extra: dict[str, Any] = {}
         if representation == "encoded" and host.codec == "bitshuffle-lz4":
             from .bslz4 import block_table
 
             # walk the framing once, on the host, while the bytes are here
             extra["block_table"] = block_table(host, np.arange(host.n_pieces))
-        fields = {
-            f.name: getattr(host, f.name) for f in dataclasses.fields(host) if f.name not in names
-        }
         arrays = {n: to_device(np.ascontiguousarray(getattr(host, n))) for n in names}
         return cls(
             representation=representation,
@@ -165,16 +133,10 @@ class DevicePayload:
 
     def to_host(self, to_host: Callable[[Any], np.ndarray]) -> Any:
         """Rebuild the host payload (copies the device arrays back with ``to_host``)."""
-        if self.freed:
-            raise ParameterError(
-                f"the {self.representation} payload on cuda:{self.device} was released; load "
-                "and put the chunk again"
-            )
-        arrays = {n: to_host(a) for n, a in self.arrays.items()}
-        return self.host_type(**self.fields, **arrays)
+        self.check_live()
+        return self.rebuild({n: to_host(a) for n, a in self.arrays.items()})
 
     def free(self) -> None:
         """Drop the device arrays (their memory returns to CuPy's pool); idempotent."""
-        self.arrays.clear()
         self.extra.clear()
-        self.freed = True
+        super().free()

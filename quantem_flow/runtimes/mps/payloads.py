@@ -50,13 +50,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import mlx.core as mx
 import numpy as np
 
 from ...errors import ParameterError, ShapeError, UnsupportedOperationError
 from ..base import FramePassResult
+from ..resident import ResidentPayload, split_host_payload
 from .kernels import frame_pass_mlx, metal_available, mlx_dtype, sum_dtype, to_device, to_host
 
 __all__ = [
@@ -115,7 +116,7 @@ def payload_paths(path: Literal["mlx", "metal"]) -> dict[str, str]:
 
 
 @dataclasses.dataclass(eq=False)
-class MlxPayload:
+class MlxPayload(ResidentPayload):
     """A paired, packed or encoded payload whose large arrays are MLX arrays.
 
     Attributes
@@ -135,38 +136,16 @@ class MlxPayload:
         fields that are arrays (equal to the host payload's ``nbytes``).
     """
 
-    representation: str
-    host_type: type
-    arrays: dict[str, Any]
-    fields: dict[str, Any]
-    dtype: np.dtype[Any]
-    nbytes: int
-    freed: bool = False
+    RESIDENT_FIELDS: ClassVar[dict[str, tuple[str, ...]]] = MLX_FIELDS
 
-    def __getattr__(self, name: str) -> Any:
-        # only called when normal lookup fails: the payload's own fields
-        state = self.__dict__
-        if "arrays" in state and name in state["arrays"]:
-            return state["arrays"][name]
-        if "fields" in state and name in state["fields"]:
-            return state["fields"][name]
-        if state.get("freed") and name in MLX_FIELDS.get(state.get("representation", ""), ()):
-            raise ParameterError(
-                f"the {state['representation']} payload resident in MLX was released; load and "
-                "put the chunk again"
-            )
-        raise AttributeError(name)
+    def where(self) -> str:
+        """``"resident in MLX"``."""
+        return "resident in MLX"
 
     @property
     def mlx_nbytes(self) -> int:
         """Bytes held in MLX arrays."""
-        return int(sum(int(a.nbytes) for a in self.arrays.values()))
-
-    @property
-    def n_frames(self) -> int:
-        """Frames (scan positions) held."""
-        rows, cols = self.fields["scan_shape"]
-        return int(rows) * int(cols)
+        return self.resident_nbytes
 
     @classmethod
     def upload(cls, representation: str, payload: Any) -> MlxPayload:
@@ -180,18 +159,13 @@ class MlxPayload:
             A paired payload has a threshold still pending.
         """
         names = MLX_FIELDS.get(representation)
-        if names is None or not dataclasses.is_dataclass(payload) or isinstance(payload, type):
-            raise UnsupportedOperationError(
-                f"the mps runtime keeps dense, paired, packed and encoded payloads in MLX; got a "
-                f"{representation!r} payload of type {type(payload).__name__}"
-            )
-        host: Any = payload
-        require = getattr(host, "require_applied", None)
-        if callable(require):
-            require()
-        fields = {
-            f.name: getattr(host, f.name) for f in dataclasses.fields(host) if f.name not in names
-        }
+        host, fields = split_host_payload(
+            representation,
+            payload,
+            names,
+            keeps="the mps runtime keeps dense, paired, packed and encoded payloads in MLX",
+        )
+        assert names is not None
         arrays = {}
         for name in names:
             a = np.ascontiguousarray(getattr(host, name))
@@ -209,32 +183,20 @@ class MlxPayload:
 
     def to_host(self) -> Any:
         """Rebuild the host payload (copies of the MLX arrays)."""
-        self._check()
+        self.check_live()
         arrays = {n: to_host(a) for n, a in self.arrays.items()}
         if self.representation == "packed":
             arrays["data"] = arrays["data"].astype("<u4", copy=False)
-        return self.host_type(**self.fields, **arrays)
+        return self.rebuild(arrays)
 
     def host_view(self) -> Any:
         """The host payload over NumPy *views* of the MLX arrays' memory (no copy)."""
-        self._check()
+        self.check_live()
         arrays = {}
         for n, a in self.arrays.items():
             mx.eval(a)
             arrays[n] = np.array(a, copy=False)
-        return self.host_type(**self.fields, **arrays)
-
-    def free(self) -> None:
-        """Drop the MLX arrays (MLX returns their memory to its cache); idempotent."""
-        self.arrays.clear()
-        self.freed = True
-
-    def _check(self) -> None:
-        if self.freed:
-            raise ParameterError(
-                f"the {self.representation} payload resident in MLX was released; load and put "
-                "the chunk again"
-            )
+        return self.rebuild(arrays)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -306,7 +268,7 @@ def frame_pass_paired_mlx(
     payload: MlxPayload, weights: np.ndarray, *, want_sum: bool, want_max: bool
 ) -> FramePassResult:
     """Fused pass on a resident paired payload, O(events); see the module docstring."""
-    payload._check()
+    payload.check_live()
     kr, kc = payload.frame_shape
     k = int(kr) * int(kc)
     n = payload.n_frames
@@ -372,7 +334,7 @@ def frame_pass_paired_mlx(
 @_on_cpu_stream
 def gather_paired_mlx(payload: MlxPayload, indices: np.ndarray) -> np.ndarray:
     """Pixels ``indices`` of every frame of a resident paired payload (a scatter of events)."""
-    payload._check()
+    payload.check_live()
     kr, kc = payload.frame_shape
     k = int(kr) * int(kc)
     idx = _check_indices(indices, k)
@@ -528,7 +490,7 @@ def frame_pass_packed_mlx(
     path: Literal["mlx", "metal"] = "mlx",
 ) -> FramePassResult:
     """Fused pass on a resident packed payload, unpacked in MLX a group of frames at a time."""
-    payload._check()
+    payload.check_live()
     unpack, k, group = _packed_groups(payload, path)
     _check_weights(weights, k, payload.frame_shape)
     n = payload.n_frames
@@ -554,7 +516,7 @@ def gather_packed_mlx(
     payload: MlxPayload, indices: np.ndarray, *, path: Literal["mlx", "metal"] = "mlx"
 ) -> np.ndarray:
     """Pixels ``indices`` of every frame, unpacked in MLX a group of frames at a time."""
-    payload._check()
+    payload.check_live()
     unpack, k, group = _packed_groups(payload, path)
     idx = _check_indices(indices, k)
     n = payload.n_frames
