@@ -23,6 +23,7 @@ from quantem_flow.errors import (
 from quantem_flow.graphs.annotations import validate_annotations
 from quantem_flow.graphs.worker import probe_capabilities, probe_runtime_details
 from quantem_flow.graphs.worker_data import device_modules
+from quantem_flow.runtimes.array_ops import resolve_ssb_backend
 from quantem_flow.runtimes.registry import (
     ENTRY_POINT_GROUP,
     ProbeResult,
@@ -38,7 +39,6 @@ from quantem_flow.runtimes.registry import (
     runtime_specs,
     unregister_runtime,
 )
-from quantem_flow.runtimes.ssb_kernels import resolve_ssb_backend
 from tests.conftest import probe_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,6 +227,12 @@ def test_ssb_backend_choice_is_derived() -> None:
             pytest.skip("mps unavailable here")
     with pytest.raises(RuntimeUnavailableError, match="unknown runtime"):
         resolve_ssb_backend("nope")
+    # one entry point for every operation: resolve_backend(operation="ssb") is the same choice
+    via = rt.resolve_backend("auto", operation="ssb", dtype="uint16")
+    assert via == resolve_ssb_backend("auto", dtype="uint16")
+    assert via.chosen == "cpu" and "SSB FFT stage" in via.reason
+    with pytest.raises(RuntimeUnavailableError, match="unknown runtime 'nope' for the SSB"):
+        rt.resolve_backend("nope", operation="ssb")
 
 
 # ----------------------------------------------------------------------------- entry points

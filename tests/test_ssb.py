@@ -33,8 +33,10 @@ from quantem_flow.errors import (
     UnsupportedOperationError,
 )
 from quantem_flow.operators.ssb import ssb
+from quantem_flow.operators.ssb.stages import QGrid, accumulate, spectra
+from quantem_flow.runtimes.array_ops import Aberrations
 from quantem_flow.runtimes.base import gather_columns
-from quantem_flow.runtimes.ssb_kernels import Aberrations, NumpyOps, QGrid, accumulate, spectra
+from quantem_flow.runtimes.cpu.array_ops import NumpyOps
 
 KV = 300.0
 ALPHA_MRAD = 20.0

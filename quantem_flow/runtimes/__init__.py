@@ -220,6 +220,7 @@ def resolve_backend(
     operation: str | Sequence[str] = "frame_pass",
     representation: str = "dense",
     dtype: Any = None,
+    allow_complex64: bool = False,
 ) -> BackendChoice:
     """Choose the runtime for ``backend`` (``"auto"`` or a registered runtime name).
 
@@ -228,12 +229,16 @@ def resolve_backend(
     backend
         ``"auto"`` or a runtime name.
     operation
-        The operation (or operations, all required) the runtime must run.
+        The operation (or operations, all required) the runtime must run;
+        ``"ssb"``: the SSB FFT stage, on the gathered bright field (a runtime
+        with an array adapter, :mod:`quantem_flow.runtimes.array_ops`).
     representation
-        The payload representation.
+        The payload representation (``"ssb"`` always runs on ``"gathered"``).
     dtype
         The data's dtype (the dataset's); ``None`` accepts any dtype the
         runtime declares for the operation.
+    allow_complex64
+        For ``"ssb"``: allow an adapter without a complex128 FFT (MLX).
 
     Returns
     -------
@@ -253,6 +258,10 @@ def resolve_backend(
         raise ParameterError(
             f"backend must be a string ('auto' or a runtime name), got {backend!r}"
         )
+    if operation == "ssb":
+        from .array_ops import resolve_ssb_backend
+
+        return resolve_ssb_backend(backend, allow_complex64=allow_complex64, dtype=dtype)
     ops, dt = _wanted(operation, representation, dtype)
     kernel = _describe_kernel(ops, representation, dt)
     if backend == "auto":

@@ -239,7 +239,7 @@ class RuntimeSpec:
         of host memory).
     array_ops
         ``"module:attribute"`` of the SSB stage's array adapter (an
-        :class:`~quantem_flow.runtimes.ssb_kernels.ArrayOps` class), or
+        :class:`~quantem_flow.runtimes.array_ops.ArrayOps` class), or
         ``None`` if the runtime has no SSB stage.
     array_ops_precision
         ``"complex128"`` or ``"complex64"``: the FFT precision of

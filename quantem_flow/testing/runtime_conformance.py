@@ -955,12 +955,13 @@ def check_ssb_case(runtime_name: str, dtype: str, *, rng: np.random.Generator) -
 
     Tolerance: :data:`SSB_TOLERANCE` of the runtime's declared FFT precision.
     """
+    from ..operators.ssb import stages as sk
     from ..runtimes import get_spec
-    from ..runtimes import ssb_kernels as sk
+    from ..runtimes.array_ops import Aberrations, make_ops
 
     spec = get_spec(runtime_name)
-    ops = sk.make_ops(runtime_name)
-    ref_ops = sk.make_ops("cpu")
+    ops = make_ops(runtime_name)
+    ref_ops = make_ops("cpu")
     scan = (21, 26)  # rectangular, odd and even
     n_pix = 37
     alpha, lam = 0.02, 0.0197
@@ -970,7 +971,7 @@ def check_ssb_case(runtime_name: str, dtype: str, *, rng: np.random.Generator) -
     v_r, v_c = radius * np.cos(theta), radius * np.sin(theta)
     block = np.minimum(rng.poisson(50.0, (n_pix, *scan)), 100).astype(dtype)
     inv_mean = 1.0 / block.reshape(n_pix, -1).astype(np.float64).mean(axis=1)
-    ab = sk.Aberrations(
+    ab = Aberrations(
         {
             (1, 0): (float(rng.uniform(-80, 80)), 0.0),
             (1, 2): (float(rng.uniform(0, 20)), float(rng.uniform(0, np.pi))),

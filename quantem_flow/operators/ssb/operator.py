@@ -68,26 +68,21 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..calibration import Axis, Calibration, electron_wavelength_angstrom, length_scale
-from ..dataset import Dataset4D
-from ..errors import CalibrationError, DtypeError, ImplausibleParameterError, ParameterError
-from ..provenance import array_identity
-from ..results import ComplexObject
-from ..runtimes.registry import get_spec
-from ..runtimes.ssb_kernels import (
-    ELEMENTWISE_ELEMENTS,
+from ...calibration import Axis, Calibration, electron_wavelength_angstrom, length_scale
+from ...dataset import Dataset4D
+from ...errors import CalibrationError, DtypeError, ImplausibleParameterError, ParameterError
+from ...provenance import array_identity
+from ...results import ComplexObject
+from ...runtimes import resolve_backend
+from ...runtimes.array_ops import (
     Aberrations,
     ArrayOps,
     PartialSums,
-    QGrid,
-    accumulate,
-    assemble,
     make_ops,
     prewarm,
-    resolve_ssb_backend,
-    spectra,
 )
-from .base import (
+from ...runtimes.registry import get_spec
+from ..base import (
     ChunkOperator,
     ChunkPlan,
     LazyResult,
@@ -95,8 +90,9 @@ from .base import (
     PlanContext,
     make_provenance,
 )
-from .geometry import allow_implausible_note, detector_distance, resolve_center
-from .probe import ProbeEstimate, find_probe
+from ..geometry import allow_implausible_note, detector_distance, resolve_center
+from ..probe import ProbeEstimate, find_probe
+from .stages import ELEMENTWISE_ELEMENTS, QGrid, accumulate, assemble, spectra
 
 __all__ = ["SSB", "SSBGeometry", "ssb"]
 
@@ -421,7 +417,9 @@ class SSB(ChunkOperator):
             )
         self.allow_implausible = bool(allow_implausible)
         self.backend = backend
-        self.choice = resolve_ssb_backend(backend, allow_complex64=self.allow_complex64)
+        self.choice = resolve_backend(
+            backend, operation="ssb", allow_complex64=self.allow_complex64
+        )
 
     # -- parameters as given -------------------------------------------------------------
     def parameters(self) -> dict[str, Any]:
@@ -738,8 +736,8 @@ class SSB(ChunkOperator):
         """Gather the bright-field pixels in the shared pass; reconstruct in the finalize."""
         ds = ctx.dataset
         # the runtime must declare the SSB stage for the gathered values' dtype
-        self.choice = resolve_ssb_backend(
-            self.backend, allow_complex64=self.allow_complex64, dtype=ds.dtype
+        self.choice = resolve_backend(
+            self.backend, operation="ssb", allow_complex64=self.allow_complex64, dtype=ds.dtype
         )
         geo, notes = self.geometry(ctx)
         params = {"given": self.parameters(), **geo.record}
