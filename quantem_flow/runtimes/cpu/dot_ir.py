@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -294,6 +294,57 @@ def _param(b: Any, params: Any, name: str) -> Any:
     return b.load(b.gep(params, [ir.Constant(ir.IntType(64), PARAMS.index(name))]))
 
 
+@dataclass
+class _Loop:
+    """A loop being emitted: its counter, carried values and blocks (see :func:`_open_loop`)."""
+
+    counter: Any
+    carried: list[Any]
+    head: Any
+    body: Any
+    done: Any
+
+    def close(self, b: Any, step: Any, carried: Sequence[Any] = ()) -> None:
+        """Branch back to the head with ``counter + step`` and the new carried values."""
+        self.counter.add_incoming(b.add(self.counter, step), b.block)
+        for phi, value in zip(self.carried, carried, strict=True):
+            phi.add_incoming(value, b.block)
+        b.branch(self.head)
+        b.position_at_end(self.done)
+
+
+def _open_loop(
+    b: Any,
+    fn: Any,
+    tag: str,
+    start: Any,
+    limit: Any,
+    carried: Sequence[tuple[Any, Any]] = (),
+) -> _Loop:
+    """Emit a loop head (``counter`` from ``start`` while ``< limit``) and enter its body.
+
+    ``carried``: ``(type, initial value)`` of values the loop carries (phis);
+    the caller emits the body, then calls :meth:`_Loop.close`, after which the
+    builder is at the loop's exit (where the phis hold the final values).
+    """
+    pre = b.block
+    head = fn.append_basic_block(tag)
+    body = fn.append_basic_block(f"{tag}_body")
+    done = fn.append_basic_block(f"{tag}_done")
+    b.branch(head)
+    b.position_at_end(head)
+    counter = b.phi(start.type, f"{tag}_i")
+    counter.add_incoming(start, pre)
+    phis = []
+    for k, (ty, init) in enumerate(carried):
+        phi = b.phi(ty, f"{tag}_v{k}")
+        phi.add_incoming(init, pre)
+        phis.append(phi)
+    b.cbranch(b.icmp_signed("<", counter, limit), body, done)
+    b.position_at_end(body)
+    return _Loop(counter, phis, head, body, done)
+
+
 def _emit_epilogue(b: Any, fn: Any, row: Any, out_row: Any, params: Any, tag: str) -> None:
     """``out_row[dst[t]] = float(row[src[t]]) - float(row[sub[t]]) * off[t]`` for every ``t``."""
     import llvmlite.ir as ir
@@ -305,18 +356,10 @@ def _emit_epilogue(b: Any, fn: Any, row: Any, out_row: Any, params: Any, tag: st
     src = b.inttoptr(_param(b, params, "src"), p64)
     sub = b.inttoptr(_param(b, params, "sub"), p64)
     off = b.inttoptr(_param(b, params, "off"), pf)
-    pre = b.block
-    head = fn.append_basic_block(f"{tag}_head")
-    body = fn.append_basic_block(f"{tag}_body")
+    loop = _open_loop(b, fn, tag, ir.Constant(i64, 0), count)
+    t, body = loop.counter, loop.body
     minus = fn.append_basic_block(f"{tag}_minus")
     store = fn.append_basic_block(f"{tag}_store")
-    done = fn.append_basic_block(f"{tag}_done")
-    b.branch(head)
-    b.position_at_end(head)
-    t = b.phi(i64, f"{tag}_t")
-    t.add_incoming(ir.Constant(i64, 0), pre)
-    b.cbranch(b.icmp_signed("<", t, count), body, done)
-    b.position_at_end(body)
     value = b.sitofp(b.load(b.gep(row, [b.load(b.gep(src, [t]))])), f64)
     k = b.load(b.gep(sub, [t]))
     b.cbranch(b.icmp_signed(">=", k, ir.Constant(i64, 0)), minus, store)
@@ -329,9 +372,7 @@ def _emit_epilogue(b: Any, fn: Any, row: Any, out_row: Any, params: Any, tag: st
     result.add_incoming(value, body)
     result.add_incoming(moment, minus)
     b.store(result, b.gep(out_row, [b.load(b.gep(dst, [t]))]))
-    t.add_incoming(b.add(t, ir.Constant(i64, 1)), store)
-    b.branch(head)
-    b.position_at_end(done)
+    loop.close(b, ir.Constant(i64, 1))
 
 
 def _emit_driver(module: Any, group: Any, single: Any, frames_per_step: int) -> None:
@@ -367,20 +408,11 @@ def _emit_driver(module: Any, group: Any, single: Any, frames_per_step: int) -> 
     entry = fin.append_basic_block("entry")
     b = ir.IRBuilder(entry)
     ts = _param(b, params, "totals_stride")
-    head = fin.append_basic_block("head")
-    body = fin.append_basic_block("body")
-    done = fin.append_basic_block("done")
-    b.branch(head)
-    b.position_at_end(head)
-    i = b.phi(i64, "i")
-    i.add_incoming(ir.Constant(i64, 0), entry)
-    b.cbranch(b.icmp_signed("<", i, n), body, done)
-    b.position_at_end(body)
+    frames = _open_loop(b, fin, "frames", ir.Constant(i64, 0), n)
+    i = frames.counter
     row = b.gep(totals, [b.mul(i, ts)])
     _emit_epilogue(b, fin, row, b.gep(out, [b.mul(i, out_stride)]), params, "e")
-    i.add_incoming(b.add(i, ir.Constant(i64, 1)), b.block)
-    b.branch(head)
-    b.position_at_end(done)
+    frames.close(b, ir.Constant(i64, 1))
     b.ret_void()
 
 
@@ -464,42 +496,15 @@ def _emit_frames(
     def load_weight(j: int, offset: Any) -> Any:
         return b.load(b.bitcast(b.gep(vec_w[j], [offset]), ir.PointerType(v16)), align=2)
 
-    f_head = fn.append_basic_block("frames")
-    f_body = fn.append_basic_block("frame")
-    done = fn.append_basic_block("done")
-    b.branch(f_head)
-    b.position_at_end(f_head)
-    i = b.phi(i64, "i")
-    i.add_incoming(ir.Constant(i64, 0), entry)
-    b.cbranch(b.icmp_signed("<", i, n), f_body, done)
-    b.position_at_end(f_body)
+    frame_loop = _open_loop(b, fn, "frames", ir.Constant(i64, 0), n)
+    i = frame_loop.counter
     bases = [b.gep(frames, [b.mul(b.add(i, ir.Constant(i64, q)), stride)]) for q in range(n_frames)]
     # blocks of steps in 32-bit lanes, widened into 64-bit lanes after each block
-    k_head = fn.append_basic_block("blocks")
-    k_body = fn.append_basic_block("block")
-    k_done = fn.append_basic_block("blocks_done")
-    b.branch(k_head)
-    b.position_at_end(k_head)
-    s0 = b.phi(i64, "s0")
-    s0.add_incoming(ir.Constant(i64, 0), f_body)
-    acc64 = [b.phi(v64, f"w{a}") for a in range(nacc)]
-    for a64 in acc64:
-        a64.add_incoming(zero64, f_body)
-    b.cbranch(b.icmp_signed("<", s0, full), k_body, k_done)
-    b.position_at_end(k_body)
+    blocks = _open_loop(b, fn, "blocks", ir.Constant(i64, 0), full, [(v64, zero64)] * nacc)
+    s0, acc64 = blocks.counter, blocks.carried
     s_end = b.select(b.icmp_signed("<", b.add(s0, block), full), b.add(s0, block), full)
-    s_head = fn.append_basic_block("steps")
-    s_body = fn.append_basic_block("step")
-    s_done = fn.append_basic_block("steps_done")
-    b.branch(s_head)
-    b.position_at_end(s_head)
-    s = b.phi(i64, "s")
-    s.add_incoming(s0, k_body)
-    acc32 = [b.phi(v32, f"a{a}") for a in range(nacc)]
-    for a32 in acc32:
-        a32.add_incoming(zero32, k_body)
-    b.cbranch(b.icmp_signed("<", s, s_end), s_body, s_done)
-    b.position_at_end(s_body)
+    steps_loop = _open_loop(b, fn, "steps", s0, s_end, [(v32, zero32)] * nacc)
+    s, acc32 = steps_loop.counter, steps_loop.carried
     offset = b.mul(s, ir.Constant(i64, lanes))
     xs = [load_pixels(base, offset, False) for base in bases]
     new32: list[Any] = [None] * nacc
@@ -507,18 +512,14 @@ def _emit_frames(
         wj = load_weight(j, offset)
         for q in range(n_frames):
             new32[q * n_vec + j] = b.add(acc32[q * n_vec + j], b.call(madd, [xs[q], wj]))
-    s.add_incoming(b.add(s, ir.Constant(i64, 1)), s_body)
-    for a32, v in zip(acc32, new32, strict=True):
-        a32.add_incoming(v, s_body)
-    b.branch(s_head)
-    b.position_at_end(s_done)
+    steps_loop.close(b, ir.Constant(i64, 1), new32)
     widened = [b.add(a64, b.sext(a32, v64)) for a64, a32 in zip(acc64, acc32, strict=True)]
-    s0.add_incoming(s_end, s_done)
-    for a64, v in zip(acc64, widened, strict=True):
-        a64.add_incoming(v, s_done)
-    b.branch(k_head)
+    blocks.counter.add_incoming(s_end, b.block)
+    for phi, value in zip(acc64, widened, strict=True):
+        phi.add_incoming(value, b.block)
+    b.branch(blocks.head)
+    b.position_at_end(blocks.done)
     # the last (partial) vector: a masked load; the weights are zero past the frame
-    b.position_at_end(k_done)
     offset = b.mul(full, ir.Constant(i64, lanes))
     xs = [load_pixels(base, offset, True) for base in bases]
     rows = [b.gep(totals, [b.mul(b.add(i, ir.Constant(i64, q)), ts)]) for q in range(n_frames)]
@@ -538,8 +539,6 @@ def _emit_frames(
         _emit_epilogue(b, fn, rows[q], out_row, params, f"e{q}")
     b.branch(nxt)
     b.position_at_end(nxt)
-    i.add_incoming(b.add(i, ir.Constant(i64, n_frames)), nxt)
-    b.branch(f_head)
-    b.position_at_end(done)
+    frame_loop.close(b, ir.Constant(i64, n_frames))
     b.ret_void()
     return fn
