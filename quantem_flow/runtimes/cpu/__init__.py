@@ -114,9 +114,10 @@ class CpuRuntime(Runtime):
             "runtime": self.name,
             "device": "host CPU",
             "kernel": (
-                "Numba frame pass: mask and moment rows by detector cells (structured), "
-                "other rows fused (4 frames x 2 weight rows); the variant per chunk is in "
-                "frame_pass_variant"
+                "Numba frame pass: mask and moment rows by detector cells (structured) or, "
+                "on 8/16-bit frames where its cost rule wins, as SIMD integer dot products "
+                "(LLVM IR: pmaddwd / vpdpwssd, same integers), other rows fused (4 frames x 2 "
+                "weight rows); the variant per chunk is in frame_pass_variant"
             ),
             "per_frame_accumulation": (
                 "float64; structured cells of integer data in int64 (exact, bound checked)"
