@@ -535,3 +535,37 @@ def test_gather_columns_equals_fancy_indexing(rng: np.random.Generator) -> None:
         got = gather_columns(frames, idx)
         np.testing.assert_array_equal(got, frames[:, idx])
         assert got.flags.c_contiguous
+
+
+def test_the_parameters_are_declared_once_in_ssb() -> None:
+    import dataclasses
+    import inspect
+
+    from quantem_flow.errors import ParameterError
+    from quantem_flow.operators.ssb import SSB, SSBParams
+    from quantem_flow.operators.ssb import ssb as ssb_function
+
+    keywords = [
+        p
+        for p in inspect.signature(ssb_function).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name != "name"
+    ]
+    fields = dataclasses.fields(SSBParams)
+    assert [f.name for f in fields] == [p.name for p in keywords]
+    for f, p in zip(fields, keywords, strict=True):
+        expected = dataclasses.MISSING if p.default is inspect.Parameter.empty else p.default
+        assert f.default == expected, f.name
+    params = SSBParams(voltage_kV=300, semiangle_mrad=20, defocus_A=-50.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.defocus_A = 0.0  # type: ignore[misc]
+    a = SSB(params)
+    b = SSB(voltage_kV=300, semiangle_mrad=20, defocus_A=-50.0)
+    assert a.parameters() == b.parameters()
+    with pytest.raises(ParameterError, match=r"unknown SSB parameter\(s\) \['defocus'\]"):
+        SSB(voltage_kV=300, semiangle_mrad=20, defocus=-50.0)
+    with pytest.raises(ParameterError, match=r"SSB needs \['semiangle_mrad'\]"):
+        SSB(voltage_kV=300)
+    with pytest.raises(ParameterError, match="not both"):
+        SSB(params, backend="cpu")
+    with pytest.raises(ParameterError, match="voltage_kV must be > 0"):
+        SSB(SSBParams(voltage_kV=-1, semiangle_mrad=20))

@@ -11,6 +11,6 @@
 
 from __future__ import annotations
 
-from .operator import LOSS_BANDS, SSB, SSBGeometry, loss_reading, ssb
+from .operator import LOSS_BANDS, SSB, SSBGeometry, SSBParams, loss_reading, ssb
 
-__all__ = ["LOSS_BANDS", "SSB", "SSBGeometry", "loss_reading", "ssb"]
+__all__ = ["LOSS_BANDS", "SSB", "SSBGeometry", "SSBParams", "loss_reading", "ssb"]

@@ -58,6 +58,7 @@ spectra plus a few scan-sized arrays.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import re
 import sys
@@ -94,7 +95,7 @@ from ..geometry import allow_implausible_note, detector_distance, resolve_center
 from ..probe import ProbeEstimate, find_probe
 from .stages import ELEMENTWISE_ELEMENTS, QGrid, accumulate, assemble, spectra
 
-__all__ = ["SSB", "SSBGeometry", "ssb"]
+__all__ = ["SSB", "SSBGeometry", "SSBParams", "ssb"]
 
 #: Names accepted by ``fit_aberrations`` and their canonical coefficient.
 FIT_NAMES: dict[str, str] = {
@@ -312,113 +313,90 @@ class SSB(ChunkOperator):
 
     name: ClassVar[str] = "ssb"
 
-    def __init__(
-        self,
-        *,
-        voltage_kV: float,
-        semiangle_mrad: float,
-        scan_step_A: Pair | None = None,
-        detector_sampling_mrad: Pair | str | None = None,
-        rotation_deg: float = 0.0,
-        transpose: bool = False,
-        defocus_A: float = 0.0,
-        astigmatism_A: float = 0.0,
-        astigmatism_angle_deg: float = 0.0,
-        aberrations: Mapping[str, float] | None = None,
-        bf_threshold: float = 0.5,
-        bf_radius_factor: float = 1.0,
-        center: str | Sequence[float] = "auto",
-        probe: ProbeEstimate | None = None,
-        pad_to: Sequence[int] | None = None,
-        fit_aberrations: bool | Sequence[str] = False,
-        fit_max_pixels: int = 128,
-        fit_max_evaluations: int = 200,
-        pixel_block: int = 256,
-        backend: str = "auto",
-        allow_complex64: bool = False,
-        allow_implausible: bool = False,
-    ):
-        kv = _finite(voltage_kV, "voltage_kV")
+    def __init__(self, params: Any = None, /, **kwargs: Any) -> None:
+        p = _ssb_params(params, kwargs)
+        self.params = p
+        kv = _finite(p.voltage_kV, "voltage_kV")
         if not kv > 0:
             raise ParameterError(
-                f"voltage_kV must be > 0 (the accelerating voltage, e.g. 300), got {voltage_kV!r}"
+                f"voltage_kV must be > 0 (the accelerating voltage, e.g. 300), got {p.voltage_kV!r}"
             )
-        alpha = _finite(semiangle_mrad, "semiangle_mrad")
+        alpha = _finite(p.semiangle_mrad, "semiangle_mrad")
         if not alpha > 0:
             raise ParameterError(
                 f"semiangle_mrad must be > 0 (the probe-forming aperture's semiangle, e.g. 20), "
-                f"got {semiangle_mrad!r}"
+                f"got {p.semiangle_mrad!r}"
             )
         self.voltage_kV = kv
         self.semiangle_mrad = alpha
-        self.scan_step_A = None if scan_step_A is None else _pair(scan_step_A, "scan_step_A")
-        if isinstance(detector_sampling_mrad, str):
-            if detector_sampling_mrad not in ("auto", "calibration", "bf_disk"):
+        self.scan_step_A = None if p.scan_step_A is None else _pair(p.scan_step_A, "scan_step_A")
+        if isinstance(p.detector_sampling_mrad, str):
+            if p.detector_sampling_mrad not in ("auto", "calibration", "bf_disk"):
                 raise ParameterError(
                     "detector_sampling_mrad must be a size in mrad, (row, col) sizes, None/'auto', "
-                    f"'calibration' or 'bf_disk', got {detector_sampling_mrad!r}"
+                    f"'calibration' or 'bf_disk', got {p.detector_sampling_mrad!r}"
                 )
-            self.detector_sampling: tuple[float, float] | str = detector_sampling_mrad
-        elif detector_sampling_mrad is None:
+            self.detector_sampling: tuple[float, float] | str = p.detector_sampling_mrad
+        elif p.detector_sampling_mrad is None:
             self.detector_sampling = "auto"
         else:
-            self.detector_sampling = _pair(detector_sampling_mrad, "detector_sampling_mrad")
-        self.rotation_deg = _finite(rotation_deg, "rotation_deg")
-        if not isinstance(transpose, (bool, np.bool_)):
-            raise ParameterError(f"transpose must be True or False, got {transpose!r}")
-        self.transpose = bool(transpose)
-        self.defocus_A = _finite(defocus_A, "defocus_A")
-        self.astigmatism_A = _finite(astigmatism_A, "astigmatism_A")
+            self.detector_sampling = _pair(p.detector_sampling_mrad, "detector_sampling_mrad")
+        self.rotation_deg = _finite(p.rotation_deg, "rotation_deg")
+        if not isinstance(p.transpose, (bool, np.bool_)):
+            raise ParameterError(f"transpose must be True or False, got {p.transpose!r}")
+        self.transpose = bool(p.transpose)
+        self.defocus_A = _finite(p.defocus_A, "defocus_A")
+        self.astigmatism_A = _finite(p.astigmatism_A, "astigmatism_A")
         if self.astigmatism_A < 0:
             raise ParameterError(
-                f"astigmatism_A is a magnitude (>= 0), got {astigmatism_A!r}; a negative "
+                f"astigmatism_A is a magnitude (>= 0), got {p.astigmatism_A!r}; a negative "
                 "astigmatism is the positive one turned by 90 degrees (add 90 to "
                 "astigmatism_angle_deg)"
             )
-        self.astigmatism_angle_deg = _finite(astigmatism_angle_deg, "astigmatism_angle_deg")
-        self.extra_coeffs, self.extra_angles = _parse_aberrations(aberrations)
-        self.aberrations_given = dict(aberrations or {})
-        if not 0 < float(bf_threshold) < 1:
-            raise ParameterError(f"bf_threshold must be in (0, 1), got {bf_threshold!r}")
-        self.bf_threshold = float(bf_threshold)
-        if not (math.isfinite(float(bf_radius_factor)) and float(bf_radius_factor) > 0):
-            raise ParameterError(f"bf_radius_factor must be > 0, got {bf_radius_factor!r}")
-        self.bf_radius_factor = float(bf_radius_factor)
-        self.center = center
-        if probe is not None and not isinstance(probe, ProbeEstimate):
+        self.astigmatism_angle_deg = _finite(p.astigmatism_angle_deg, "astigmatism_angle_deg")
+        self.extra_coeffs, self.extra_angles = _parse_aberrations(p.aberrations)
+        self.aberrations_given = dict(p.aberrations or {})
+        if not 0 < float(p.bf_threshold) < 1:
+            raise ParameterError(f"bf_threshold must be in (0, 1), got {p.bf_threshold!r}")
+        self.bf_threshold = float(p.bf_threshold)
+        if not (math.isfinite(float(p.bf_radius_factor)) and float(p.bf_radius_factor) > 0):
+            raise ParameterError(f"bf_radius_factor must be > 0, got {p.bf_radius_factor!r}")
+        self.bf_radius_factor = float(p.bf_radius_factor)
+        self.center = p.center
+        if p.probe is not None and not isinstance(p.probe, ProbeEstimate):
             raise ParameterError(
-                f"probe must be a ProbeEstimate (from find_probe), got {type(probe).__name__}"
+                f"probe must be a ProbeEstimate (from find_probe), got {type(p.probe).__name__}"
             )
-        self.probe = probe
-        if pad_to is None:
+        self.probe = p.probe
+        if p.pad_to is None:
             self.pad_to: tuple[int, int] | None = None
         else:
-            p = list(pad_to)
-            if len(p) != 2 or not all(isinstance(v, (int, np.integer)) and v > 0 for v in p):
+            size = list(p.pad_to)
+            if len(size) != 2 or not all(isinstance(v, (int, np.integer)) and v > 0 for v in size):
                 raise ParameterError(
-                    f"pad_to must be (rows, cols) positive integers, got {pad_to!r}"
+                    f"pad_to must be (rows, cols) positive integers, got {p.pad_to!r}"
                 )
-            self.pad_to = (int(p[0]), int(p[1]))
-        self.fit_names = _fit_names(fit_aberrations)
+            self.pad_to = (int(size[0]), int(size[1]))
+        self.fit_names = _fit_names(p.fit_aberrations)
         for label, value in (
-            ("fit_max_pixels", fit_max_pixels),
-            ("fit_max_evaluations", fit_max_evaluations),
-            ("pixel_block", pixel_block),
+            ("fit_max_pixels", p.fit_max_pixels),
+            ("fit_max_evaluations", p.fit_max_evaluations),
+            ("pixel_block", p.pixel_block),
         ):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
                 raise ParameterError(f"{label} must be an integer >= 1, got {value!r}")
-        self.fit_max_pixels = int(fit_max_pixels)
-        self.fit_max_evaluations = int(fit_max_evaluations)
-        self.pixel_block = int(pixel_block)
-        self.allow_complex64 = bool(allow_complex64)
-        if not isinstance(allow_implausible, (bool, np.bool_)):
+        self.fit_max_pixels = int(p.fit_max_pixels)
+        self.fit_max_evaluations = int(p.fit_max_evaluations)
+        self.pixel_block = int(p.pixel_block)
+        self.allow_complex64 = bool(p.allow_complex64)
+        if not isinstance(p.allow_implausible, (bool, np.bool_)):
             raise ParameterError(
-                f"allow_implausible must be True or False, got {allow_implausible!r}"
+                f"allow_implausible must be True or False, got {p.allow_implausible!r}"
             )
-        self.allow_implausible = bool(allow_implausible)
-        self.backend = backend
+        self.allow_implausible = bool(p.allow_implausible)
+        self.backend = p.backend
         self.choice = resolve_backend(
-            backend, operation="ssb", allow_complex64=self.allow_complex64
+            p.backend, operation="ssb", allow_complex64=self.allow_complex64
         )
 
     # -- parameters as given -------------------------------------------------------------
@@ -1221,28 +1199,61 @@ def ssb(
         raise ParameterError(
             f"expected a Dataset4D (from quantem_flow.open), got {type(ds).__name__}"
         )
-    op = SSB(
-        voltage_kV=voltage_kV,
-        semiangle_mrad=semiangle_mrad,
-        scan_step_A=scan_step_A,
-        detector_sampling_mrad=detector_sampling_mrad,
-        rotation_deg=rotation_deg,
-        transpose=transpose,
-        defocus_A=defocus_A,
-        astigmatism_A=astigmatism_A,
-        astigmatism_angle_deg=astigmatism_angle_deg,
-        aberrations=aberrations,
-        bf_threshold=bf_threshold,
-        bf_radius_factor=bf_radius_factor,
-        center=center,
-        probe=probe,
-        pad_to=pad_to,
-        fit_aberrations=fit_aberrations,
-        fit_max_pixels=fit_max_pixels,
-        fit_max_evaluations=fit_max_evaluations,
-        pixel_block=pixel_block,
-        backend=backend,
-        allow_complex64=allow_complex64,
-        allow_implausible=allow_implausible,
-    )
+    given = locals()
+    op = SSB(SSBParams(**{f.name: given[f.name] for f in dataclasses.fields(SSBParams)}))
     return LazyResult(op, dataset=ds, name=name or "ssb")
+
+
+def _params_class() -> Any:
+    """:class:`SSBParams`: a frozen dataclass made from :func:`ssb`'s keyword parameters.
+
+    The parameters are declared once, in :func:`ssb`'s signature and
+    docstring; the operator (:class:`SSB`) and the pipeline schema read them
+    from there.
+    """
+    fields: list[Any] = []
+    for param in inspect.signature(ssb).parameters.values():
+        if param.kind is not inspect.Parameter.KEYWORD_ONLY or param.name == "name":
+            continue
+        if param.default is inspect.Parameter.empty:
+            fields.append((param.name, param.annotation))
+        else:
+            fields.append((param.name, param.annotation, dataclasses.field(default=param.default)))
+    cls = dataclasses.make_dataclass("SSBParams", fields, frozen=True, kw_only=True, eq=False)
+    cls.__module__ = __name__
+    cls.__doc__ = (
+        "The parameters of single-sideband ptychography, as :func:`ssb` takes them "
+        "(names, defaults, units and meanings are its signature and docstring). "
+        "``SSB(SSBParams(...))`` is ``SSB(**keywords)``."
+    )
+    return cls
+
+
+#: The parameters of :func:`ssb` as one frozen dataclass (see :func:`_params_class`).
+SSBParams: Any = _params_class()
+
+
+def _ssb_params(params: Any, keywords: dict[str, Any]) -> Any:
+    """An :class:`SSBParams` from one given, or from keywords (named errors, not TypeErrors)."""
+    if params is not None:
+        if keywords:
+            raise ParameterError(
+                f"give SSB either an SSBParams or keywords, not both (keywords: {sorted(keywords)})"
+            )
+        if not isinstance(params, SSBParams):
+            raise ParameterError(
+                f"SSB takes an SSBParams (or keywords), got {type(params).__name__}"
+            )
+        return params
+    known = [f.name for f in dataclasses.fields(SSBParams)]
+    unknown = sorted(set(keywords) - set(known))
+    if unknown:
+        raise ParameterError(f"unknown SSB parameter(s) {unknown}; the parameters are {known}")
+    missing = [
+        f.name
+        for f in dataclasses.fields(SSBParams)
+        if f.default is dataclasses.MISSING and f.name not in keywords
+    ]
+    if missing:
+        raise ParameterError(f"SSB needs {missing} (e.g. voltage_kV=300, semiangle_mrad=20)")
+    return SSBParams(**keywords)
