@@ -1,8 +1,12 @@
 """Single-sideband (SSB) ptychography as one package.
 
-- :mod:`.operator`: the :class:`SSB` operator and :func:`ssb` (parameters,
-  calibration checks, geometry, the plan, the reconstruction and the
-  aberration fit);
+- :mod:`.operator`: the :class:`SSB` operator and :func:`ssb` (where the
+  parameters are declared, :class:`SSBParams`), the plan and the
+  reconstruction;
+- :mod:`.parameters`: checking and parsing them;
+- :mod:`.geometry`: scan step, detector sampling, centre and bright field
+  (:class:`SSBGeometry`);
+- :mod:`.fit`: the double-overlap loss, its reading and the aberration fit;
 - :mod:`.stages`: the physics of the FFT and accumulation stage (the
   aberration phase :func:`~.stages.chi`, the frequency grid, spectra,
   trotter sums, assembly), written once against the runtimes' array
@@ -11,6 +15,8 @@
 
 from __future__ import annotations
 
-from .operator import LOSS_BANDS, SSB, SSBGeometry, SSBParams, loss_reading, ssb
+from .fit import LOSS_BANDS, loss_reading
+from .geometry import SSBGeometry
+from .operator import SSB, SSBParams, ssb
 
 __all__ = ["LOSS_BANDS", "SSB", "SSBGeometry", "SSBParams", "loss_reading", "ssb"]

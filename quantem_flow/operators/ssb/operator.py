@@ -60,7 +60,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-import re
 import sys
 import time
 import tracemalloc
@@ -69,15 +68,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ...calibration import Axis, Calibration, electron_wavelength_angstrom, length_scale
+from ...calibration import Axis
 from ...dataset import Dataset4D
-from ...errors import CalibrationError, DtypeError, ImplausibleParameterError, ParameterError
-from ...provenance import array_identity
+from ...errors import DtypeError, ParameterError
 from ...results import ComplexObject
 from ...runtimes import resolve_backend
 from ...runtimes.array_ops import (
     Aberrations,
-    ArrayOps,
     PartialSums,
     make_ops,
     prewarm,
@@ -91,224 +88,22 @@ from ..base import (
     PlanContext,
     make_provenance,
 )
-from ..geometry import allow_implausible_note, detector_distance, resolve_center
-from ..probe import ProbeEstimate, find_probe
+from ..probe import ProbeEstimate
+from .fit import AberrationFit, loss_reading
+from .geometry import GeometryChecks, SSBGeometry
+from .parameters import (
+    Pair,
+    _finite,
+    _fit_names,
+    _pair,
+    _parse_aberrations,
+)
 from .stages import ELEMENTWISE_ELEMENTS, QGrid, accumulate, assemble, spectra
 
 __all__ = ["SSB", "SSBGeometry", "SSBParams", "ssb"]
 
-#: Names accepted by ``fit_aberrations`` and their canonical coefficient.
-FIT_NAMES: dict[str, str] = {
-    "C10": "C10",
-    "defocus_A": "C10",
-    "C12": "C12",
-    "astigmatism_A": "C12",
-    "phi12": "phi12",
-    "astigmatism_angle_deg": "phi12",
-}
 
-_COEFF = re.compile(r"^C(\d)(\d)$")
-_ANGLE = re.compile(r"^phi(\d)(\d)_deg$")
-_RTOL = 1e-6
-
-#: ``semiangle_mrad`` must agree with the bright-field disk radius measured from
-#: the data (probe estimate x detector sampling) within this relative
-#: tolerance of the measured radius plus one detector pixel: the segmented
-#: radius of a sharp aperture disk is within half a pixel; 20 % covers a disk
-#: blurred by deflections, and anything beyond is a wrong semiangle or a wrong
-#: detector calibration.
-SEMIANGLE_RTOL = 0.2
-
-Pair = float | tuple[float, float] | Sequence[float]
-
-
-def _pair(value: Pair, name: str) -> tuple[float, float]:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        out = (float(value), float(value))
-    else:
-        try:
-            seq = [float(v) for v in value]  # type: ignore[union-attr]
-        except (TypeError, ValueError) as exc:
-            raise ParameterError(f"{name} must be one number or (row, col), got {value!r}") from exc
-        if len(seq) != 2:
-            raise ParameterError(f"{name} must be one number or (row, col), got {value!r}")
-        out = (seq[0], seq[1])
-    if not all(math.isfinite(v) and v > 0 for v in out):
-        raise ParameterError(f"{name} must be finite and > 0, got {value!r}")
-    return out
-
-
-def _finite(value: float, name: str) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError) as exc:
-        raise ParameterError(f"{name} must be a number, got {value!r}") from exc
-    if not math.isfinite(v):
-        raise ParameterError(f"{name} must be finite, got {value!r}")
-    return v
-
-
-def _close(a: tuple[float, float], b: tuple[float, float]) -> bool:
-    return all(math.isclose(x, y, rel_tol=_RTOL) for x, y in zip(a, b, strict=True))
-
-
-def _parse_aberrations(
-    aberrations: Mapping[str, float] | None,
-) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]]:
-    """Validate extra aberrations: ``{"C30": Å, "phi32_deg": deg, ...}``."""
-    coeffs: dict[tuple[int, int], float] = {}
-    angles: dict[tuple[int, int], float] = {}
-    if aberrations is None:
-        return coeffs, angles
-    if not isinstance(aberrations, Mapping):
-        raise ParameterError(
-            f"aberrations must be a mapping like {{'C30': 1.2e4}}, got {type(aberrations).__name__}"
-        )
-    for key, value in aberrations.items():
-        mc, ma = _COEFF.match(str(key)), _ANGLE.match(str(key))
-        m = mc or ma
-        if m is None:
-            raise ParameterError(
-                f"unknown aberration {key!r}; expected 'Cnm' (Å, e.g. 'C30', 'C23') or "
-                "'phinm_deg' (degrees, e.g. 'phi23_deg')"
-            )
-        n, mm = int(m.group(1)), int(m.group(2))
-        if not (n >= 1 and mm <= n + 1 and (n + 1 - mm) % 2 == 0):
-            raise ParameterError(
-                f"{key!r} is not an axial aberration: C_nm needs n >= 1, m <= n + 1 and "
-                "n + 1 - m even (C10, C12, C21, C23, C30, C32, C34, ...)"
-            )
-        if (n, mm) in ((1, 0), (1, 2)):
-            raise ParameterError(
-                f"{key!r} is set by defocus_A / astigmatism_A / astigmatism_angle_deg; pass it "
-                "there, not in aberrations="
-            )
-        if (n, mm) == (0, 1) or (n == 1 and mm == 1):
-            raise ParameterError(f"{key!r}: image shifts (C01) are not aberrations of SSB")
-        v = _finite(value, f"aberrations[{key!r}]")
-        if ma is not None:
-            if mm == 0:
-                raise ParameterError(f"{key!r}: a round aberration (m = 0) has no angle")
-            angles[(n, mm)] = v
-        else:
-            coeffs[(n, mm)] = v
-    orphan = sorted(set(angles) - set(coeffs))
-    if orphan:
-        raise ParameterError(
-            f"angle(s) given without a coefficient: {[f'phi{n}{m}_deg' for n, m in orphan]}; "
-            "add the matching 'Cnm'"
-        )
-    return coeffs, angles
-
-
-def _fit_names(fit: bool | Sequence[str]) -> tuple[str, ...]:
-    if isinstance(fit, bool):
-        return ("C10", "C12", "phi12") if fit else ()
-    if isinstance(fit, str):
-        fit = [fit]
-    names: list[str] = []
-    for name in fit:
-        canon = FIT_NAMES.get(str(name))
-        if canon is None:
-            raise ParameterError(
-                f"cannot fit {name!r}; fit_aberrations takes True, False or names among "
-                f"{sorted(FIT_NAMES)}"
-            )
-        if canon not in names:
-            names.append(canon)
-    return tuple(n for n in ("C10", "C12", "phi12") if n in names)
-
-
-@dataclasses.dataclass
-class SSBGeometry:
-    """Everything SSB resolved at plan time (pixels, angles, units).
-
-    Attributes
-    ----------
-    indices
-        Sorted flat detector indices of the bright-field pixels used.
-    v_r, v_c
-        Their scan-frame angles (rad).
-    wavelength_A
-        Electron wavelength.
-    alpha_rad
-        Aperture semiangle.
-    scan_step_A
-        Scan step (row, col) in Å.
-    detector_mrad
-        Detector pixel size (row, col) in mrad.
-    record
-        Provenance of every choice.
-    """
-
-    indices: np.ndarray
-    v_r: np.ndarray
-    v_c: np.ndarray
-    wavelength_A: float
-    alpha_rad: float
-    scan_step_A: tuple[float, float]
-    detector_mrad: tuple[float, float]
-    record: dict[str, Any]
-
-
-#: Double-overlap loss bands and what they mean, measured on the wave-optics
-#: synthetic data (docs/ssb-quality.md): noise-free and right parameters < 0.01;
-#: 5e5 e/frame 0.07; 5e4 e/frame 0.41 (phase r = 0.98); 5e3 e/frame 0.87 (r = 0.83);
-#: defocus 50 Å wrong 0.73 (r = 0.89); 150 Å wrong 0.98 (r = -0.07).
-LOSS_BANDS = (
-    (
-        0.15,
-        "low",
-        "the weak-phase model with these parameters explains the double-overlap "
-        "signal; what is left is mostly shot noise",
-    ),
-    (
-        0.6,
-        "moderate",
-        "a good part of the signal is explained; the rest is noise or a small "
-        "parameter error. Compare runs on the same data: the lower loss has the better "
-        "parameters (defocus, semiangle, rotation)",
-    ),
-    (
-        1.01,
-        "high",
-        "most of the double-overlap signal is not explained: check defocus_A, "
-        "semiangle_mrad, rotation_deg/transpose, the voltage and the detector calibration (or "
-        "the dose is very low); fit_aberrations=True can find defocus and astigmatism",
-    ),
-)
-
-
-def loss_reading(loss: float) -> dict[str, Any]:
-    """What a double-overlap loss says about a reconstruction, in words.
-
-    Parameters
-    ----------
-    loss
-        ``sum |F - model|^2 / sum |F|^2`` over the trotters (0: all explained).
-
-    Returns
-    -------
-    dict
-        ``double_overlap_loss``, ``verdict`` (``"low"``, ``"moderate"`` or
-        ``"high"`` loss) and ``reading``; docs/ssb-quality.md shows the figures.
-    """
-    for upper, verdict, text in LOSS_BANDS:
-        if loss < upper:
-            return {
-                "double_overlap_loss": loss,
-                "verdict": verdict,
-                "reading": f"double-overlap loss {loss:.2f} ({verdict}; it grows as the "
-                f"dose falls): {text}",
-            }
-    return {
-        "double_overlap_loss": loss,
-        "verdict": "high",
-        "reading": f"double-overlap loss {loss:.2f} (high): {LOSS_BANDS[-1][2]}",
-    }
-
-
-class SSB(ChunkOperator):
+class SSB(GeometryChecks, AberrationFit, ChunkOperator):
     """Single-sideband ptychography; see :func:`ssb` for the parameters."""
 
     name: ClassVar[str] = "ssb"
@@ -441,70 +236,6 @@ class SSB(ChunkOperator):
             terms[key] = (value, math.radians(self.extra_angles.get(key, 0.0)))
         return Aberrations(terms)
 
-    def _check_voltage(self, cal: Calibration) -> None:
-        kv = cal.accelerating_voltage_kV
-        if kv is not None and not math.isclose(kv, self.voltage_kV, rel_tol=_RTOL):
-            raise CalibrationError(
-                f"voltage_kV={self.voltage_kV} disagrees with the dataset calibration's "
-                f"accelerating_voltage_kV={kv}; give one consistent value (fix the calibration "
-                "with ds.with_calibration(accelerating_voltage_kV=...) or pass the same voltage)"
-            )
-
-    def _scan_step(self, cal: Calibration) -> tuple[tuple[float, float], dict[str, Any]]:
-        cal_A: tuple[float, float] | None = None
-        if cal.scan_is_calibrated:
-            f = length_scale(cal.scan_units, "Å")
-            cal_A = (cal.scan_sampling[0] * f, cal.scan_sampling[1] * f)
-        if self.scan_step_A is not None:
-            if cal_A is not None and not _close(self.scan_step_A, cal_A):
-                raise CalibrationError(
-                    f"scan_step_A={list(self.scan_step_A)} Å disagrees with the dataset's scan "
-                    f"calibration {list(cal.scan_sampling)} {cal.scan_units} (= {list(cal_A)} Å); "
-                    "pass scan_step_A=None to use the calibration, or fix the calibration"
-                )
-            how = "given (agrees with the calibration)" if cal_A is not None else "given"
-            return self.scan_step_A, {"scan_step_from": how}
-        if cal_A is None:
-            raise CalibrationError(
-                "SSB needs the scan step as a length, but the dataset's scan is uncalibrated "
-                f"(scan_units='px', sampling {list(cal.scan_sampling)}): a scan index is not a "
-                "length. Pass scan_step_A=(row, col) in Å, or open the data with "
-                "Calibration(scan_sampling=..., scan_units='Å')"
-            )
-        return cal_A, {
-            "scan_step_from": f"calibration ({list(cal.scan_sampling)} {cal.scan_units})"
-        }
-
-    def _calibrated_mrad(self, cal: Calibration) -> tuple[float, float] | None:
-        if cal.detector_units == "mrad":
-            return cal.detector_sampling
-        if cal.detector_units == "1/Å":
-            lam = electron_wavelength_angstrom(self.voltage_kV)
-            s = cal.detector_sampling
-            return (s[0] * lam * 1e3, s[1] * lam * 1e3)
-        return None
-
-    def _check_detector(self, cal: Calibration) -> None:
-        cal_mrad = self._calibrated_mrad(cal)
-        if isinstance(self.detector_sampling, tuple):
-            if cal_mrad is not None and not _close(self.detector_sampling, cal_mrad):
-                raise CalibrationError(
-                    f"detector_sampling_mrad={list(self.detector_sampling)} mrad disagrees with "
-                    f"the dataset's detector calibration {list(cal.detector_sampling)} "
-                    f"{cal.detector_units} (= {[round(v, 6) for v in cal_mrad]} mrad at "
-                    f"{self.voltage_kV} kV); pass detector_sampling_mrad=None to use the "
-                    "calibration, or fix the calibration"
-                )
-        elif self.detector_sampling == "calibration" and cal_mrad is None:
-            raise CalibrationError(
-                "detector_sampling_mrad='calibration' needs a calibrated detector, but its pixels "
-                "are uncalibrated (detector_units='px'), and an uncalibrated pixel is never mrad. "
-                "Give detector_sampling_mrad=<mrad per pixel>, calibrate the detector "
-                "(Calibration(detector_sampling=..., detector_units='mrad')), or let SSB derive "
-                "it from the bright-field disk (detector_sampling_mrad=None or 'bf_disk': "
-                "semiangle_mrad / disk radius in px, recorded as derived)"
-            )
-
     def validate(self, ds: Dataset4D) -> None:
         """Check units and shapes against the dataset (reads nothing)."""
         if ds.dtype.kind not in "uif":
@@ -534,181 +265,6 @@ class SSB(ChunkOperator):
                     f"padded complex FFT grids, more than this machine's {ram / 2**30:.1f} GiB; "
                     f"give a pad_to closer to the scan shape {[R, C]}"
                 )
-
-    def _detector_mrad(
-        self, cal: Calibration, radius_px: float
-    ) -> tuple[tuple[float, float], dict[str, Any], list[str]]:
-        cal_mrad = self._calibrated_mrad(cal)
-        derive = self.detector_sampling == "bf_disk" or (
-            self.detector_sampling == "auto" and cal_mrad is None
-        )
-        if isinstance(self.detector_sampling, tuple):
-            how = "given" + (" (agrees with the calibration)" if cal_mrad is not None else "")
-            return self.detector_sampling, {"detector_sampling_from": how}, []
-        if not derive:
-            assert cal_mrad is not None
-            how = f"calibration ({list(cal.detector_sampling)} {cal.detector_units}"
-            how += f", at {self.voltage_kV} kV)" if cal.detector_units == "1/Å" else ")"
-            return cal_mrad, {"detector_sampling_from": how}, []
-        s = self.semiangle_mrad / radius_px
-        rule = "semiangle_mrad / bright-field disk radius (px)"
-        note = (
-            f"detector sampling DERIVED from the bright-field disk: {self.semiangle_mrad} mrad / "
-            f"{radius_px:.4g} px = {s:.6g} mrad/px (isotropic); give detector_sampling_mrad= or "
-            "a calibrated detector to use a measured value"
-        )
-        if cal_mrad is not None:
-            note += f"; the detector calibration ({list(cal_mrad)} mrad) was not used"
-        return (
-            (s, s),
-            {
-                "detector_sampling_from": "derived from the bright-field disk",
-                "detector_sampling_rule": rule,
-                "bf_disk_radius_px": radius_px,
-            },
-            [note],
-        )
-
-    def _check_semiangle(
-        self,
-        radius_px: float,
-        det_mrad: tuple[float, float],
-        det_rec: dict[str, Any],
-    ) -> tuple[dict[str, Any], list[str]]:
-        """Compare ``semiangle_mrad`` with the measured bright-field disk (reads nothing)."""
-        if "bf_disk_radius_px" in det_rec:
-            return {
-                "consistent": None,
-                "reason": "not checked: the detector sampling was derived from the bright-field "
-                "disk (semiangle_mrad / radius px), so the disk measures semiangle_mrad by "
-                "construction",
-            }, []
-        px = math.sqrt(det_mrad[0] * det_mrad[1])
-        measured = radius_px * px
-        tolerance = SEMIANGLE_RTOL * measured + px
-        consistent = abs(self.semiangle_mrad - measured) <= tolerance
-        record: dict[str, Any] = {
-            "consistent": consistent,
-            "semiangle_mrad": self.semiangle_mrad,
-            "measured_mrad": measured,
-            "measured_radius_px": radius_px,
-            "detector_sampling_mrad": list(det_mrad),
-            "tolerance_mrad": tolerance,
-            "rule": f"|semiangle_mrad - measured| <= {SEMIANGLE_RTOL} x measured + one pixel; "
-            "measured = probe radius (px, sqrt(area / pi) of the segmented disk) x "
-            "sqrt(row x col pixel size, mrad)",
-        }
-        if consistent:
-            return record, []
-        core = (
-            f"ssb: semiangle_mrad={self.semiangle_mrad:g} disagrees with the bright-field disk "
-            f"measured from the data: radius {radius_px:.3g} px x {px:.4g} mrad/px = measured "
-            f"{measured:.3g} mrad (tolerance {tolerance:.2g} mrad: {SEMIANGLE_RTOL:.0%} + one "
-            f"pixel; detector sampling from {det_rec.get('detector_sampling_from', '?')})."
-        )
-        if not self.allow_implausible:
-            raise ImplausibleParameterError(
-                f"{core} Give semiangle_mrad={measured:.3g} (the measured disk), or fix the "
-                "detector sampling (detector_sampling_mrad or the calibration) if the disk is "
-                "right; or pass allow_implausible=True to reconstruct anyway (recorded in the "
-                "provenance, with a warning)",
-                parameters=("semiangle_mrad",),
-            )
-        return record, [allow_implausible_note(core)]
-
-    def geometry(self, ctx: PlanContext) -> tuple[SSBGeometry, list[str]]:
-        """Resolve the probe, units and bright-field pixels."""
-        ds = ctx.dataset
-        cal = ds.calibration
-        self._check_voltage(cal)
-        step, step_rec = self._scan_step(cal)
-        self._check_detector(cal)
-        if self.probe is not None:
-            est = self.probe
-            probe_from = "given"
-        else:
-            shared = ctx.probe()
-            if math.isclose(shared.threshold, self.bf_threshold):
-                est, probe_from = shared, "shared probe estimate of the pass"
-            else:
-                est = find_probe(ds, threshold=self.bf_threshold)
-                probe_from = f"found with threshold {self.bf_threshold} (sampled frames)"
-        center, center_rec = resolve_center(self.center, ctx, est)
-        det_mrad, det_rec, notes = self._detector_mrad(cal, float(est.radius))
-        semiangle_check, check_notes = self._check_semiangle(float(est.radius), det_mrad, det_rec)
-        notes.extend(check_notes)
-        lam = electron_wavelength_angstrom(self.voltage_kV)
-        alpha = self.semiangle_mrad * 1e-3
-        shape = ds.detector_shape
-        select_radius = self.bf_radius_factor * float(est.radius)
-        d_px = detector_distance(shape, center, (1.0, 1.0))
-        selected = d_px < select_radius
-        g_r = (np.arange(shape[0], dtype=np.float64) - center[0])[:, None] * det_mrad[0] * 1e-3
-        g_c = (np.arange(shape[1], dtype=np.float64) - center[1])[None, :] * det_mrad[1] * 1e-3
-        g_r, g_c = np.broadcast_arrays(g_r, g_c)
-        if self.transpose:
-            g_r, g_c = g_c, g_r
-        th = math.radians(self.rotation_deg)
-        v_r = math.cos(th) * g_r - math.sin(th) * g_c
-        v_c = math.sin(th) * g_r + math.cos(th) * g_c
-        inside = v_r**2 + v_c**2 < alpha**2
-        used = selected & inside
-        n_sel, n_used = int(selected.sum()), int(used.sum())
-        if n_used == 0:
-            raise ParameterError(
-                f"no bright-field pixel is both within {select_radius:.4g} px of the centre "
-                f"{list(center)} and inside the {self.semiangle_mrad} mrad aperture at "
-                f"{list(det_mrad)} mrad/px; check semiangle_mrad, the detector sampling and "
-                "bf_radius_factor"
-            )
-        flat = np.flatnonzero(used.ravel())
-        record: dict[str, Any] = {
-            "voltage_kV": self.voltage_kV,
-            "wavelength_A": lam,
-            "semiangle_mrad": self.semiangle_mrad,
-            "scan_step_A": list(step),
-            **step_rec,
-            "detector_sampling_mrad": list(det_mrad),
-            **det_rec,
-            "semiangle_check": semiangle_check,
-            "allow_implausible": self.allow_implausible,
-            "rotation_deg": self.rotation_deg,
-            "transpose": self.transpose,
-            "rotation_convention": "transpose (g_r, g_c) -> (g_c, g_r) first, then "
-            "v_r = cos g_r - sin g_c, v_c = sin g_r + cos g_c (as dpc)",
-            "bright_field": {
-                "probe": est.to_dict(),
-                "probe_from": probe_from,
-                "threshold": self.bf_threshold,
-                "radius_px": float(est.radius),
-                "radius_factor": self.bf_radius_factor,
-                "selection_radius_px": select_radius,
-                "center_px": [float(center[0]), float(center[1])],
-                **center_rec,
-                "n_selected": n_sel,
-                "n_inside_aperture": int(inside.sum()),
-                "n_used": n_used,
-                "rule": "distance from the centre < radius_factor x probe radius (px) AND "
-                "inside the aperture (|v| < semiangle); only these pixels are gathered",
-                "mask": array_identity(used),
-            },
-        }
-        if n_used < n_sel:
-            notes.append(
-                f"{n_sel - n_used} selected bright-field pixel(s) lie outside the "
-                f"{self.semiangle_mrad} mrad aperture and were not used"
-            )
-        geo = SSBGeometry(
-            indices=flat,
-            v_r=v_r.ravel()[flat],
-            v_c=v_c.ravel()[flat],
-            wavelength_A=lam,
-            alpha_rad=alpha,
-            scan_step_A=step,
-            detector_mrad=det_mrad,
-            record=record,
-        )
-        return geo, notes
 
     def plan(self, ctx: PlanContext) -> ChunkPlan:
         """Gather the bright-field pixels in the shared pass; reconstruct in the finalize."""
@@ -957,125 +513,6 @@ class SSB(ChunkOperator):
         )
         return ComplexObject(data=obj, units="1", axes=axes, provenance=prov)
 
-    # -- aberration fit ------------------------------------------------------------------
-    def _fit(
-        self,
-        ops: ArrayOps,
-        grid: QGrid,
-        geo: SSBGeometry,
-        rows: np.ndarray,
-        load: Any,
-    ) -> tuple[float, float, float, dict[str, Any]]:
-        from scipy.optimize import minimize
-
-        n = rows.size
-        take = np.unique(np.linspace(0, n - 1, num=min(self.fit_max_pixels, n)).round()).astype(
-            np.int64
-        )
-        block, means, good = load(rows[take])
-        take = take[good]
-        block, means = block[good], means[good]
-        v_r, v_c = geo.v_r[take], geo.v_c[take]
-        with ops.lock():
-            spec = spectra(ops, block, 1.0 / means, grid)
-        del block
-        lam, alpha = geo.wavelength_A, geo.alpha_rad
-        dof = lam / alpha**2  # depth of field scale (Å)
-        names = self.fit_names
-        both_astig = "C12" in names and "phi12" in names
-        x0: list[float] = []
-        steps: list[float] = []
-        labels: list[str] = []
-        if "C10" in names:
-            x0.append(self.defocus_A)
-            steps.append(dof)
-            labels.append("C10_A")
-        if both_astig:
-            phi = math.radians(2 * self.astigmatism_angle_deg)
-            x0 += [self.astigmatism_A * math.cos(phi), self.astigmatism_A * math.sin(phi)]
-            steps += [dof / 2, dof / 2]
-            labels += ["C12a_A (C12 cos 2 phi12)", "C12b_A (C12 sin 2 phi12)"]
-        elif "C12" in names:
-            x0.append(self.astigmatism_A)
-            steps.append(dof / 2)
-            labels.append("C12_A")
-        elif "phi12" in names:
-            x0.append(self.astigmatism_angle_deg)
-            steps.append(30.0)
-            labels.append("phi12_deg")
-
-        def unpack(x: np.ndarray) -> tuple[float, float, float]:
-            i = 0
-            c10, c12, phi12 = self.defocus_A, self.astigmatism_A, self.astigmatism_angle_deg
-            if "C10" in names:
-                c10 = float(x[i])
-                i += 1
-            if both_astig:
-                a, b = float(x[i]), float(x[i + 1])
-                c12 = math.hypot(a, b)
-                phi12 = (math.degrees(math.atan2(b, a)) / 2) % 180.0
-            elif "C12" in names:
-                c12 = float(x[i])
-                if c12 < 0:
-                    c12, phi12 = -c12, (phi12 + 90.0) % 180.0
-            elif "phi12" in names:
-                phi12 = float(x[i]) % 180.0
-            return c10, c12, phi12
-
-        evaluations: list[float] = []
-
-        def loss(x: np.ndarray) -> float:
-            ab = self.aberrations(*unpack(x))
-            with ops.lock():
-                sums = accumulate(ops, spec, v_r, v_c, grid, ab, lam)
-            value = float(assemble(sums, grid)[1]["loss"])
-            evaluations.append(value)
-            return value
-
-        start = np.asarray(x0, dtype=np.float64)
-        simplex = np.vstack([start] + [start + s * np.eye(len(x0))[i] for i, s in enumerate(steps)])
-        loss_start = loss(start)
-        res = minimize(
-            loss,
-            start,
-            method="Nelder-Mead",
-            options={
-                "initial_simplex": simplex,
-                "maxfev": self.fit_max_evaluations,
-                "xatol": 1e-3 * dof,
-                "fatol": 1e-12,
-            },
-        )
-        c10, c12, phi12 = unpack(np.asarray(res.x))
-        record = {
-            "fitted": list(names),
-            "method": "scipy.optimize.minimize(method='Nelder-Mead') with a fixed initial "
-            "simplex (deterministic), minimising the double-overlap loss",
-            "parameters": labels,
-            "start": [float(v) for v in start],
-            "initial_simplex": simplex.tolist(),
-            "simplex_steps": steps,
-            "depth_of_field_A": dof,
-            "options": {"maxfev": self.fit_max_evaluations, "xatol": 1e-3 * dof, "fatol": 1e-12},
-            "loss_start": loss_start,
-            "loss_end": float(res.fun),
-            "x": [float(v) for v in np.atleast_1d(res.x)],
-            "success": bool(res.success),
-            "message": str(res.message),
-            "nit": int(res.nit),
-            "nfev": int(res.nfev),
-            "result": {"C10_A": c10, "C12_A": c12, "phi12_deg": phi12},
-            "subset": {
-                "n_pixels": int(take.size),
-                "of_pixels": int(n),
-                "rule": "pixels evenly spaced (by flat index) over the bright-field pixels used",
-                "frequencies": "all frequencies of the band",
-            },
-        }
-        if not res.success:
-            record["warning"] = "the optimiser stopped before converging; see message"
-        return c10, c12, phi12, record
-
 
 def ssb(
     ds: Dataset4D,
@@ -1107,7 +544,7 @@ def ssb(
     r"""Single-sideband ptychography: the complex transmission function over the scan.
 
     The model, signs and conventions are in the module docstring
-    (:mod:`quantem_flow.operators.ssb`): the aberration phase is
+    (:mod:`quantem_flow.operators.ssb.operator`): the aberration phase is
     ``chi(k) = (2 pi / lambda) [C10 theta^2 / 2 + C12 theta^2 / 2 cos(2 (phi -
     phi12)) + ...]`` (``theta = lambda |k|`` in rad, ``phi = atan2(k_r, k_c)``),
     and the probe is ``IFT[A(k) exp(-i chi(k))]``.
@@ -1177,7 +614,7 @@ def ssb(
     allow_implausible
         Reconstruct even when ``semiangle_mrad`` disagrees with the
         bright-field disk measured from the data (probe radius x detector
-        sampling; tolerance :data:`SEMIANGLE_RTOL` of the measured radius
+        sampling; tolerance :data:`~quantem_flow.operators.ssb.parameters.SEMIANGLE_RTOL` of the measured radius
         plus one pixel), which otherwise raises
         :class:`~quantem_flow.errors.ImplausibleParameterError`; recorded in
         the provenance and warned about.  Nothing is compared when the
