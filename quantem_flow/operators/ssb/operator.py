@@ -614,8 +614,9 @@ def ssb(
     allow_implausible
         Reconstruct even when ``semiangle_mrad`` disagrees with the
         bright-field disk measured from the data (probe radius x detector
-        sampling; tolerance :data:`~quantem_flow.operators.ssb.parameters.SEMIANGLE_RTOL` of the measured radius
-        plus one pixel), which otherwise raises
+        sampling; tolerance
+        :data:`~quantem_flow.operators.ssb.parameters.SEMIANGLE_RTOL` of the
+        measured radius plus one pixel), which otherwise raises
         :class:`~quantem_flow.errors.ImplausibleParameterError`; recorded in
         the provenance and warned about.  Nothing is compared when the
         detector sampling is derived from the disk itself.
