@@ -23,11 +23,6 @@ from quantem_flow import cli
 from quantem_flow.calibration import Calibration
 from quantem_flow.io import reader_class, reader_names
 from quantem_flow.pipeline import (
-    _DISPLAY_KEYS,
-    _INPUT_KEYS,
-    _SAVE_KEYS,
-    _TOP_KEYS,
-    _TRANSFORMS,
     OPERATIONS,
     Pipeline,
     example_pipeline,
@@ -36,6 +31,13 @@ from quantem_flow.pipeline import (
     prepare_pipeline,
     reader_options,
     reader_options_reference,
+)
+from quantem_flow.pipeline.schema import (
+    _DISPLAY_KEYS,
+    _INPUT_KEYS,
+    _SAVE_KEYS,
+    _TOP_KEYS,
+    _TRANSFORMS,
 )
 from quantem_flow.synthetic import write_synthetic
 
