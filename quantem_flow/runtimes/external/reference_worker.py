@@ -43,6 +43,7 @@ import numpy as np
 from ...errors import ProtocolError
 from ..nonfinite import repair_per_frame
 from . import protocol as pr
+from .protocol.messages import _pattern_sum_dtype as pattern_sum_dtype
 
 __all__ = ["ReferenceWorker", "main", "serve_connection", "serve_pipes", "serve_websocket"]
 
@@ -375,7 +376,7 @@ def _frame_pass(
     rows, cols, kr, kc = stored.shape
     n, k = rows * cols, kr * kc
     per_frame = np.zeros((n, w.shape[0]), dtype=np.float64)
-    psum = np.zeros(k, dtype=pr._pattern_sum_dtype(stored.dtype)) if want_sum else None
+    psum = np.zeros(k, dtype=pattern_sum_dtype(stored.dtype)) if want_sum else None
     pmax: np.ndarray | None = None
     if want_max and n == 0:  # the maximum of nothing: the dtype's least value
         pmax = np.full(k, _least(stored.dtype), dtype=stored.dtype)
