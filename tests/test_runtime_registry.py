@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import subprocess
 import sys
@@ -103,6 +104,9 @@ def test_listing_imports_neither_cupy_nor_mlx() -> None:
         ({"array_ops": "m:C"}, "array_ops_precision"),
         ({"kernels": frozenset({("ssb", "gathered", "uint16")})}, "array_ops"),
         ({"probe": "not a target"}, "probe"),
+        ({"memory_pool": "Host RAM"}, "memory_pool"),
+        ({"host_copy_value_bytes": 0}, "host_copy_value_bytes"),
+        ({"host_copy_value_bytes": True}, "host_copy_value_bytes"),
     ],
 )
 def test_bad_declarations_are_refused(changes: dict[str, Any], match: str) -> None:
@@ -366,3 +370,19 @@ def test_a_broken_entry_point_is_reported_and_the_builtins_still_work(
     (total,) = qf.compute(qf.sum_diffraction(qf.open(data)), backend="cpu", client="synchronous")
     np.testing.assert_array_equal(total.data, data.sum(axis=(0, 1), dtype=np.int64))
     assert "cpu" in manifest()
+
+
+def test_memory_pools_and_host_copies_come_from_the_declarations(toy: RuntimeSpec) -> None:
+    from quantem_flow.graphs.capabilities import memory_pool
+    from quantem_flow.graphs.lowering import _host_copy_value_bytes
+
+    assert memory_pool("toy") == "toyland"  # no pool declared: its residency
+    assert memory_pool("cpu") == "host"
+    assert memory_pool("mps") == "host"  # declared: unified memory / host RAM
+    assert get_spec("mps").host_copy_value_bytes == 4
+    assert _host_copy_value_bytes("mps") == 4 and _host_copy_value_bytes("cpu") is None
+    unregister_runtime("toy")
+    shared = dataclasses.replace(toy, memory_pool="host", host_copy_value_bytes=2)
+    register_runtime(shared)
+    assert memory_pool("toy") == "host"
+    assert _host_copy_value_bytes("toy") == 2

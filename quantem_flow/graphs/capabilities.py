@@ -52,9 +52,6 @@ BUDGET_PREFIX = "qf-budget-"
 MEMORY_PREFIX = "qf-memory-"
 RESERVE_RESOURCE = "qf-reserve-host"
 
-#: Runtime residencies whose payloads live in host RAM (``mps``: unified memory).
-_HOST_RESIDENCIES = frozenset({"host", "mps"})
-
 
 def memory_pool(runtime: str) -> str:
     """Return the memory pool a runtime's payloads and kernels live in.
@@ -77,10 +74,12 @@ def memory_pool(runtime: str) -> str:
     from ..runtimes import runtime_specs
 
     spec = runtime_specs().get(runtime)
-    if spec is None or spec.residency == "external":
+    if spec is None:
         return runtime
-    if spec.residency in _HOST_RESIDENCIES:
-        return "host"
+    if spec.memory_pool is not None:  # declared (mps: "host")
+        return spec.memory_pool
+    if spec.residency == "external":
+        return runtime
     return str(spec.residency)
 
 

@@ -436,6 +436,14 @@ def _generic_check(representation: str) -> bool:
     return type(get_representation(representation)).check is Representation.check
 
 
+def _host_copy_value_bytes(runtime: str) -> int | None:
+    """Bytes per value of a runtime's own copy of a payload in host memory (its declaration)."""
+    from ..runtimes.registry import runtime_specs
+
+    spec = runtime_specs().get(runtime)
+    return None if spec is None else spec.host_copy_value_bytes
+
+
 def streamed_piece_bytes(ds: Dataset4D, runtime: str, piece: int) -> int | None:
     """Bytes of the piece a chunk task of ``ds`` holds when every chunk streams, else ``None``.
 
@@ -533,9 +541,9 @@ def _need_parts(
     if device != host:
         # the payload is copied into the runtime's memory (cuda, an external worker)
         parts["device copy"] = (device, payload)
-    elif runtime == "mps":
-        # MLX copies the payload into its own arrays (unified memory: the same RAM)
-        parts["device copy"] = (host, max(payload, frames * k * 4))
+    elif (copy_bytes := _host_copy_value_bytes(runtime)) is not None:
+        # the runtime copies the payload into its own arrays in the same memory (MLX)
+        parts["device copy"] = (host, max(payload, frames * k * copy_bytes))
     if kernels:
         m = n_weights + 1  # the CPU kernel pads to an even number of rows
         work = m * k * 8 + 3 * k * 8  # weights as float64, sum and max patterns (and a copy)

@@ -252,6 +252,17 @@ class RuntimeSpec:
     distribution
         The installed distribution that declared it (set by the registry
         for entry points; ``None`` for built-in and in-process runtimes).
+    memory_pool
+        The memory its payloads and kernels draw on, for budgets and
+        placement: ``"host"`` (host RAM; ``mps`` too: unified memory on Apple
+        silicon, host RAM elsewhere), a device's own pool (``"cuda"``), or
+        ``None``: the residency for an in-process runtime, the runtime's own
+        name for an external one.
+    host_copy_value_bytes
+        A runtime that keeps its own copy of a payload in the same memory
+        pool (MLX copies host arrays into its own, ``4``: float32 values)
+        declares the bytes per value of that copy, so admission counts it;
+        ``None``: no such copy.
     """
 
     name: str
@@ -265,6 +276,8 @@ class RuntimeSpec:
     residency: str = "host"
     description: str = ""
     distribution: str | None = None
+    memory_pool: str | None = None
+    host_copy_value_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -279,6 +292,22 @@ class RuntimeSpec:
         _check_target("factory", self.factory, optional=False)
         _check_target("probe", self.probe, optional=True)
         _check_target("array_ops", self.array_ops, optional=True)
+        if self.memory_pool is not None and (
+            not isinstance(self.memory_pool, str) or not _NAME.match(self.memory_pool)
+        ):
+            raise ParameterError(
+                f"RuntimeSpec.memory_pool must be a pool name such as 'host' or None, got "
+                f"{self.memory_pool!r}"
+            )
+        if self.host_copy_value_bytes is not None and (
+            isinstance(self.host_copy_value_bytes, bool)
+            or not isinstance(self.host_copy_value_bytes, int)
+            or self.host_copy_value_bytes < 1
+        ):
+            raise ParameterError(
+                "RuntimeSpec.host_copy_value_bytes must be an integer >= 1 or None, got "
+                f"{self.host_copy_value_bytes!r}"
+            )
         if self.dependency is not None and (
             not isinstance(self.dependency, str)
             or not re.match(r"^[A-Za-z_][\w.]*$", self.dependency)

@@ -67,4 +67,6 @@ SPEC = RuntimeSpec(
     array_ops_precision="complex64",
     residency="mps",
     description="MLX arrays: the Metal GPU on Apple silicon, MLX's CPU backend elsewhere",
+    memory_pool="host",  # unified memory on Apple silicon, host RAM elsewhere
+    host_copy_value_bytes=4,  # MLX copies a payload into its own float32 arrays
 )
