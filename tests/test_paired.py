@@ -865,3 +865,21 @@ def test_threshold_is_a_recorded_lossy_transform() -> None:
     (total,) = qf.compute(qf.sum_diffraction(ds), client="synchronous")
     np.testing.assert_array_equal(total.data, expected.sum(axis=(0, 1)))
     assert total.provenance.native is False
+
+
+def test_each_representation_gathers_its_own_way() -> None:
+    """host_gather asks the representation: dense indexes, paired scatters, others decode."""
+    from quantem_flow.representations import get_representation
+    from quantem_flow.runtimes.base import host_gather
+
+    rng = np.random.default_rng(7)
+    block = rng.poisson(0.3, size=(3, 4, 6, 5)).astype(np.uint16)
+    idx = np.array([0, 1, 2, 7, 11, 29], dtype=np.int64)
+    expect = block.reshape(12, 30)[:, idx]
+    for name in ("dense", "paired", "packed", "encoded"):
+        rep = get_representation(name)
+        payload = block if name == "dense" else rep.from_dense(block)
+        got = host_gather(name, payload, idx)
+        assert got.shape == expect.shape and np.array_equal(got, expect), name
+    paired = get_representation("paired")
+    assert type(paired).gather is not type(get_representation("encoded")).gather

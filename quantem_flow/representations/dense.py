@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Representation
+from .base import Representation, dense_frames, gather_columns
 
 __all__ = ["DENSE_SCHEMA", "Dense"]
 
@@ -35,3 +35,9 @@ class Dense(Representation):
         for op in ops:
             payload = op.apply(payload)
         return payload
+
+    def gather(self, payload: Any, indices: np.ndarray) -> np.ndarray:
+        """Index the frames directly (runs of consecutive pixels copied as slices)."""
+        arr = np.asarray(payload)
+        n, k = dense_frames(arr)
+        return gather_columns(arr.reshape(n, k), np.asarray(indices, dtype=np.int64))

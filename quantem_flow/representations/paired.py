@@ -576,6 +576,22 @@ class Paired(Representation):
     schema: ClassVar[str] = PAIRED_SCHEMA
     native_detector_ops: ClassVar[bool] = True
 
+    def gather(self, payload: Any, indices: np.ndarray) -> np.ndarray:
+        """Scatter each frame's events into the gathered pixels (no dense frames made)."""
+        require = getattr(payload, "require_applied", None)
+        if callable(require):
+            require()
+        idx = np.asarray(indices, dtype=np.int64)
+        n = int(payload.indptr.shape[0]) - 1
+        out = np.zeros((n, idx.size), dtype=payload.dtype)
+        column = np.full(int(np.prod(payload.frame_shape)), -1, dtype=np.int64)
+        column[idx] = np.arange(idx.size)
+        frame_of = np.repeat(np.arange(n), np.diff(np.asarray(payload.indptr)))
+        col = column[np.asarray(payload.indices, dtype=np.int64)]
+        keep = col >= 0
+        out[frame_of[keep], col[keep]] = np.asarray(payload.counts)[keep]
+        return out
+
     def from_dense(self, block: np.ndarray, **options: Any) -> PairedPayload:
         """Make the pairs of a dense ``(rows, cols, k_r, k_c)`` block.
 

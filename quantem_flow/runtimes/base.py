@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ..errors import ParameterError, UnsupportedOperationError
+from ..representations.base import dense_frames, gather_columns
 from ..representations.chunk import Chunk
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ __all__ = [
     "GatherKernel",
     "Precision",
     "Runtime",
+    "gather_columns",
     "host_gather",
 ]
 
@@ -210,67 +212,19 @@ class _Released:
 RELEASED: Any = _Released()
 
 
-def _frames_of(payload: Any) -> tuple[int, int]:
-    """``(n_frames, n_pixels)`` of a dense ``(rows, cols, k_r, k_c)`` payload."""
-    shape = tuple(int(s) for s in payload.shape)
-    if len(shape) != 4:
-        raise ParameterError(
-            f"a dense payload is (rows, cols, k_r, k_c), got an array of shape {shape}"
-        )
-    return shape[0] * shape[1], shape[2] * shape[3]
-
-
-def gather_columns(frames: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """``frames[:, idx]`` (a new C-contiguous array), copying runs of consecutive indices.
-
-    A bright-field disk is a few dozen runs of consecutive detector pixels;
-    copying each run as a slice is 20x faster than fancy indexing on a
-    128 MiB chunk (benchmarks/RESULTS.md, "SSB end to end (issue 14)").
-    Indices in any other order go through ``np.take``.  Same values either way.
-    """
-    if idx.size == 0 or np.any(np.diff(idx) <= 0):
-        return np.take(frames, idx, axis=1)
-    breaks = np.flatnonzero(np.diff(idx) != 1) + 1
-    starts = np.concatenate(([0], breaks))
-    stops = np.concatenate((breaks, [idx.size]))
-    if starts.size * 4 > idx.size:  # short runs: one take is cheaper than many slices
-        return np.take(frames, idx, axis=1)
-    out = np.empty((frames.shape[0], idx.size), dtype=frames.dtype)
-    for s, e in zip(starts.tolist(), stops.tolist(), strict=True):
-        out[:, s:e] = frames[:, int(idx[s]) : int(idx[e - 1]) + 1]
-    return out
+_frames_of = dense_frames  # the name this layer's modules use
 
 
 def host_gather(representation: str, payload: Any, indices: np.ndarray) -> np.ndarray:
     """Gather pixels ``indices`` of every frame from a host payload (any representation).
 
-    Dense payloads are indexed directly and paired payloads scatter their
-    events; other representations are decoded one chunk at a time (the
-    gathered pixels are the operator's output, not a dense copy kept).
+    The representation knows how (:meth:`~quantem_flow.representations.base.Representation.gather`):
+    dense payloads are indexed directly, paired payloads scatter their events,
+    others are decoded one chunk at a time.
     """
-    idx = np.asarray(indices, dtype=np.int64)
-    if representation == "dense":
-        arr = np.asarray(payload)
-        n, k = _frames_of(arr)
-        return gather_columns(arr.reshape(n, k), idx)
-    if representation == "paired":
-        require = getattr(payload, "require_applied", None)
-        if callable(require):
-            require()
-        n = int(payload.indptr.shape[0]) - 1
-        out = np.zeros((n, idx.size), dtype=payload.dtype)
-        column = np.full(int(np.prod(payload.frame_shape)), -1, dtype=np.int64)
-        column[idx] = np.arange(idx.size)
-        frame_of = np.repeat(np.arange(n), np.diff(np.asarray(payload.indptr)))
-        col = column[np.asarray(payload.indices, dtype=np.int64)]
-        keep = col >= 0
-        out[frame_of[keep], col[keep]] = np.asarray(payload.counts)[keep]
-        return out
     from ..representations import get_representation
 
-    dense = get_representation(representation).to_dense(payload)
-    n, k = _frames_of(dense)
-    return np.ascontiguousarray(dense.reshape(n, k)[:, idx])
+    return get_representation(representation).gather(payload, np.asarray(indices, dtype=np.int64))
 
 
 def _host_gatherer(representation: str) -> GatherKernel:

@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 
 from ... import config
-from ..base import FramePassResult, FramePassStream, gather_columns
+from ...representations.base import gather_columns
+from ..base import FramePassResult, FramePassStream
 from .prepared import PreparedFramePass
 
 __all__ = ["CpuFramePassStream"]
