@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from ..io.base import check_exists
 from ..operators.base import LazyResult
 from ..provenance import jsonable
 from .messages import _input_key, _same_class, yaml_terms
-from .schema import InputSpec, OutputSpec, SaveSpec, SaveTargets
+from .schema import OPERATION_DECLARATIONS, InputSpec, OutputSpec, SaveSpec, SaveTargets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,24 +147,16 @@ class Pipeline:
     def _build_one(self, name: str, ds: Dataset4D, lazy: dict[str, LazyResult]) -> LazyResult:
         if name in lazy:
             return lazy[name]
-        from .. import operators as ops
-
         out = self.outputs[name]
         p = dict(out.params)
         try:
             _check_units(out, ds)
             result: LazyResult
-            if out.op in ("dpc", "idpc"):
-                src: Dataset4D | LazyResult = (
-                    self._build_one(out.input, ds, lazy) if out.input is not None else ds
-                )
-                fn: Callable[..., LazyResult] = ops.dpc if out.op == "dpc" else ops.idpc
-                result = fn(src, name=name, **p)
-            elif out.op == "virtual_mask":
-                mask = _load_mask(Path(p["mask"]))
-                result = ops.virtual_mask(ds, mask, name=name)
-            else:
-                result = getattr(ops, out.op)(ds, name=name, **p)
+            operation = OPERATION_DECLARATIONS[out.op]
+            source: Dataset4D | LazyResult = ds
+            if operation.field_inputs and out.input is not None:
+                source = self._build_one(out.input, ds, lazy)
+            result = operation.call(source, p, name=name, load_file=_load_mask)
         except QuantemFlowError as exc:
             raise self.error(exc, f"outputs.{name}", output=name) from exc
         lazy[name] = result

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,53 +34,102 @@ _DISPLAY_KEYS = ("low_percentile", "high_percentile", "gamma", "log", "subtract_
 _COMMON_OUTPUT_KEYS = ("op", "display")
 
 
-#: Every operation a pipeline output may name, with its allowed parameters.
-OPERATIONS: dict[str, tuple[str, ...]] = {
-    "virtual_bf": ("radius", "units", "center", "allow_implausible"),
-    "virtual_abf": ("inner", "outer", "units", "center", "allow_implausible"),
-    "virtual_adf": ("inner", "outer", "units", "center", "allow_implausible"),
-    "virtual_annular": ("inner", "outer", "units", "center", "allow_implausible"),
-    "virtual_mask": ("mask",),
-    "center_of_mass": ("center", "mask_radius", "mask_units", "units", "allow_implausible"),
-    "dpc": ("input", "rotation_deg", "transpose", "subtract"),
-    "idpc": ("input", "rotation_deg", "transpose", "subtract", "highpass"),
-    "mean_diffraction": (),
-    "max_diffraction": (),
-    "sum_diffraction": (),
-    "ssb": (
-        "voltage_kV",
-        "semiangle_mrad",
-        "scan_step_A",
-        "detector_sampling_mrad",
-        "rotation_deg",
-        "transpose",
-        "defocus_A",
-        "astigmatism_A",
-        "astigmatism_angle_deg",
-        "aberrations",
-        "bf_threshold",
-        "bf_radius_factor",
-        "center",
-        "pad_to",
-        "fit_aberrations",
-        "fit_max_pixels",
-        "fit_max_evaluations",
-        "pixel_block",
-        "backend",
-        "allow_complex64",
-        "allow_implausible",
-    ),
-}
+#: Operator keywords a pipeline never takes (Python objects or the pipeline's own business).
+PYTHON_ONLY: tuple[str, ...] = ("name", "probe")
 
+
+@dataclasses.dataclass(frozen=True)
+class PipelineOperation:
+    """How a pipeline output calls one operator of :mod:`quantem_flow.operators`.
+
+    Its keys are derived from the operator's signature: its keyword-only
+    parameters (less :data:`PYTHON_ONLY`), required when they have no
+    default; ``input`` first when it takes the output of another operation;
+    then its positional parameters read from files.
+
+    Attributes
+    ----------
+    name
+        The operator function's name in :mod:`quantem_flow.operators` (the ``op:`` value).
+    field_inputs
+        Operations whose output may be this one's ``input`` (the dataset's
+        default when omitted); empty: the operator takes the dataset.
+    file_params
+        Positional parameters after the dataset that a pipeline gives as a path
+        to a ``.npy`` file (``virtual_mask``'s ``mask``), in order.
+    """
+
+    name: str
+    field_inputs: tuple[str, ...] = ()
+    file_params: tuple[str, ...] = ()
+
+    def function(self) -> Callable[..., Any]:
+        """The operator function."""
+        from .. import operators
+
+        fn: Callable[..., Any] = getattr(operators, self.name)
+        return fn
+
+    def _keywords(self) -> list[inspect.Parameter]:
+        return [
+            p
+            for p in inspect.signature(self.function()).parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in PYTHON_ONLY
+        ]
+
+    def keys(self) -> tuple[str, ...]:
+        """The keys an output of this operation may hold besides ``op`` and ``display``."""
+        head = ("input",) if self.field_inputs else ()
+        return (*head, *self.file_params, *(p.name for p in self._keywords()))
+
+    def required(self) -> tuple[str, ...]:
+        """The keys an output of this operation must hold."""
+        keywords = [p.name for p in self._keywords() if p.default is inspect.Parameter.empty]
+        return (*self.file_params, *keywords)
+
+    def call(
+        self,
+        source: Any,
+        params: Mapping[str, Any],
+        *,
+        name: str,
+        load_file: Callable[[Path], Any],
+    ) -> Any:
+        """Make the lazy result: ``source`` is the dataset or the ``input`` output's result."""
+        rest = {k: v for k, v in params.items() if k not in self.file_params}
+        files = [load_file(Path(params[k])) for k in self.file_params]
+        return self.function()(source, *files, name=name, **rest)
+
+
+#: The operations a pipeline output may name, in the reference's order.
+PIPELINE_OPERATIONS: tuple[PipelineOperation, ...] = (
+    PipelineOperation("virtual_bf"),
+    PipelineOperation("virtual_abf"),
+    PipelineOperation("virtual_adf"),
+    PipelineOperation("virtual_annular"),
+    PipelineOperation("virtual_mask", file_params=("mask",)),
+    PipelineOperation("center_of_mass"),
+    PipelineOperation("dpc", field_inputs=("center_of_mass",)),
+    PipelineOperation("idpc", field_inputs=("center_of_mass", "dpc")),
+    PipelineOperation("mean_diffraction"),
+    PipelineOperation("max_diffraction"),
+    PipelineOperation("sum_diffraction"),
+    PipelineOperation("ssb"),
+)
+
+#: Each operation by name.
+OPERATION_DECLARATIONS: dict[str, PipelineOperation] = {op.name: op for op in PIPELINE_OPERATIONS}
+
+#: Every operation a pipeline output may name, with its allowed parameters (derived).
+OPERATIONS: dict[str, tuple[str, ...]] = {op.name: op.keys() for op in PIPELINE_OPERATIONS}
 
 _REQUIRED: dict[str, tuple[str, ...]] = {
-    "virtual_annular": ("inner", "outer"),
-    "virtual_mask": ("mask",),
-    "ssb": ("voltage_kV", "semiangle_mrad"),
+    op.name: op.required() for op in PIPELINE_OPERATIONS if op.required()
 }
 
-
-_FIELD_INPUTS = {"dpc": ("center_of_mass",), "idpc": ("center_of_mass", "dpc")}
+_FIELD_INPUTS: dict[str, tuple[str, ...]] = {
+    op.name: op.field_inputs for op in PIPELINE_OPERATIONS if op.field_inputs
+}
 
 
 class _Checker:
