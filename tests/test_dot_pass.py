@@ -194,7 +194,7 @@ def test_strided_frames_and_bad_arguments() -> None:
     expect = np.zeros((6, plan.n_out))
     dp.run(np.ascontiguousarray(fr[::2]), expect)
     assert np.array_equal(out, expect)
-    with pytest.raises(TypeError, match="prepared for uint16"):
+    with pytest.raises(TypeError, match=r"prepared for <u2 \(uint16\)"):
         dp.run(fr.astype(np.int16), out)
     with pytest.raises(ValueError, match="float64"):
         dp.run(fr[:6], np.zeros((6, plan.n_out), dtype=np.float32))
@@ -271,3 +271,66 @@ def test_a_kernel_that_cannot_compile_leaves_the_cell_kernels_and_says_why(
     fr = _frames("uint16", 3, 64 * 64)
     p.run(fr)
     assert np.array_equal(p.result()[0][:, 0], fr.astype(np.int64) @ (w[0] != 0))
+
+
+def test_frames_not_in_native_byte_order_are_never_read_by_the_dot_kernel() -> None:
+    assert HOST is not None
+    shape = (32, 32)
+    w = _weights(shape, (15.5, 16.0))
+    plan = analyse_weights(w, frame_shape=shape, force=True)
+    swapped = np.dtype("uint16").newbyteorder()
+    dp, why = dot_pass_for(plan, swapped, want_patterns=False)
+    assert dp is None and "native byte order" in why
+    native = DotPass(plan, np.dtype("uint16"), HOST)
+    big = (_frames("uint16", 3, 32 * 32, seed=11) // 5).astype(swapped)
+    with pytest.raises(TypeError, match="prepared for <u2"):
+        native.run(big, np.zeros((3, plan.n_out)))
+
+
+def test_frames_of_another_dtype_run_the_cells_and_the_record_says_so() -> None:
+    shape = (64, 64)
+    w = _weights(shape, (31.5, 32.5))
+    p = PreparedFramePass(
+        w, dtype=np.dtype("uint16"), n_frames=4, want_sum=False, want_max=False, frame_shape=shape
+    )
+    assert p.variant["kernel"].startswith("integer dot products")
+    fr = _frames("uint8", 4, 64 * 64, seed=12)
+    p.run(fr)
+    assert "arrived as |u1" in p.variant["kernel"]
+    with config.set(integer_dot_kernel=False):
+        q = PreparedFramePass(
+            w,
+            dtype=np.dtype("uint8"),
+            n_frames=4,
+            want_sum=False,
+            want_max=False,
+            frame_shape=shape,
+        )
+    q.run(fr)
+    assert np.array_equal(p.result()[0], q.result()[0])
+
+
+def test_rejected_plans_are_remembered_and_masks_need_no_detector_shape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from quantem_flow.runtimes.cpu import dot_pass
+
+    shape = (128, 128)
+    small = analyse_weights(_weights(shape, (63.7, 64.2), com=False)[:1], frame_shape=shape)
+    built: list[object] = []
+    real = dot_pass.DotPass
+
+    def counting(*args: object) -> object:
+        built.append(args)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dot_pass, "_cache", {})
+    monkeypatch.setattr(dot_pass, "DotPass", counting)
+    for _ in range(3):
+        assert dot_pass_for(small, np.dtype("uint16"), want_patterns=False)[0] is None
+    assert len(built) == 1  # the cost rule's verdict is kept with the plan
+    masks = _weights(shape, (63.7, 64.2), com=False)
+    flat = analyse_weights(masks)  # no detector shape: (1, 16384), masks only
+    dp, why = dot_pass_for(flat, np.dtype("uint16"), want_patterns=False)
+    assert "too wide" not in why
+    assert dp is not None  # two masks over the frame: the dot kernel takes them

@@ -464,3 +464,7 @@ def test_auto_skips_mlx_off_macos_without_starting_it(monkeypatch: pytest.Monkey
     assert "mps (no Metal GPU off macOS" in choice.reason and "not probed" in choice.reason
     eligible, why = mps_module.MpsRuntime.auto_eligible()
     assert not eligible and "not an accelerator" in why
+    ssb_choice = resolve_backend("auto", operation="ssb")  # the SSB stage's choice too
+    assert (
+        ssb_choice.chosen in ("cpu", "cuda") and "mps (no Metal GPU off macOS" in ssb_choice.reason
+    )

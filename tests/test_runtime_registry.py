@@ -386,3 +386,30 @@ def test_memory_pools_and_host_copies_come_from_the_declarations(toy: RuntimeSpe
     register_runtime(shared)
     assert memory_pool("toy") == "host"
     assert _host_copy_value_bytes("toy") == 2
+
+
+def test_auto_passes_over_a_runtime_whose_class_does_not_import() -> None:
+    broken = RuntimeSpec(
+        name="brokenrt",
+        factory="quantem_flow_no_such_module:Runtime",
+        dependency=None,
+        kernels=frozenset({("frame_pass", "dense", "uint16")}),
+        auto_rank=1,
+    )
+    register_runtime(broken)
+    try:
+        choice = rt.resolve_backend("auto", dtype="uint16")
+        assert choice.chosen != "brokenrt"
+        assert "brokenrt" in choice.reason
+    finally:
+        unregister_runtime("brokenrt")
+
+
+def test_the_moved_ssb_kernels_module_still_answers() -> None:
+    from quantem_flow.runtimes import array_ops, ssb_kernels
+    from quantem_flow.runtimes.cpu.array_ops import NumpyOps
+
+    assert ssb_kernels.ArrayOps is array_ops.ArrayOps
+    assert ssb_kernels.NumpyOps is NumpyOps
+    with pytest.raises(AttributeError, match=r"quantem_flow\.operators\.ssb\.stages"):
+        ssb_kernels.QGrid  # noqa: B018

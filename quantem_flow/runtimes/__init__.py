@@ -120,9 +120,9 @@ def _available(name: str) -> tuple[bool, str]:
 def _auto_excluded(name: str) -> str | None:
     try:
         check = getattr(_factory(name), "auto_excluded", None)
-    except ImportError:
-        return None  # _available reports it
-    return check() if callable(check) else None
+        return check() if callable(check) else None
+    except (ImportError, RuntimeUnavailableError, AttributeError):
+        return None  # _available reports why the runtime cannot be used
 
 
 def available_runtimes() -> dict[str, str]:

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import ParameterError, RuntimeUnavailableError, UnsupportedOperationError
-from . import BackendChoice, available_runtimes, get_runtime
+from . import BackendChoice, get_runtime
 from .registry import auto_order, dtype_name, get_spec, load_attribute, runtime_specs
 
 __all__ = [
@@ -257,7 +257,8 @@ def resolve_ssb_backend(
     dt = None if dtype is None else dtype_name(dtype)
     specs = runtime_specs()
     if backend == "auto":
-        available = available_runtimes()
+        from . import _auto_excluded, _available
+
         order = auto_order()
         skipped: list[str] = []
         for name in order:
@@ -265,7 +266,11 @@ def resolve_ssb_backend(
             if spec.array_ops is None or not spec.supports("ssb", "gathered", dt):
                 skipped.append(f"{name} (no SSB stage" + (f" for {dt}" if dt else "") + ")")
                 continue
-            if name not in available:
+            excluded = _auto_excluded(name)  # costs nothing: MLX off macOS is not started
+            if excluded:
+                skipped.append(f"{name} ({excluded})")
+                continue
+            if not _available(name)[0]:
                 skipped.append(f"{name} (not available here)")
                 continue
             ok, why = get_runtime(name).auto_eligible()

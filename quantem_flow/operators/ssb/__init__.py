@@ -18,5 +18,15 @@ from __future__ import annotations
 from .fit import LOSS_BANDS, loss_reading
 from .geometry import SSBGeometry
 from .operator import SSB, SSBParams, ssb
+from .parameters import FIT_NAMES, SEMIANGLE_RTOL
 
-__all__ = ["LOSS_BANDS", "SSB", "SSBGeometry", "SSBParams", "loss_reading", "ssb"]
+__all__ = [
+    "FIT_NAMES",
+    "LOSS_BANDS",
+    "SEMIANGLE_RTOL",
+    "SSB",
+    "SSBGeometry",
+    "SSBParams",
+    "loss_reading",
+    "ssb",
+]

@@ -205,8 +205,11 @@ def compile_dot_kernel(
 
 def kernel_assembly(element: str, n_vectors: int, frames_per_step: int, isa: DotISA) -> str:
     """The machine code of one kernel module, as assembly text (for inspection and tests)."""
-    parsed, machine = _optimised(_module(element, n_vectors, frames_per_step, isa), isa)
-    return str(machine.emit_assembly(parsed))
+    from numba.core.compiler_lock import global_compiler_lock
+
+    with global_compiler_lock:
+        parsed, machine = _optimised_locked(_module(element, n_vectors, frames_per_step, isa), isa)
+        return str(machine.emit_assembly(parsed))
 
 
 def _module(element: str, n_vectors: int, frames_per_step: int, isa: DotISA) -> Any:
@@ -221,7 +224,13 @@ def _module(element: str, n_vectors: int, frames_per_step: int, isa: DotISA) -> 
     return module
 
 
-def _optimised(module: Any, isa: DotISA) -> tuple[Any, Any]:
+def _optimised_locked(module: Any, isa: DotISA) -> tuple[Any, Any]:
+    """Parse, verify and optimise ``module`` for the host (the caller holds Numba's lock).
+
+    llvmlite's parser and passes share LLVM's global context with Numba's code
+    generator, which other worker threads run: every use here is under
+    ``numba.core.compiler_lock.global_compiler_lock``.
+    """
     import llvmlite.binding as llvm
 
     llvm.initialize_native_target()
@@ -265,10 +274,12 @@ def _features(isa: DotISA) -> str:
 
 def _compile(module: Any, isa: DotISA) -> Any:
     import llvmlite.binding as llvm
+    from numba.core.compiler_lock import global_compiler_lock
 
-    parsed, machine = _optimised(module, isa)
-    engine = llvm.create_mcjit_compiler(parsed, machine)
-    engine.finalize_object()
+    with global_compiler_lock:
+        parsed, machine = _optimised_locked(module, isa)
+        engine = llvm.create_mcjit_compiler(parsed, machine)
+        engine.finalize_object()
     return engine
 
 

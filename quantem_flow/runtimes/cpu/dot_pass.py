@@ -188,10 +188,11 @@ class DotPass:
                 f"frames must be (n, {k}) for this pass (detector {self.plan.frame_shape}), "
                 f"got {frames.shape}; reshape the frames to one row of pixels each"
             )
-        if _ELEMENTS.get(frames.dtype.name) != self.element:
+        if frames.dtype != self.dtype:
             raise DtypeError(
-                f"frames are {frames.dtype.name}, this pass was prepared for "
-                f"{self.dtype.name} frames; prepare a pass for {frames.dtype.name}"
+                f"frames are {frames.dtype.str} ({frames.dtype.name}), this pass was prepared "
+                f"for {self.dtype.str} ({self.dtype.name}) frames; prepare a pass for "
+                f"{frames.dtype.str}"
             )
         if frames.strides[1] != frames.itemsize:
             frames = np.ascontiguousarray(frames)
@@ -237,7 +238,7 @@ class DotPass:
         return buf
 
 
-_cache: dict[tuple[int, str, DotISA], DotPass] = {}
+_cache: dict[tuple[int, str, DotISA], tuple[WeightPlan, DotPass | None, str]] = {}
 _cache_lock = threading.Lock()
 
 
@@ -258,33 +259,43 @@ def dot_pass_for(
         return None, "integer dot kernel off (setting integer_dot_kernel)"
     if dt.name not in _ELEMENTS:
         return None, f"integer dot kernel: {dt.name} frames (8/16-bit integers only)"
+    if not dt.isnative:
+        return None, f"integer dot kernel: {dt.str} frames are not in native byte order"
     if plan.general.size:
         return None, f"integer dot kernel: {plan.general.size} general rows"
     if want_patterns:
         return None, "integer dot kernel: a sum or maximum pattern is asked for"
-    if 2 * max(plan.frame_shape) > 32767:
-        return None, f"integer dot kernel: detector {plan.frame_shape} too wide for 16-bit weights"
+    if plan.need_moments and 2 * max(plan.frame_shape) > 32767:
+        return None, (
+            f"integer dot kernel: detector {plan.frame_shape} too wide for 16-bit moment weights"
+        )
     chosen = isa if isa is not None else host_isa()
     if chosen is None:
         return None, "integer dot kernel: this CPU has no AVX2 (x86-64 only)"
-    key = (id(plan), dt.name, chosen)
+    key = (id(plan), dt.str, chosen)
     with _cache_lock:
         hit = _cache.get(key)
-        if hit is not None and hit.plan is plan:
-            return hit, hit.describe()
-    dp = DotPass(plan, dt, chosen)
+        if hit is not None and hit[0] is plan:  # the plan itself: ids of dead plans are reused
+            return hit[1], hit[2]
+    dp: DotPass | None = DotPass(plan, dt, chosen)
+    assert dp is not None
     use, why = _worth_it(dp)
-    if not use:
-        return None, why
-    try:
-        dp.kernels()  # compiled here (~0.1 s once per shape of kernel), not mid-pass
-    except Exception as exc:  # an llvmlite without what the kernel needs: recorded, cells run
-        return None, f"integer dot kernel could not be compiled ({type(exc).__name__}: {exc})"
-    with _cache_lock:
-        _cache[key] = dp
+    if use:
+        try:
+            dp.kernels()  # compiled here (~0.1 s once per shape of kernel), not mid-pass
+            why = f"{dp.describe()}; {why}"
+        except Exception as exc:  # an llvmlite without what the kernel needs: recorded
+            dp, why = (
+                None,
+                (f"integer dot kernel could not be compiled ({type(exc).__name__}: {exc})"),
+            )
+    else:
+        dp = None
+    with _cache_lock:  # rejected plans too: the next chunk does not build the vectors again
+        _cache[key] = (plan, dp, why)
         while len(_cache) > 32:
             _cache.pop(next(iter(_cache)))
-    return dp, f"{dp.describe()}; {why}"
+    return dp, why
 
 
 #: The dot kernel runs when its multiply-adds (vectors x pixels read) are at most this

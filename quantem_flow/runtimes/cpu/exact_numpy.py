@@ -111,7 +111,8 @@ def exact_pass(
         The structured plan the compiled path runs (its variant ``structured``), or
         ``None`` for the fused kernel on every row.
     frame_shape
-        ``(k_r, k_c)``, for the moment rows' coordinates.
+        ``(k_r, k_c)``; kept for callers, the moment rows' coordinates come
+        from the plan's own frame shape (the one its rows were analysed with).
     """
     dt = np.dtype(dtype)
     if dt.kind not in "ui" or dt.itemsize > 4:

@@ -207,7 +207,13 @@ class PreparedFramePass:
                 np.maximum(self._max, frames.max(axis=0), out=self._max)
             self._pos += n
             return
-        if self._dot is not None and frames.dtype == self._dtype:
+        if self._dot is not None and frames.dtype != self._dtype:
+            self._dot = None  # the dot pass was made for the prepared dtype only
+            self.variant["kernel"] = (
+                f"cell kernels (frames arrived as {frames.dtype.str}, the integer dot pass was "
+                f"prepared for {self._dtype.str})"
+            )
+        if self._dot is not None:
             self._dot.run(frames, out)
         elif self._plan is not None:
             structured_pass(

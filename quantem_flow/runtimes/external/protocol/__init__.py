@@ -4,8 +4,8 @@ Everything here is pure: bytes in, :class:`Message` out and back, with every
 rule of ``docs/protocol.md`` checked.  A violation raises
 :class:`~quantem_flow.errors.ProtocolError` whose ``code`` is the protocol's
 error code (``frame``, ``truncated``, ``too_large``, ``bad_request``,
-``version``, ``unsupported``).  Transports (:mod:`.transport`) move the
-frames; the session (:mod:`.session`) pairs requests with replies.
+``version``, ``unsupported``).  Transports (:mod:`..transport`) move the
+frames; the session (:mod:`..session`) pairs requests with replies.
 
 A frame is ``"QFW1"``, ``header_length`` (u32 LE), ``body_length`` (u64 LE),
 the canonical-JSON header, zero padding to 8 bytes, then each buffer padded
@@ -15,7 +15,7 @@ memoryviews into one allocation per frame.
 
 The package: :mod:`.framing` (the prefix, canonical JSON, buffers, the
 incremental decoder) and :mod:`.messages` (every request and reply, built
-and checked).  Every name of the former single module is here.
+and checked).  Every public name of the former single module is here.
 """
 
 from __future__ import annotations
