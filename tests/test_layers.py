@@ -37,6 +37,7 @@ FOUNDATION = (
     "results",
     "result_math",
     "html_repr",
+    "plugins",
 )
 FRONT = (
     "__init__",

@@ -1,6 +1,14 @@
 """Representations: how a chunk's payload is laid out (dense, encoded, paired, packed)."""
 
-from .base import REGISTRY, Payload, Representation, get_representation
+from .base import (
+    ENTRY_POINT_GROUP,
+    REGISTRY,
+    REPRESENTATION_REGISTRY,
+    Payload,
+    Representation,
+    get_representation,
+    representation_names,
+)
 from .chunk import (
     REPRESENTATIONS,
     RESIDENCIES,
@@ -13,7 +21,9 @@ from .dense import DENSE_SCHEMA
 
 __all__ = [
     "DENSE_SCHEMA",
+    "ENTRY_POINT_GROUP",
     "REGISTRY",
+    "REPRESENTATION_REGISTRY",
     "REPRESENTATIONS",
     "RESIDENCIES",
     "Chunk",
@@ -23,4 +33,5 @@ __all__ = [
     "chunk_of",
     "get_representation",
     "register_residency",
+    "representation_names",
 ]

@@ -9,27 +9,32 @@ bytes).  Every payload object implements :class:`Payload`.  A
 explicit conversions only; kernels never densify a whole chunk), and how to
 apply detector regions and binning when it can do so natively.
 
-Modules register themselves in :data:`REGISTRY` on import; lookups import
-them lazily by name.
+The built-in representations are rows of :data:`REGISTRY` ("module:Class",
+imported on first use); installed distributions add theirs through the
+entry-point group :data:`ENTRY_POINT_GROUP`, the same form
+(:data:`REPRESENTATION_REGISTRY`, a :class:`~quantem_flow.plugins.Registry`).
 """
 
 from __future__ import annotations
 
 import abc
-import importlib
 from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
 from ..errors import ConversionError, ParameterError
+from ..plugins import Registry
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "REGISTRY",
+    "REPRESENTATION_REGISTRY",
     "Payload",
     "Representation",
     "get_representation",
     "payload_nbytes",
+    "representation_names",
 ]
 
 
@@ -134,7 +139,7 @@ class Representation(abc.ABC):
         return {"check": "totals", "total": total_a, "nonzero": nz_a}
 
 
-#: name -> "module:Class"; imported on first use.
+#: The built-in representations: name -> "module:Class", imported on first use.
 REGISTRY: dict[str, str] = {
     "dense": "quantem_flow.representations.dense:Dense",
     "paired": "quantem_flow.representations.paired:Paired",
@@ -142,20 +147,37 @@ REGISTRY: dict[str, str] = {
     "encoded": "quantem_flow.representations.encoded:Encoded",
 }
 
-_instances: dict[str, Representation] = {}
+#: The entry-point group third-party representations join.
+ENTRY_POINT_GROUP = "quantem_flow.representations"
+
+
+def _instance(name: str, obj: Any) -> Representation:
+    """A representation from a loaded row: a :class:`Representation` subclass named ``name``."""
+    if not (isinstance(obj, type) and issubclass(obj, Representation)):
+        raise TypeError(f"{obj!r} is not a Representation subclass")
+    if obj.name != name:
+        raise TypeError(
+            f"its class declares name={obj.name!r}, not the row's name {name!r}; the two must "
+            "agree (the name is what chunks and provenance record)"
+        )
+    return obj()
+
+
+#: Every representation: the built-ins, the installed distributions' (entry points of
+#: :data:`ENTRY_POINT_GROUP`) and those registered in process (:mod:`quantem_flow.plugins`).
+REPRESENTATION_REGISTRY: Registry[Representation] = Registry(
+    "representation", ENTRY_POINT_GROUP, REGISTRY, _instance
+)
 
 
 def get_representation(name: str) -> Representation:
     """Return the representation called ``name``."""
-    if name in _instances:
-        return _instances[name]
-    target = REGISTRY.get(name)
-    if target is None:
-        raise ParameterError(f"unknown representation {name!r}; known: {sorted(REGISTRY)}")
-    module, _, cls = target.partition(":")
-    rep: Representation = getattr(importlib.import_module(module), cls)()
-    _instances[name] = rep
-    return rep
+    return REPRESENTATION_REGISTRY.get(name)
+
+
+def representation_names() -> list[str]:
+    """The names of every representation: built-ins first, then plug-ins and registered ones."""
+    return REPRESENTATION_REGISTRY.names()
 
 
 def payload_nbytes(payload: Any) -> int:

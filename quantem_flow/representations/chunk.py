@@ -10,7 +10,7 @@ from typing import Any, overload
 import numpy as np
 
 from ..errors import ParameterError
-from .base import REGISTRY
+from .base import representation_names
 
 __all__ = [
     "REPRESENTATIONS",
@@ -53,9 +53,9 @@ class _Names(Sequence[str]):
         return repr(self._names())
 
 
-#: The representations of :data:`~quantem_flow.representations.base.REGISTRY`
-#: (a live view: a representation registered there appears here).
-REPRESENTATIONS: Sequence[str] = _Names(lambda: REGISTRY)
+#: The names of every representation (a live view: built-ins, installed plug-ins and those
+#: registered in process, :data:`~quantem_flow.representations.base.REPRESENTATION_REGISTRY`).
+REPRESENTATIONS: Sequence[str] = _Names(representation_names)
 
 _RESIDENCIES: list[str] = ["host", "cuda", "mps", "external"]
 #: Residency prefixes: ``host``, ``cuda:<n>``, ``mps``, ``external:<worker>``,
@@ -85,7 +85,7 @@ def register_residency(prefix: str) -> None:
 
 def check_representation(name: str) -> str:
     """Return ``name`` if it is a known representation, else raise."""
-    if name not in REGISTRY:
+    if name not in representation_names():
         raise ParameterError(
             f"unknown representation {name!r}; expected one of {list(REPRESENTATIONS)}"
         )

@@ -1,0 +1,215 @@
+"""One mechanism for every kind of extension: :class:`Registry`.
+
+A registry holds one kind of extension (representations today; readers,
+runtimes and pipeline operations are to join it, issue 28):
+
+- **built-in rows**, ``name -> "module:attribute"`` strings, imported on
+  first use only (a bare ``import quantem_flow`` imports none of them);
+- **an entry-point group** per kind (``quantem_flow.representations``...),
+  read once, lazily: an installed distribution joins by declaring, in its
+  ``pyproject.toml``, ``[project.entry-points."quantem_flow.<kind>"]`` with
+  ``name = "module:attribute"``, exactly the form of a built-in row;
+- **rows registered in process** (:meth:`Registry.register`), for tests
+  and bridges.
+
+A broken plug-in (its module does not import, its attribute is not of the
+kind, it reuses a built-in's name) is reported: a warning naming its
+distribution when the group is read, :meth:`Registry.errors`, and the
+error raised when its name is asked for.  It never hides the built-ins.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
+
+from .errors import ParameterError
+
+__all__ = ["PluginWarning", "Registry", "distribution_label", "load_attribute"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class PluginWarning(UserWarning):
+    """An installed plug-in could not be registered (the message names its distribution)."""
+
+
+def load_attribute(target: str) -> Any:
+    """Import ``"module:attribute"`` (dots allowed in the attribute) and return the attribute.
+
+    Raises
+    ------
+    ParameterError
+        ``target`` is not of the form ``"module:attribute"``.
+    ImportError, AttributeError
+        The module or the attribute does not exist.
+    """
+    module, sep, attr = target.partition(":") if isinstance(target, str) else ("", "", "")
+    if not sep or not module or not attr:
+        raise ParameterError(
+            f"expected 'module:attribute' (for example 'my_package.module:Name'), got {target!r}"
+        )
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def distribution_label(entry_point: Any) -> str:
+    """``"name version"`` of the distribution that declared an entry point."""
+    dist = getattr(entry_point, "dist", None)
+    if dist is None:
+        return "an unknown distribution"
+    name = getattr(dist, "name", None) or dist.metadata.get("Name", "?")
+    version = getattr(dist, "version", None)
+    return f"{name} {version}" if version else str(name)
+
+
+class Registry(Generic[T]):
+    """The extensions of one kind (see the module docstring).
+
+    Parameters
+    ----------
+    kind
+        What the rows are, for messages (``"representation"``).
+    group
+        The entry-point group (``"quantem_flow.representations"``).
+    builtins
+        ``{name: "module:attribute"}`` of the built-in rows.
+    make
+        Turns a loaded attribute into the registry's value (instantiating a
+        class, checking its type), or raises ``TypeError`` saying why it
+        cannot be one; called once per name.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        group: str,
+        builtins: Mapping[str, str],
+        make: Callable[[str, Any], T],
+    ) -> None:
+        self.kind = kind
+        self.group = group
+        self._builtins = dict(builtins)
+        self._make = make
+        self._lock = threading.RLock()
+        self._plugins: dict[str, tuple[str, str]] | None = None  # name -> (target, origin)
+        self._errors: dict[str, str] = {}
+        self._registered: dict[str, T] = {}
+        self._values: dict[str, T] = {}
+
+    # -- what is there -----------------------------------------------------------------
+    def names(self) -> list[str]:
+        """Every name: built-ins first (in their order), then plug-ins, then registered."""
+        out = list(self._builtins)
+        out += [n for n in self._entry_points() if n not in out]
+        out += [n for n in self._registered if n not in out]
+        return out
+
+    def origin(self, name: str) -> str:
+        """``"built-in"``, ``"distribution 'name version'"`` or ``"registered in process"``."""
+        if name in self._registered:
+            return "registered in process"
+        if name in self._builtins:
+            return "built-in"
+        plugin = self._entry_points().get(name)
+        if plugin is not None:
+            return plugin[1]
+        raise self._unknown(name)
+
+    def errors(self) -> dict[str, str]:
+        """``{name: message}`` of the entry points that could not be registered."""
+        self._entry_points()
+        return dict(self._errors)
+
+    def get(self, name: str) -> T:
+        """The value of ``name`` (loaded and made on first use)."""
+        with self._lock:
+            if name in self._registered:
+                return self._registered[name]
+            if name in self._values:
+                return self._values[name]
+            if name in self._builtins:
+                value = self._make(name, load_attribute(self._builtins[name]))
+            else:
+                plugin = self._entry_points().get(name)
+                if plugin is None:
+                    raise self._unknown(name)
+                try:
+                    value = self._make(name, load_attribute(plugin[0]))
+                except Exception as exc:  # third-party code: report, never break the rest
+                    message = (
+                        f"the {self.kind} {name!r} of {plugin[1]} (entry point "
+                        f"{plugin[0]!r}, group {self.group!r}) failed to load: "
+                        f"{type(exc).__name__}: {exc}"
+                    )
+                    self._errors[name] = message
+                    raise ParameterError(message) from exc
+            self._values[name] = value
+            return value
+
+    # -- in process --------------------------------------------------------------------
+    def register(self, name: str, value: T, *, replace: bool = False) -> None:
+        """Register ``value`` as ``name`` in this process (not a built-in's name)."""
+        with self._lock:
+            if name in self._builtins:
+                raise ParameterError(f"{name!r} is a built-in {self.kind}; it cannot be replaced")
+            if name in self._registered and not replace:
+                raise ParameterError(
+                    f"a {self.kind} {name!r} is already registered; pass replace=True"
+                )
+            self._registered[name] = value
+
+    def unregister(self, name: str) -> None:
+        """Forget a row registered in process (built-ins and plug-ins stay)."""
+        with self._lock:
+            self._registered.pop(name, None)
+
+    def clear(self) -> None:
+        """Forget the entry points read and the values made (the next lookup reads again)."""
+        with self._lock:
+            self._plugins = None
+            self._errors.clear()
+            self._values.clear()
+
+    # -- internals ---------------------------------------------------------------------
+    def _unknown(self, name: str) -> ParameterError:
+        why = f"; {self._errors[name]}" if name in self._errors else ""
+        return ParameterError(f"unknown {self.kind} {name!r}; known: {self.names()}{why}")
+
+    def _entry_points(self) -> dict[str, tuple[str, str]]:
+        with self._lock:
+            if self._plugins is not None:
+                return self._plugins
+            from importlib.metadata import entry_points
+
+            found: dict[str, tuple[str, str]] = {}
+            errors: dict[str, str] = {}
+            for ep in entry_points(group=self.group):
+                origin = f"distribution {distribution_label(ep)!r}"
+                where = f"entry point {ep.name!r} = {ep.value!r} of {origin}"
+                if ep.name in self._builtins:
+                    errors[ep.name] = (
+                        f"{where} (group {self.group!r}) declares {ep.name!r}, a built-in "
+                        f"{self.kind} it may not replace; it is ignored. Rename the entry point"
+                    )
+                elif ep.name in found:
+                    errors[ep.name] = (
+                        f"{where} declares {ep.name!r}, already declared by "
+                        f"{found[ep.name][1]}; it is ignored"
+                    )
+                else:
+                    found[ep.name] = (str(ep.value), origin)
+            self._plugins = found
+            self._errors.update(errors)
+        for message in errors.values():
+            warnings.warn(message, PluginWarning, stacklevel=3)
+            logger.warning("quantem-flow: %s", message)
+        return found
