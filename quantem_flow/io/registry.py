@@ -38,7 +38,6 @@ the error lists every reader and why.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import threading
 import warnings
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FormatError, ParameterError
+from ..plugins import distribution_label, load_attribute
 from .base import Source, check_exists
 
 __all__ = [
@@ -111,7 +111,7 @@ class ReaderEntry:
         """The sniffer as a callable (imported on first use), or ``None``."""
         if self.sniffer is None or callable(self.sniffer):
             return self.sniffer
-        fn: Sniffer = _load_attribute(self.sniffer)
+        fn: Sniffer = load_attribute(self.sniffer)
         return fn
 
     def looks_for(self) -> str:
@@ -160,21 +160,8 @@ _from_entry_points: dict[str, ReaderEntry] | None = None
 _entry_point_errors: dict[str, str] = {}
 
 
-def _load_attribute(target: str) -> Any:
-    module, sep, attr = target.partition(":")
-    if not sep or not module or not attr:
-        raise ParameterError(
-            f"expected 'module:attribute' (for example 'quantem_flow.io.npy:NpySource'), got "
-            f"{target!r}"
-        )
-    obj: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def _load_class(target: str) -> type[Source]:
-    cls = _load_attribute(target)
+    cls = load_attribute(target)
     if not (isinstance(cls, type) and issubclass(cls, Source)):
         raise TypeError(f"{target!r} is not a quantem_flow.io.Source subclass: {cls!r}")
     return cls
@@ -193,15 +180,6 @@ def _builtins() -> dict[str, ReaderEntry]:
         )
         for name, target in READERS.items()
     }
-
-
-def _distribution_label(ep: Any) -> str:
-    dist = getattr(ep, "dist", None)
-    if dist is None:
-        return "an unknown distribution"
-    name = getattr(dist, "name", None) or dist.metadata.get("Name", "?")
-    version = getattr(dist, "version", None)
-    return f"{name} {version}" if version else str(name)
 
 
 def _entry_from_class(name: str, target: str, cls: type[Source], dist: str) -> ReaderEntry:
@@ -248,7 +226,7 @@ def _load_entry_points() -> dict[str, ReaderEntry]:
         found: dict[str, ReaderEntry] = {}
         errors: dict[str, str] = {}
         for ep in entry_points(group=ENTRY_POINT_GROUP):
-            dist = _distribution_label(ep)
+            dist = distribution_label(ep)
             where = f"entry point {ep.name!r} = {ep.value!r} of distribution {dist!r}"
             if ep.name in builtin:
                 errors[ep.name] = (

@@ -36,7 +36,6 @@ A third-party package declares, in its ``pyproject.toml``::
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import re
 import threading
@@ -46,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import plugins
 from ..errors import ParameterError, RuntimeUnavailableError
 
 if TYPE_CHECKING:
@@ -128,11 +128,7 @@ def load_attribute(target: str) -> Any:
             f"expected 'module:attribute' (for example 'quantem_flow.runtimes.cpu:CpuRuntime'), "
             f"got {target!r}"
         )
-    module, _, attr = target.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return plugins.load_attribute(target)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -452,15 +448,6 @@ def _announce_residency(spec: RuntimeSpec) -> None:
     register_residency(spec.residency)
 
 
-def _distribution_label(ep: Any) -> str:
-    dist = getattr(ep, "dist", None)
-    if dist is None:
-        return "an unknown distribution"
-    name = getattr(dist, "name", None) or dist.metadata.get("Name", "?")
-    version = getattr(dist, "version", None)
-    return f"{name} {version}" if version else str(name)
-
-
 def _specs_of(obj: Any, where: str) -> list[RuntimeSpec]:
     if callable(obj) and not isinstance(obj, RuntimeSpec):
         obj = obj()
@@ -488,7 +475,7 @@ def _load_entry_points() -> dict[str, RuntimeSpec]:
         found: dict[str, RuntimeSpec] = {}
         errors: dict[str, str] = {}
         for ep in entry_points(group=ENTRY_POINT_GROUP):
-            dist = _distribution_label(ep)
+            dist = plugins.distribution_label(ep)
             where = f"entry point {ep.name!r} = {ep.value!r} of distribution {dist!r}"
             try:
                 specs = _specs_of(ep.load(), where)
