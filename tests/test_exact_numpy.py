@@ -54,7 +54,7 @@ def _run(weights: np.ndarray, frames: np.ndarray, *, exact: bool, **options: Any
         flat, dtype=frames.dtype, n_frames=frames.shape[0], frame_shape=SHAPE, **options
     )
     if exact:
-        ex = exact_pass(flat, dtype=frames.dtype, plan=p._plan, frame_shape=SHAPE)
+        ex = exact_pass(flat, dtype=frames.dtype, plan=p._plan)
         assert ex is not None
         p._exact = ex  # the path a not-yet-compiled kernel takes
     for f0 in range(0, frames.shape[0], 7):  # pieces, as a streamed pass feeds them
@@ -88,13 +88,13 @@ def test_passes_without_an_exact_form_wait_for_the_compiled_kernel() -> None:
     k = SHAPE[0] * SHAPE[1]
     mask = _disk((8.6, 14.2), 0, 4.5).reshape(1, k)
     fractional = np.full((1, k), 0.3)
-    plan = analyse_weights(mask, frame_shape=SHAPE)
-    assert exact_pass(mask, dtype=np.dtype("float32"), plan=plan, frame_shape=SHAPE) is None
-    assert exact_pass(mask, dtype=np.dtype("int64"), plan=plan, frame_shape=SHAPE) is None
-    assert exact_pass(fractional, dtype=np.dtype("uint16"), plan=None, frame_shape=SHAPE) is None
+    plan = analyse_weights(mask)
+    assert exact_pass(mask, dtype=np.dtype("float32"), plan=plan) is None
+    assert exact_pass(mask, dtype=np.dtype("int64"), plan=plan) is None
+    assert exact_pass(fractional, dtype=np.dtype("uint16"), plan=None) is None
     huge = np.full((1, k), 2.0**40)  # max|value| * sum|w| reaches 2**53
-    assert exact_pass(huge, dtype=np.dtype("uint16"), plan=None, frame_shape=SHAPE) is None
-    assert exact_pass(mask, dtype=np.dtype("uint16"), plan=plan, frame_shape=SHAPE) is not None
+    assert exact_pass(huge, dtype=np.dtype("uint16"), plan=None) is None
+    assert exact_pass(mask, dtype=np.dtype("uint16"), plan=plan) is not None
 
 
 def test_a_kernel_not_yet_run_compiles_in_the_background_then_takes_over(

@@ -97,7 +97,6 @@ def exact_pass(
     *,
     dtype: np.dtype[Any],
     plan: WeightPlan | None,
-    frame_shape: tuple[int, int] | None,
 ) -> ExactPass | None:
     """The exact NumPy form of a frame pass, or ``None`` where it would not be bit for bit.
 
@@ -109,10 +108,8 @@ def exact_pass(
         The frames' dtype.
     plan
         The structured plan the compiled path runs (its variant ``structured``), or
-        ``None`` for the fused kernel on every row.
-    frame_shape
-        ``(k_r, k_c)``; kept for callers, the moment rows' coordinates come
-        from the plan's own frame shape (the one its rows were analysed with).
+        ``None`` for the fused kernel on every row.  The moment rows'
+        coordinates come from the frame shape the plan was analysed with.
     """
     dt = np.dtype(dtype)
     if dt.kind not in "ui" or dt.itemsize > 4:

@@ -143,7 +143,7 @@ class PreparedFramePass:
         from .exact_numpy import exact_pass
 
         k = w.shape[1]
-        exact = exact_pass(w, dtype=self._dtype, plan=self._plan, frame_shape=frame_shape)
+        exact = exact_pass(w, dtype=self._dtype, plan=self._plan)
         dtype, want_sum, want_max = self._dtype, self._want_sum, self._want_max
 
         def warm() -> None:  # the same pass on four zero frames: compiles this specialisation
