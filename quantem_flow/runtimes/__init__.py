@@ -125,6 +125,23 @@ def _auto_excluded(name: str) -> str | None:
         return None  # _available reports why the runtime cannot be used
 
 
+def _auto_verdict(name: str) -> tuple[str, str] | None:
+    """Why ``backend="auto"`` passes over ``name``, cheapest check first; ``None``: it may run.
+
+    ``("skipped", reason)`` when the runtime excludes itself at no cost
+    (:meth:`~quantem_flow.runtimes.base.Runtime.auto_excluded`) or is not
+    worth choosing unasked; ``("absent", reason)`` when it does not run here.
+    """
+    excluded = _auto_excluded(name)
+    if excluded:
+        return "skipped", excluded
+    ok, why = _available(name)
+    if not ok:
+        return "absent", why
+    eligible, reason = _factory(name).auto_eligible()
+    return None if eligible else ("skipped", reason)
+
+
 def available_runtimes() -> dict[str, str]:
     """Return ``{name: reason}`` for every registered runtime that can run here."""
     out: dict[str, str] = {}
@@ -276,17 +293,12 @@ def resolve_backend(
                     f"{name} (no {_describe_kernel(tuple(lacking), representation, dt)} kernel)"
                 )
                 continue
-            excluded = _auto_excluded(name)
-            if excluded:
-                passed_over.append(f"{name} ({excluded})")
-                continue
-            ok, _ = _available(name)
-            if not ok:
-                not_here.append(name)
-                continue
-            eligible, reason = _factory(name).auto_eligible()
-            if not eligible:
-                passed_over.append(f"{name} ({reason})")
+            verdict = _auto_verdict(name)
+            if verdict is not None:
+                if verdict[0] == "absent":
+                    not_here.append(name)
+                else:
+                    passed_over.append(f"{name} ({verdict[1]})")
                 continue
             why = f"first available of {list(order)}"
             if not_here:

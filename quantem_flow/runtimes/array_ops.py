@@ -257,7 +257,7 @@ def resolve_ssb_backend(
     dt = None if dtype is None else dtype_name(dtype)
     specs = runtime_specs()
     if backend == "auto":
-        from . import _auto_excluded, _available
+        from . import _auto_verdict
 
         order = auto_order()
         skipped: list[str] = []
@@ -266,16 +266,10 @@ def resolve_ssb_backend(
             if spec.array_ops is None or not spec.supports("ssb", "gathered", dt):
                 skipped.append(f"{name} (no SSB stage" + (f" for {dt}" if dt else "") + ")")
                 continue
-            excluded = _auto_excluded(name)  # costs nothing: MLX off macOS is not started
-            if excluded:
-                skipped.append(f"{name} ({excluded})")
-                continue
-            if not _available(name)[0]:
-                skipped.append(f"{name} (not available here)")
-                continue
-            ok, why = get_runtime(name).auto_eligible()
-            if not ok:
-                skipped.append(f"{name} ({why})")
+            verdict = _auto_verdict(name)  # the frame pass's checks: MLX off macOS not started
+            if verdict is not None:
+                absent = verdict[0] == "absent"
+                skipped.append(f"{name} ({'not available here' if absent else verdict[1]})")
                 continue
             if not _complex128(spec) and not allow_complex64:
                 skipped.append(f"{name} (no complex128 FFT; allow_complex64=False)")
