@@ -67,6 +67,11 @@ name                          meaning                                    default
                               integer dot products compiled for this
                               CPU (AVX2 / AVX-512, VNNI where present;
                               exact; runtimes/cpu/dot_pass.py)
+``bitplane_kernel``           mask and moment rows of integer frames     True
+                              stored one bitshuffle + LZ4 chunk each
+                              are counted on the stored bit planes,
+                              never decoded (exact;
+                              runtimes/cpu/bitplane.py)
 ============================  =========================================  ==========================
 """
 
@@ -121,6 +126,9 @@ _DEFAULTS: dict[str, Any] = {
     # issue 24: mask and moment rows of 8/16-bit frames as SIMD integer dot products
     # (pmaddwd / vpdpwssd, LLVM IR compiled in process; runtimes/cpu/dot_pass.py)
     "integer_dot_kernel": True,
+    # issue 24, goal 6: masked sums of bitshuffle + LZ4 frames from their bit planes, without
+    # decoding them (runtimes/cpu/bitplane.py)
+    "bitplane_kernel": True,
     # issue 24: a first compute on an empty Numba cache does not wait seconds for the compiler
     # where NumPy gives the same bits (runtimes/cpu/exact_numpy.py)
     "jit_in_background": True,

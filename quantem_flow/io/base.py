@@ -34,6 +34,7 @@ from ..errors import (
     SourceNotFoundError,
     UnsupportedOperationError,
 )
+from ..representations.stored import StoredFrames, concat_stored
 
 __all__ = [
     "FrameSource",
@@ -254,6 +255,31 @@ class Source(abc.ABC):
         (:mod:`quantem_flow.io.mapped`); ``None`` (the default) otherwise.
         """
         return None
+
+    @property
+    def stored_frames_codec(self) -> str | None:
+        """The codec of frames :meth:`stored_block` returns as stored, or ``None`` (the default).
+
+        ``"bitshuffle-lz4"`` for files storing each frame as one bitshuffle +
+        LZ4 chunk read directly (:class:`~quantem_flow.representations.stored.StoredFrames`).
+        A dense pass over such a source hashes the stored chunks (its content
+        digest names the bytes read from the file: docs/data-integrity.md),
+        and the CPU runtime may compute masked sums on their bit planes
+        without decoding them (docs/bitplane-kernel.md).
+        """
+        return None
+
+    def stored_block(
+        self, rows: tuple[int, int], cols: tuple[int, int], *, buffer: np.ndarray | None = None
+    ) -> StoredFrames:
+        """Scan block ``rows x cols`` as stored, in scan order (when :attr:`stored_frames_codec`).
+
+        ``buffer`` (``uint8``) is used for the bytes when large enough.
+        """
+        raise UnsupportedOperationError(
+            f"the {self.format} reader does not read frames as stored (stored_frames_codec "
+            "is None); read them with read()"
+        )
 
     @property
     def row_chunk_multiple(self) -> int | None:
@@ -564,6 +590,29 @@ class FrameSource(Source):
             return None
         off = self._scan.frame_offset
         return self.frame_bytes(off + r0 * C + c0, off + (r1 - 1) * C + c1)
+
+    def stored_frames(
+        self, start: int, stop: int, *, buffer: np.ndarray | None = None
+    ) -> StoredFrames:
+        """Stored frames ``[start, stop)`` (absolute) as stored, for :attr:`stored_frames_codec`."""
+        raise UnsupportedOperationError(
+            f"the {self.format} reader does not read frames as stored (stored_frames_codec "
+            "is None); read them with read_frames()"
+        )
+
+    def stored_block(
+        self, rows: tuple[int, int], cols: tuple[int, int], *, buffer: np.ndarray | None = None
+    ) -> StoredFrames:
+        """Scan block ``rows x cols`` as stored: one frame run per block, or one per row."""
+        self.check_block(rows, cols)
+        C = self._scan.shape[1]
+        off = self._scan.frame_offset
+        (r0, r1), (c0, c1) = rows, cols
+        if r1 - r0 == 1 or (c0, c1) == (0, C):
+            return self.stored_frames(off + r0 * C + c0, off + (r1 - 1) * C + c1, buffer=buffer)
+        return concat_stored(
+            [self.stored_frames(off + r * C + c0, off + r * C + c1) for r in range(r0, r1)]
+        )
 
     @abc.abstractmethod
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:

@@ -38,6 +38,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import os
+import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -49,7 +50,10 @@ import numpy as np
 
 from .. import config
 from ..errors import CorruptChunkError, FormatError
-from ..representations.encoded import _bitshuffle, _bitshuffle_stream_end
+from ..representations.encoded import _bitshuffle
+from ..representations.stored import StoredFrames, decode_lz4_into
+from ..representations.stored_kernels import checked_block as _checked_block
+from ..representations.stored_kernels import decode_span as _decode_span
 
 __all__ = [
     "ChunkIndex",
@@ -57,6 +61,8 @@ __all__ = [
     "decodes_whole_frames",
     "read_bitshuffle",
     "read_selection",
+    "read_stored",
+    "stored_readable",
     "supports",
 ]
 
@@ -451,8 +457,6 @@ def _lz4_frames(
     check out) returns False, and :class:`_Job` reads the selection again,
     naming any problem.
     """
-    from ..representations.encoded import _bitshuffle
-
     _bitshuffle()  # the library's OpenMP set to one thread in this thread (as _Job.run does)
     into = decode_lz4_into()
     index = plan.index
@@ -486,6 +490,99 @@ def _lz4_frames(
     finally:
         os.close(fd)
     return True
+
+
+def stored_readable(dset: Any) -> bool:
+    """Whether :func:`read_stored` reads this dataset's frames as they are stored.
+
+    Bitshuffle + LZ4 in chunks of one whole frame, integer values of 1, 2 or
+    4 bytes in the machine's byte order, whose chunk offsets are read
+    directly (``sec2`` driver, checked against HDF5 on the first chunk).
+    """
+    plan = _plan(dset)
+    return (
+        plan.comp == "lz4"
+        and plan.index.direct
+        and _one_frame_chunks(plan.index.chunks, plan.shape)
+        and plan.stored.kind in "iu"
+        and plan.stored.itemsize in (1, 2, 4)
+        and (plan.stored.isnative or plan.stored.itemsize == 1)
+        and sys.byteorder == "little"
+    )
+
+
+def read_stored(
+    dset: Any, start: int, stop: int, *, where: str, buffer: np.ndarray | None = None
+) -> StoredFrames:
+    """Frames ``[start, stop)`` of a dataset for which :func:`stored_readable` holds, undecoded.
+
+    Each run of chunks stored back to back (or a few bytes apart) is read with
+    one ``os.preadv`` into ``buffer`` (a ``uint8`` array, used when large
+    enough) or a new array; nothing is decoded or checked here (the consumer
+    checks each chunk before it decodes it).
+
+    Raises
+    ------
+    ShapeError
+        When the frames do not lie within the dataset.
+    CorruptChunkError
+        When the file ends before a chunk the index points to.
+    """
+    from ..errors import ShapeError
+
+    plan = _plan(dset)
+    index = plan.index
+    n_frames = int(np.prod(plan.shape[:-2]))
+    if not 0 <= start <= stop <= n_frames:
+        raise ShapeError(
+            f"frames [{start}, {stop}) lie outside the {n_frames} frames of {where}; pass "
+            f"0 <= start <= stop <= {n_frames}"
+        )
+    # one whole frame per chunk: chunk k of the grid in C order is frame k
+    offsets = index.byte_offset[start:stop]
+    sizes = index.size[start:stop]
+    written = np.flatnonzero(offsets >= 0)
+    starts = np.full(stop - start, -1, dtype=np.int64)
+    data = np.zeros(0, dtype=np.uint8)
+    if written.size:
+        offs, sz = offsets[written], sizes[written]
+        ends = _run_ends(offs, sz, GAP_BYTES, np.int64(1) << 62).tolist()
+        runs, a = [], 0
+        for b in ends:
+            runs.append((a, b, int(offs[a]), int(offs[b - 1] + sz[b - 1]) - int(offs[a])))
+            a = b
+        total = sum(r[3] for r in runs)
+        data = (
+            buffer[:total]
+            if buffer is not None and buffer.dtype == np.uint8 and buffer.size >= total
+            else np.empty(total, dtype=np.uint8)
+        )
+        fd = os.open(index.path, os.O_RDONLY)
+        try:
+            pos = 0
+            for a, b, first, nbytes in runs:
+                got = os.preadv(fd, [data[pos : pos + nbytes].data], first)
+                if got != nbytes:
+                    raise CorruptChunkError(
+                        f"the file ends before the chunks of frames [{start + int(written[a])}, "
+                        f"{start + int(written[b - 1]) + 1}) of {where} (read {got} of {nbytes} "
+                        f"bytes at byte offset {first}); restore the file or crop the scan"
+                    )
+                starts[written[a:b]] = offs[a:b] - first + pos
+                pos += nbytes
+        finally:
+            os.close(fd)
+    return StoredFrames(
+        data=data,
+        starts=starts,
+        sizes=np.where(starts >= 0, sizes, 0).astype(np.int64),
+        unfiltered=(index.mask[start:stop] & 1).astype(bool),
+        dtype=plan.stored.newbyteorder("="),
+        frame_shape=(int(plan.shape[-2]), int(plan.shape[-1])),
+        fill=int(plan.fill),
+        where=where,
+        numbers=np.arange(start, stop, dtype=np.int64),
+    )
 
 
 def fill_value(dset: Any, path: str) -> Any:
@@ -567,8 +664,6 @@ class _Job:
 
     def run(self, start: int, stop: int) -> None:
         """Read, check and decode chunks ``start:stop`` of the selection into ``out``."""
-        from ..representations.encoded import _bitshuffle
-
         bitshuffle = _bitshuffle()  # its OpenMP set to one thread in this thread
         decode = bitshuffle.decompress_lz4 if self.comp == "lz4" else bitshuffle.decompress_zstd
         idx = self.index
@@ -765,44 +860,6 @@ class _Job:
         )
 
 
-_INTO: dict[str, Any] = {}
-
-
-def decode_lz4_into() -> Any:
-    """The bitshuffle library's ``bshuf_decompress_lz4`` through ``ctypes``, or ``None``.
-
-    ``(in, out, n_elements, element_size, block_size) -> bytes consumed``
-    (negative on error): decodes a bitshuffle + LZ4 stream straight into
-    the destination frames.  The Python binding allocates a new array per
-    call, which the reader then copied into place; ``ctypes`` also releases
-    the GIL for the call.  Measured on this project's 2-core VM (256 frames
-    of 128 x 128 u16 per call, one thread): 1.39 GB/s against 1.05 GB/s for
-    the binding plus the copy (benchmarks/RESULTS.md, issue 14).  Only
-    called on streams whose headers and block lengths were checked first
-    (:func:`_check_span`), exactly as the binding is.
-    """
-    if "f" not in _INTO:
-        import ctypes
-
-        module = _bitshuffle()
-        found = None
-        try:
-            lib = ctypes.CDLL(module.ext.__file__)
-            found = lib.bshuf_decompress_lz4
-            found.restype = ctypes.c_int64
-            found.argtypes = [
-                ctypes.c_void_p,
-                ctypes.c_void_p,
-                ctypes.c_size_t,
-                ctypes.c_size_t,
-                ctypes.c_size_t,
-            ]
-        except (AttributeError, OSError):  # pragma: no cover - a build without the symbol
-            found = None
-        _INTO["f"] = found
-    return _INTO["f"]
-
-
 def read_selection(
     dset: Any,
     layout: dict[str, Any],
@@ -852,30 +909,6 @@ def read_selection(
     return read_bitshuffle(dset, bounds, out, where=where)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def _checked_block(buf, a, n, n_elem, itemsize):  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
-    """Block size (elements) of the chunk at ``buf[a:a + n]`` if it checks out, else -1.
-
-    The checks of ``bitshuffle_chunk_problem``: the header's decoded size and
-    block size, and every LZ4 block length inside the chunk (what the
-    decoder trusts).
-    """
-    if n < 12:
-        return -1
-    nbytes = np.int64(0)
-    for t in range(8):
-        nbytes = (nbytes << 8) | np.int64(buf[a + t])
-    block_bytes = np.int64(0)
-    for t in range(8, 12):
-        block_bytes = (block_bytes << 8) | np.int64(buf[a + t])
-    if nbytes != n_elem * itemsize or block_bytes == 0 or block_bytes % (itemsize * 8):
-        return -1
-    block = block_bytes // itemsize
-    if _bitshuffle_stream_end(buf[a : a + n], 12, n_elem, block, itemsize) != n:
-        return -1
-    return block
-
-
 @numba.njit(cache=True, nogil=True)
 def _check_span(buf, rel, sizes, n_elem, itemsize, blocks):  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
     """Check the bitshuffle header and block lengths of each chunk in ``buf``; first bad or -1.
@@ -888,30 +921,6 @@ def _check_span(buf, rel, sizes, n_elem, itemsize, blocks):  # type: ignore[no-u
         if block < 0:
             return c
         blocks[c] = block
-    return -1
-
-
-@numba.njit(cache=True, nogil=True)
-def _decode_span(into, buf, rel, sizes, n_elem, frames):  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
-    """Check, then decode, each one-frame chunk of ``buf`` into its row of ``frames``; bad or -1.
-
-    ``into`` is :func:`decode_lz4_into` (the library's ``bshuf_decompress_lz4``,
-    passed as an argument so the compiled function is cached on disk);
-    ``frames`` holds one row of ``n_elem`` values per chunk, as bytes.  A
-    chunk is decoded only after its header and block lengths checked out;
-    the first chunk that does not, or that the codec does not consume
-    exactly, is returned (the caller names it).
-    """
-    itemsize = frames.shape[1] // n_elem
-    for c in range(rel.shape[0]):
-        a = rel[c]
-        n = sizes[c]
-        block = _checked_block(buf, a, n, n_elem, itemsize)
-        if block < 0:
-            return c
-        used = into(buf[a + 12 :].ctypes.data, frames[c].ctypes.data, n_elem, itemsize, block)
-        if used != n - 12:
-            return c
     return -1
 
 

@@ -32,6 +32,7 @@ was used is recorded as ``calibration_from`` in :attr:`DectrisSource.metadata`.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 import os
 import re
@@ -51,6 +52,7 @@ from ..errors import (
     SourceNotFoundError,
     UnsupportedOperationError,
 )
+from ..representations.stored import STORED_CODEC, StoredFrames, concat_stored
 from .base import (
     FrameSource,
     SourceIdentity,
@@ -254,6 +256,60 @@ class DectrisSource(FrameSource):
         return bool(self._layouts) and all(
             decodes_whole_frames(layout, (1, *self._frame_shape)) for layout in self._layouts
         )
+
+    @property
+    def stored_frames_codec(self) -> str | None:
+        """``"bitshuffle-lz4"`` when every data file stores integer frames one LZ4 chunk each.
+
+        Read directly (io/bslz4_read.py ``stored_readable``); decided once per source.
+        """
+        cached: tuple[str | None] | None = self.__dict__.get("_stored_codec")
+        if cached is None:
+            from .bslz4_read import stored_readable
+
+            found = (
+                STORED_CODEC
+                if self.streams_blocks
+                and all(stored_readable(self._dset(i)) for i in range(len(self._parts)))
+                else None
+            )
+            cached = (found,)
+            self.__dict__["_stored_codec"] = cached
+        return cached[0]
+
+    def stored_frames(
+        self, start: int, stop: int, *, buffer: np.ndarray | None = None
+    ) -> StoredFrames:
+        """Frames ``[start, stop)`` as stored, crossing data-file boundaries as needed."""
+        if self.stored_frames_codec is None:
+            return super().stored_frames(start, stop, buffer=buffer)
+        from .bslz4_read import read_stored
+
+        if not 0 <= start <= stop <= self._n_frames:
+            raise ShapeError(
+                f"frames [{start}, {stop}) lie outside the {self._n_frames} frames of "
+                f"{str(self._path)!r}"
+            )
+        parts: list[StoredFrames] = []
+        pos = start
+        while pos < stop or not parts:
+            i = bisect.bisect_right(self._starts, pos) - 1
+            first = self._starts[i]
+            end = min(stop, first + self._counts[i])
+            file_path, dset_path = self._parts[i]
+            part = read_stored(
+                self._dset(i),
+                pos - first,
+                end - first,
+                where=f"dataset {dset_path!r} of data file {str(file_path)!r} (master "
+                f"{str(self._path)!r})",
+                buffer=buffer if pos == start and end == stop else None,
+            )
+            parts.append(dataclasses.replace(part, numbers=part.numbers + first))
+            pos = end
+            if pos == stop:
+                break
+        return concat_stored(parts)
 
     # -- native encoded reads ---------------------------------------------------
     @property

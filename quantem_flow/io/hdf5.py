@@ -21,6 +21,7 @@ from ..errors import (
     ShapeError,
     UnsupportedOperationError,
 )
+from ..representations.stored import STORED_CODEC, StoredFrames
 from .base import FrameSource, SourceIdentity, check_exists, header_digest, path_size
 
 __all__ = [
@@ -581,6 +582,38 @@ class Hdf5Source(FrameSource):
                 f"{str(self._path)!r}: {exc}. The file may be truncated or a compressed chunk "
                 "corrupt; results computed so far are kept"
             ) from exc
+
+    @property
+    def stored_frames_codec(self) -> str | None:
+        """``"bitshuffle-lz4"`` for integer frames stored one bitshuffle + LZ4 chunk each.
+
+        Those read directly (``sec2`` driver; io/bslz4_read.py ``stored_readable``).
+        Decided once per source, so every pass over the dataset hashes the same bytes.
+        """
+        cached: tuple[str | None] | None = self.__dict__.get("_stored_codec")
+        if cached is None:
+            found = None
+            if self._layout.get("filters"):
+                from .bslz4_read import decodes_whole_frames, stored_readable
+
+                if decodes_whole_frames(self._layout, self._stored_shape) and stored_readable(
+                    self._dset()
+                ):
+                    found = STORED_CODEC
+            cached = (found,)
+            self.__dict__["_stored_codec"] = cached
+        return cached[0]
+
+    def stored_frames(
+        self, start: int, stop: int, *, buffer: np.ndarray | None = None
+    ) -> StoredFrames:
+        """Frames ``[start, stop)`` as stored (see :attr:`stored_frames_codec`), undecoded."""
+        if self.stored_frames_codec is None:
+            return super().stored_frames(start, stop, buffer=buffer)
+        from .bslz4_read import read_stored
+
+        where = f"dataset {self._dataset_path!r} of {str(self._path)!r}"
+        return read_stored(self._dset(), start, stop, where=where, buffer=buffer)
 
     def frame_bytes(self, start: int, stop: int) -> tuple[Path, int] | None:
         """A contiguous, unfiltered dataset in native byte order is one run of bytes.

@@ -48,6 +48,7 @@ from ..representations.base import dense_frames, gather_columns
 from ..representations.chunk import Chunk
 
 if TYPE_CHECKING:
+    from ..representations.stored import StoredFrames
     from .registry import RuntimeSpec
 
 __all__ = [
@@ -250,6 +251,15 @@ class FramePassStream(abc.ABC):
     @abc.abstractmethod
     def feed(self, frames: np.ndarray) -> None:
         """Run the next ``(n, k_r * k_c)`` host frames (views are fine; not kept)."""
+
+    def feed_stored(self, stored: StoredFrames) -> None:
+        """Run the next frames as their file stores them (bitshuffle + LZ4, one chunk per frame).
+
+        The default decodes them and calls :meth:`feed`; a runtime that can
+        compute on the stored bytes (the CPU runtime's bit-plane kernel)
+        overrides it.
+        """
+        self.feed(stored.decode())
 
     @abc.abstractmethod
     def finish(self) -> tuple[FramePassResult, np.ndarray | None]:

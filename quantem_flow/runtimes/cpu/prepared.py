@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ShapeError
+from ...representations.stored import StoredFrames
 from . import warmup
 from .exact_numpy import ExactPass
 from .kernels import _fused, skip_zero_weights, sum_dtype
@@ -115,6 +116,8 @@ class PreparedFramePass:
             width = max(width, self._plan.n_out)
         self._out = np.empty((int(n_frames), width), dtype=np.float64)
         self._pos = 0
+        self._stored: tuple[Any, str] | None = None  # (bit-plane pass or None, why): first use
+        self._decoded: np.ndarray | None = None
         self.kernel_key = self._kernel_key()
         self._exact: ExactPass | None = None
         if background_jit and self._dot is None and not warmup.is_ready(self.kernel_key):
@@ -233,6 +236,60 @@ class PreparedFramePass:
             skip_zero_weights(frames, self._padded, out, m)
         warmup.mark_ready(self.kernel_key)
         self._pos += n
+
+    def run_stored(self, stored: StoredFrames) -> None:
+        """Run the pass on the next frames as their file stores them (bitshuffle + LZ4).
+
+        Mask and moment rows are counted on the stored bit planes without
+        decoding (:mod:`~quantem_flow.runtimes.cpu.bitplane`) where
+        :func:`~quantem_flow.runtimes.cpu.bitplane.bitplane_pass_for` takes the
+        pass; otherwise the frames are decoded into a reused buffer and run as
+        :meth:`run` runs them.  The variant record says which, and why.
+        """
+        n = stored.n_frames
+        if self._pos + n > self._out.shape[0]:
+            raise ValueError(
+                f"{self._pos + n} frames fed to a pass prepared for {self._out.shape[0]}"
+            )
+        if self._stored is None:
+            self._stored = self._choose_stored(stored)
+        bitplane = self._stored[0]
+        if bitplane is not None and stored.dtype == bitplane.dtype:
+            bitplane.run(stored, self._out[self._pos : self._pos + n])
+            self._pos += n
+            return
+        k = stored.frame_elements
+        if (
+            self._decoded is None
+            or self._decoded.shape[0] < n
+            or self._decoded.dtype != stored.dtype
+        ):
+            self._decoded = np.empty((n, k), dtype=stored.dtype)
+        self.run(stored.decode(self._decoded[:n]))
+
+    def _choose_stored(self, stored: StoredFrames) -> tuple[Any, str]:
+        """The bit-plane pass for stored frames, or ``None``; the variant records the choice."""
+        from .bitplane import bitplane_pass_for
+
+        if self._plan is None:
+            why = "bit-plane kernel: the pass has no structured rows"
+            found = None
+        elif stored.dtype != self._dtype:
+            why = f"bit-plane kernel: stored {stored.dtype} frames, the pass is for {self._dtype}"
+            found = None
+        else:
+            found, why = bitplane_pass_for(
+                self._plan, stored.dtype, want_patterns=self._want_sum or self._want_max
+            )
+        if found is not None:
+            # the compiled variant (not the exact NumPy stand-in): no decoded frames to run
+            self.variant = dict(self.variant.get("compiled_variant", self.variant))
+            self._exact = None
+            self.variant["kernel"] = why
+            self.variant["summary"] += "; bit-plane counts on the stored chunks"
+        else:
+            self.variant["stored"] = f"decoded, then the kernels below ({why})"
+        return found, why
 
     def result(
         self,

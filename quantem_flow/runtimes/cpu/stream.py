@@ -8,6 +8,7 @@ import numpy as np
 
 from ... import config
 from ...representations.base import gather_columns
+from ...representations.stored import StoredFrames
 from ..base import FramePassResult, FramePassStream
 from .prepared import PreparedFramePass
 
@@ -67,6 +68,20 @@ class CpuFramePassStream(FramePassStream):
             self._gathered[:, self._pos : self._pos + n] = gather_columns(frames, self._gather).T
         if self._pass is not None:
             self._pass.run(frames)
+        self._pos += n
+
+    def feed_stored(self, stored: StoredFrames) -> None:
+        """Run the next frames as stored: counted on their bit planes where the pass allows.
+
+        A gather needs the values, so a stream with one decodes every piece.
+        """
+        if self._gather is not None or self._pass is None:
+            self.feed(stored.decode())
+            return
+        n = stored.n_frames
+        if self._pos + n > self._n:
+            raise ValueError(f"{self._pos + n} frames fed to a stream of {self._n}")
+        self._pass.run_stored(stored)
         self._pos += n
 
     def finish(self) -> tuple[FramePassResult, np.ndarray | None]:
