@@ -24,6 +24,7 @@ from .io.base import sidecar_calibration
 from .representations import get_representation
 from .representations.base import describe_options
 from .representations.detector_ops import DetectorOp, bin_frames, binned_dtype
+from .representations.stored import StoredFrames
 
 __all__ = ["Dataset4D", "DetectorOp", "bin_frames", "binned_dtype", "open"]
 
@@ -606,14 +607,52 @@ class Dataset4D:
         threshold, the source's dtype) of a source storing the block as one
         run of native-order bytes (:meth:`Source.block_bytes`) has one.
         """
-        if self._detector_ops or self._representation_options.get("threshold") is not None:
-            return None
-        if self._dtype != self._source.dtype:
+        if not self.is_plain_view:
             return None
         C = self.scan_shape[1]
         c0, c1 = cols if cols is not None else (0, C)
         b = self._scan_block
         return self._source.block_bytes((b[0] + rows[0], b[0] + rows[1]), (b[2] + c0, b[2] + c1))
+
+    @property
+    def is_plain_view(self) -> bool:
+        """Whether the values are the source's as read: no detector crop or bin, no
+        threshold, the source's dtype."""
+        return (
+            not self._detector_ops
+            and self._representation_options.get("threshold") is None
+            and self._dtype == self._source.dtype
+        )
+
+    def stored_block(
+        self,
+        rows: tuple[int, int],
+        cols: tuple[int, int] | None = None,
+        *,
+        buffer: np.ndarray | None = None,
+    ) -> StoredFrames:
+        """The source's frames of a scan block as stored, undecoded (scan order).
+
+        For sources with a :attr:`~quantem_flow.io.base.Source.stored_frames_codec`;
+        the detector transforms are not applied (:meth:`transform_block` does, on
+        the decoded values).
+        """
+        C = self.scan_shape[1]
+        c0, c1 = cols if cols is not None else (0, C)
+        b = self._scan_block
+        return self._source.stored_block(
+            (b[0] + rows[0], b[0] + rows[1]), (b[2] + c0, b[2] + c1), buffer=buffer
+        )
+
+    def transform_block(self, block: np.ndarray, *, apply_threshold: bool = True) -> np.ndarray:
+        """The dataset's detector transforms, threshold and dtype on a raw ``(..., k_r, k_c)`` block."""
+        for op in self._detector_ops:
+            block = op.apply(block)
+        threshold = self._representation_options.get("threshold")
+        if threshold is not None and apply_threshold:
+            # the dense view of a thresholded dataset shows what its payloads hold
+            block = np.where(block >= threshold, block, np.zeros((), dtype=block.dtype))
+        return np.ascontiguousarray(block, dtype=self._dtype)
 
     def load_block(
         self,
@@ -649,13 +688,7 @@ class Dataset4D:
             raise ShapeError(f"block rows={rows} cols={cols} outside the scan of shape {(R, C)}")
         b = self._scan_block
         block = self._source.read((b[0] + r0, b[0] + r1), (b[2] + c0, b[2] + c1), buffer=buffer)
-        for op in self._detector_ops:
-            block = op.apply(block)
-        threshold = self._representation_options.get("threshold")
-        if threshold is not None and apply_threshold:
-            # the dense view of a thresholded dataset shows what its payloads hold
-            block = np.where(block >= threshold, block, np.zeros((), dtype=block.dtype))
-        return np.ascontiguousarray(block, dtype=self._dtype)
+        return self.transform_block(block, apply_threshold=apply_threshold)
 
     def frame(self, row: int, col: int) -> np.ndarray:
         """Read one diffraction pattern (eager)."""

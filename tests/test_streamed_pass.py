@@ -147,7 +147,12 @@ def test_streamed_views_raw_and_arrays_match(rng: np.random.Generator, tmp_path:
     for name, ds in views.items():
         whole, streamed = _run(ds, 0), _run(ds, piece)
         _same(whole, streamed)
-        assert all(r["made"] == "dense read, streamed" for r in _chunks(streamed[0])), name
+        # one bitshuffle + LZ4 chunk per frame: read as stored, hashed as stored, counted
+        # on the bit planes or decoded a piece at a time (docs/bitplane-kernel.md)
+        stored = name.startswith(("hdf5 bitshuffle", "dectris"))
+        made = "stored chunks read, streamed" if stored else "dense read, streamed"
+        assert all(r["made"] == made for r in _chunks(streamed[0])), name
+        assert all(r["made"] != made for r in _chunks(whole[0])), name
     expected = data[1:8, 2:13, 1:15].reshape(7, 11, 7, 2, 6, 2).sum(axis=(3, 5))
     bf = _run(views["raw cropped and binned"], piece)[3]
     np.testing.assert_array_equal(np.asarray(bf), expected.sum(axis=(0, 1)))

@@ -26,7 +26,7 @@ from ..runtimes import get_runtime
 from ..runtimes.base import FramePassResult
 from ..runtimes.staging import staged
 from .complement_query import plan_complement
-from .digest import Units, chunk_digest, payload_digests
+from .digest import Units, chunk_digest, hashes_stored, payload_digests, stored_digests
 from .radial_query import plan_radial
 from .streamed import run_streamed_chunk
 
@@ -414,7 +414,7 @@ def _run_chunk_pass(
     payload, made = ds.load_payload((r0, r1), buffer=buffer)
     made = {**made, **(why or {})}
     th = time.perf_counter()
-    units = payload_digests(ds.representation, payload, (r0, r1))
+    units = _chunk_units(ds, payload, r0, r1)
     hash_s = time.perf_counter() - th
     runtime = get_runtime(spec.runtime)
     handle = runtime.put(_host_chunk(ds, r0, r1, payload))
@@ -434,6 +434,13 @@ def _run_chunk_pass(
         )
     finally:
         runtime.release(handle)
+
+
+def _chunk_units(ds: Dataset4D, payload: Any, r0: int, r1: int) -> Units:
+    """The digests of a chunk loaded whole: of the payload, or of its stored chunks."""
+    if hashes_stored(ds):
+        return stored_digests(ds, (r0, r1))
+    return payload_digests(ds.representation, payload, (r0, r1))
 
 
 def load_host_payload(ds: Dataset4D, r0: int, r1: int) -> Any:
@@ -464,7 +471,7 @@ def load_resident_chunk(ds: Dataset4D, runtime_name: str, index: int, r0: int, r
     runtime = get_runtime(runtime_name)
     payload = load_host_payload(ds, r0, r1)
     th = time.perf_counter()
-    units = payload_digests(ds.representation, payload, (r0, r1))
+    units = _chunk_units(ds, payload, r0, r1)
     hash_s = time.perf_counter() - th
     handle = runtime.put(
         _host_chunk(ds, r0, r1, payload),

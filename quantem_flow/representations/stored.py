@@ -96,6 +96,16 @@ class StoredFrames:
         """The chunks' bytes (what a pass over them reads from the file)."""
         return int(self.sizes.sum())
 
+    def frames(self, start: int, stop: int) -> StoredFrames:
+        """Frames ``[start, stop)`` of this run (sharing its bytes)."""
+        return dataclasses.replace(
+            self,
+            starts=self.starts[start:stop],
+            sizes=self.sizes[start:stop],
+            unfiltered=self.unfiltered[start:stop],
+            numbers=self.numbers[start:stop],
+        )
+
     def corrupt(self, frame: int, problem: str) -> CorruptChunkError:
         """The error naming frame ``frame`` (0-based in this run) and what is wrong with it."""
         at = int(self.starts[frame])

@@ -31,7 +31,11 @@ from . import warmup
 from .exact_numpy import ExactPass
 from .kernels import _fused, skip_zero_weights, sum_dtype
 
-__all__ = ["PreparedFramePass"]
+__all__ = ["DECODE_PIECE_BYTES", "PreparedFramePass"]
+
+#: Decoded bytes per piece when stored frames are decoded for the kernels (the streamed
+#: pass's piece: docs/streamed-pass.md).
+DECODE_PIECE_BYTES = 2 << 20
 
 
 class PreparedFramePass:
@@ -258,14 +262,16 @@ class PreparedFramePass:
             bitplane.run(stored, self._out[self._pos : self._pos + n])
             self._pos += n
             return
+        # decoded a cache-sized piece at a time into one reused buffer, each run while in cache
         k = stored.frame_elements
-        if (
-            self._decoded is None
-            or self._decoded.shape[0] < n
-            or self._decoded.dtype != stored.dtype
-        ):
-            self._decoded = np.empty((n, k), dtype=stored.dtype)
-        self.run(stored.decode(self._decoded[:n]))
+        step = max(4, DECODE_PIECE_BYTES // max(1, k * stored.dtype.itemsize) // 4 * 4)
+        if self._decoded is None or self._decoded.dtype != stored.dtype:
+            self._decoded = np.empty((min(step, n), k), dtype=stored.dtype)
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            if self._decoded.shape[0] < b - a:
+                self._decoded = np.empty((b - a, k), dtype=stored.dtype)
+            self.run(stored.frames(a, b).decode(self._decoded[: b - a]))
 
     def _choose_stored(self, stored: StoredFrames) -> tuple[Any, str]:
         """The bit-plane pass for stored frames, or ``None``; the variant records the choice."""
@@ -282,8 +288,8 @@ class PreparedFramePass:
                 self._plan, stored.dtype, want_patterns=self._want_sum or self._want_max
             )
         if found is not None:
-            # the compiled variant (not the exact NumPy stand-in): no decoded frames to run
-            self.variant = dict(self.variant.get("compiled_variant", self.variant))
+            # the plan's own record (not the exact NumPy stand-in's, nor the dot kernel's)
+            self.variant = self._plan.describe(self._dtype)
             self._exact = None
             self.variant["kernel"] = why
             self.variant["summary"] += "; bit-plane counts on the stored chunks"
