@@ -496,19 +496,37 @@ def stored_readable(dset: Any) -> bool:
     """Whether :func:`read_stored` reads this dataset's frames as they are stored.
 
     Bitshuffle + LZ4 in chunks of one whole frame, integer values of 1, 2 or
-    4 bytes in the machine's byte order, whose chunk offsets are read
-    directly (``sec2`` driver, checked against HDF5 on the first chunk).
+    4 bytes in the machine's byte order, in a file opened with the ``sec2``
+    driver whose first stored chunk lies at the offset HDF5 gives (checked
+    against ``read_direct_chunk``).  Asked without walking the chunk index
+    (0.4 s for 65 536 chunks), so a client that only labels a digest does
+    not pay for it.
     """
-    plan = _plan(dset)
-    return (
-        plan.comp == "lz4"
-        and plan.index.direct
-        and _one_frame_chunks(plan.index.chunks, plan.shape)
-        and plan.stored.kind in "iu"
-        and plan.stored.itemsize in (1, 2, 4)
-        and (plan.stored.isnative or plan.stored.itemsize == 1)
-        and sys.byteorder == "little"
-    )
+    shape = tuple(int(n) for n in dset.shape)
+    dtype = np.dtype(dset.dtype)
+    values = _filter_values(dset)
+    if (
+        not values
+        or _BSHUF_COMPRESSION.get(int(dict(enumerate(values)).get(4, 2))) != "lz4"
+        or not _one_frame_chunks(tuple(dset.chunks or ()), shape)
+        or dtype.kind not in "iu"
+        or dtype.itemsize not in (1, 2, 4)
+        or not (dtype.isnative or dtype.itemsize == 1)
+        or sys.byteorder != "little"
+        or dset.file.driver != "sec2"
+    ):
+        return False
+    try:
+        if dset.id.get_num_chunks() == 0:
+            return True
+        info = dset.id.get_chunk_info(0)
+        _, expected = dset.id.read_direct_chunk(tuple(info.chunk_offset))
+        with open(os.path.realpath(dset.file.filename), "rb", buffering=0) as fh:
+            fh.seek(int(info.byte_offset))
+            got = fh.read(int(info.size))
+    except (RuntimeError, OSError, ValueError, OverflowError):
+        return False
+    return bytes(expected) == got
 
 
 def read_stored(
@@ -532,6 +550,11 @@ def read_stored(
 
     plan = _plan(dset)
     index = plan.index
+    if not index.direct:
+        raise FormatError(
+            f"the chunks of {where} cannot be read at the offsets HDF5 gives (another driver, "
+            "or the first chunk differs there); open the file again, or read it decoded"
+        )
     n_frames = int(np.prod(plan.shape[:-2]))
     if not 0 <= start <= stop <= n_frames:
         raise ShapeError(
