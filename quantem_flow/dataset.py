@@ -616,8 +616,10 @@ class Dataset4D:
 
     @property
     def is_plain_view(self) -> bool:
-        """Whether the values are the source's as read: no detector crop or bin, no
-        threshold, the source's dtype."""
+        """Whether the values are the source's as read.
+
+        No detector crop or bin, no threshold, the source's dtype.
+        """
         return (
             not self._detector_ops
             and self._representation_options.get("threshold") is None
@@ -645,7 +647,7 @@ class Dataset4D:
         )
 
     def transform_block(self, block: np.ndarray, *, apply_threshold: bool = True) -> np.ndarray:
-        """The dataset's detector transforms, threshold and dtype on a raw ``(..., k_r, k_c)`` block."""
+        """Apply the detector transforms, threshold and dtype to a raw ``(..., k_r, k_c)`` block."""
         for op in self._detector_ops:
             block = op.apply(block)
         threshold = self._representation_options.get("threshold")

@@ -54,9 +54,7 @@ def _write(path: Path, data: np.ndarray, *, nelems: int = 0, fill: int | None = 
     return path
 
 
-def _ops(
-    ds: qf.Dataset4D, center: tuple[float, float] = CENTER, scale: float = 1.0
-) -> list[Any]:
+def _ops(ds: qf.Dataset4D, center: tuple[float, float] = CENTER, scale: float = 1.0) -> list[Any]:
     return [
         qf.virtual_bf(ds, radius=5.0 * scale, center=center),
         qf.virtual_adf(ds, inner=7.5 * scale, outer=math.inf, center=center),

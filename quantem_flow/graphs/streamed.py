@@ -323,7 +323,7 @@ def _run_stored_chunk(
     # does not fit, incompressible data with its headers, reads into a new array)
     rows_per = max(b - a for a, b in pieces)
     with (
-        staged((rows_per * n_cols * frame_nbytes + (1 << 20),), np.uint8) as buffer,
+        staged((rows_per * n_cols * frame_nbytes + (1 << 20),), np.dtype(np.uint8)) as buffer,
         runtime.compile_timer() as compiled,
     ):
         for prows in pieces:
