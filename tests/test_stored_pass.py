@@ -22,10 +22,21 @@ from quantem_flow import config
 from quantem_flow.errors import CorruptChunkError, UnsupportedOperationError
 from quantem_flow.io.hdf5 import Hdf5Source
 from quantem_flow.runtimes import get_runtime
+from quantem_flow.runtimes.cpu import warmup
+from quantem_flow.runtimes.cpu.bitplane import BITPLANE_KEY, warm_bitplane
 from tests.io.writers import write_dectris
 
 h5py = pytest.importorskip("h5py")
 hdf5plugin = pytest.importorskip("hdf5plugin")
+
+
+@pytest.fixture(autouse=True)
+def _bitplane_kernel_ready() -> None:
+    """The kernel compiled (or loaded) in this process, as after a worker's first pass."""
+    if not warmup.is_ready(BITPLANE_KEY):
+        warm_bitplane()
+        warmup.mark_ready(BITPLANE_KEY)
+
 
 DET = (24, 20)
 SCAN = (10, 14)
@@ -279,6 +290,26 @@ def test_which_sources_read_frames_as_stored(tmp_path: Path, rng: np.random.Gene
             source.stored_block((0, 1), (0, SCAN[1]))
     np.save(tmp_path / "d.npy", data)
     assert qf.open(tmp_path / "d.npy").source.stored_frames_codec is None
+
+
+def test_the_first_use_compiles_in_the_background(
+    tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not yet run in the process: this pass decodes while the kernel compiles; same values."""
+    data = _frames(rng)
+    ds = qf.open(_write(tmp_path / "d.h5", data), dataset_path="/data", scan_shape=SCAN)
+    counted = _run(ds)
+    monkeypatch.setattr(warmup, "_ready", set())
+    monkeypatch.setattr(warmup, "_threads", {})
+    first = _run(ds)
+    _same_values(first, counted)
+    variant = _records(first[0])[0]["frame_pass_variant"]
+    assert "compiles in a background thread" in variant["stored"]
+    assert warmup.wait(BITPLANE_KEY, timeout_s=120)
+    again = _run(ds)
+    _same_values(again, counted)
+    assert "bit-plane counts" in _records(again[0])[0]["frame_pass_variant"]["kernel"]
+    assert _digest(first[0])["digest"] == _digest(again[0])["digest"]
 
 
 @pytest.mark.cluster

@@ -58,7 +58,10 @@ from ... import config
 from ...representations.stored import StoredFrames, lz4_block_decoder
 from .structure import WeightPlan, finish_moment_rows, structured_vectors
 
-__all__ = ["MAX_MASK_PLANES", "BitplanePass", "bitplane_pass_for"]
+__all__ = ["BITPLANE_KEY", "MAX_MASK_PLANES", "BitplanePass", "bitplane_pass_for", "warm_bitplane"]
+
+#: The kernel's key in :mod:`.warmup` (one compiled specialisation serves every dtype).
+BITPLANE_KEY = ("bitplane",)
 
 #: At most this many (distinct masks of a block) x (bit planes of a value): beyond it,
 #: decoding and the dot or cell kernels cost less (BF + ADF + CoM on 16-bit frames:
@@ -130,10 +133,12 @@ class BitplanePass:
         self.plane_weights = np.array([1 << p for p in range(bits)], dtype=np.int64)
         if self.dtype.kind == "i":
             self.plane_weights[-1] = -(1 << (bits - 1))
-        self.fill_totals = np.zeros(len(vectors), dtype=np.int64)
         self._blocks: dict[int, _BlockPlan] = {}
         self._lock = threading.Lock()
         self._scratch = threading.local()
+
+    #: See :data:`BITPLANE_KEY`.
+    warmup_key = BITPLANE_KEY
 
     @property
     def n_vectors(self) -> int:
@@ -532,3 +537,32 @@ def bitplane_pass_for(
         while len(_cache) > 32:
             _cache.pop(next(iter(_cache)))
     return bp, why
+
+
+def warm_bitplane() -> None:
+    """Compile (or load from Numba's cache) the kernel: one BF row on four small stored frames."""
+    import struct
+
+    from ...representations.encoded import _bitshuffle
+    from .structure import analyse_weights
+
+    shape = (8, 8)
+    frame = np.arange(64, dtype=np.uint16)
+    body = np.asarray(_bitshuffle().compress_lz4(frame, 64)).tobytes()
+    chunk = np.frombuffer(struct.pack(">QI", frame.nbytes, 128) + body, dtype=np.uint8)
+    stored = StoredFrames(
+        data=np.concatenate([chunk] * 4),
+        starts=np.arange(4, dtype=np.int64) * chunk.size,
+        sizes=np.full(4, chunk.size, dtype=np.int64),
+        unfiltered=np.zeros(4, dtype=bool),
+        dtype=np.dtype(np.uint16),
+        frame_shape=shape,
+        fill=0,
+        where="the bit-plane kernel's warm-up frames",
+        numbers=np.arange(4, dtype=np.int64),
+    )
+    plan = analyse_weights(np.ones((1, 64)), frame_shape=shape, force=True)
+    out = np.zeros((4, plan.n_out))
+    BitplanePass(plan, np.dtype(np.uint16)).run(stored, out)
+    if not np.all(out[:, 0] == frame.sum()):  # pragma: no cover - a broken build
+        raise RuntimeError(f"the bit-plane kernel's warm-up summed {out[:, 0]}, not {frame.sum()}")

@@ -124,6 +124,7 @@ class PreparedFramePass:
         self._decoded: np.ndarray | None = None
         self.kernel_key = self._kernel_key()
         self._exact: ExactPass | None = None
+        self._background_jit = bool(background_jit)
         if background_jit and self._dot is None and not warmup.is_ready(self.kernel_key):
             self._start_background(w, frame_shape, structured)
 
@@ -260,6 +261,7 @@ class PreparedFramePass:
         bitplane = self._stored[0]
         if bitplane is not None and stored.dtype == bitplane.dtype:
             bitplane.run(stored, self._out[self._pos : self._pos + n])
+            warmup.mark_ready(bitplane.warmup_key)
             self._pos += n
             return
         # decoded a cache-sized piece at a time into one reused buffer, each run while in cache
@@ -275,7 +277,7 @@ class PreparedFramePass:
 
     def _choose_stored(self, stored: StoredFrames) -> tuple[Any, str]:
         """The bit-plane pass for stored frames, or ``None``; the variant records the choice."""
-        from .bitplane import bitplane_pass_for
+        from .bitplane import BITPLANE_KEY, bitplane_pass_for, warm_bitplane
 
         if self._plan is None:
             why = "bit-plane kernel: the pass has no structured rows"
@@ -287,6 +289,16 @@ class PreparedFramePass:
             found, why = bitplane_pass_for(
                 self._plan, stored.dtype, want_patterns=self._want_sum or self._want_max
             )
+        if found is not None and self._background_jit and not warmup.is_ready(BITPLANE_KEY):
+            # its first use in this process (an empty Numba cache compiles it for ~1.7 s): it
+            # compiles in a background thread, this chunk decodes (the same values)
+            warmup.start(BITPLANE_KEY, warm_bitplane)
+            self.variant["stored"] = (
+                "decoded, then the kernels below, while the bit-plane kernel compiles in a "
+                "background thread (its first use in this process); later chunks count on the "
+                f"bit planes ({why})"
+            )
+            return None, why
         if found is not None:
             # the plan's own record (not the exact NumPy stand-in's, nor the dot kernel's)
             self.variant = self._plan.describe(self._dtype)
