@@ -1,10 +1,12 @@
 """One mechanism for every kind of extension: :class:`Registry`.
 
-A registry holds one kind of extension (representations today; readers,
+A registry holds one kind of extension (representations and readers;
 runtimes and pipeline operations are to join it, issue 28):
 
 - **built-in rows**, ``name -> "module:attribute"`` strings, imported on
-  first use only (a bare ``import quantem_flow`` imports none of them);
+  first use only (a bare ``import quantem_flow`` imports none of them), or
+  light declarations made without importing anything (a reader's row:
+  its class as a string, its sniffer and suffixes);
 - **an entry-point group** per kind (``quantem_flow.representations``...),
   read once, lazily: an installed distribution joins by declaring, in its
   ``pyproject.toml``, ``[project.entry-points."quantem_flow.<kind>"]`` with
@@ -14,8 +16,9 @@ runtimes and pipeline operations are to join it, issue 28):
 
 A broken plug-in (its module does not import, its attribute is not of the
 kind, it reuses a built-in's name) is reported: a warning naming its
-distribution when the group is read, :meth:`Registry.errors`, and the
-error raised when its name is asked for.  It never hides the built-ins.
+distribution when the group is read or the plug-in loaded,
+:meth:`Registry.errors`, and the error raised when its name is asked for.
+It never hides the built-ins.
 """
 
 from __future__ import annotations
@@ -81,24 +84,31 @@ class Registry(Generic[T]):
     group
         The entry-point group (``"quantem_flow.representations"``).
     builtins
-        ``{name: "module:attribute"}`` of the built-in rows.
+        ``{name: row}`` of the built-in rows: ``"module:attribute"`` strings
+        (imported on first use) or objects handed to ``make`` as they are.
     make
-        Turns a loaded attribute into the registry's value (instantiating a
-        class, checking its type), or raises ``TypeError`` saying why it
-        cannot be one; called once per name.
+        Turns a loaded attribute (or a built-in row object) into the
+        registry's value (instantiating a class, checking its type), or
+        raises ``TypeError`` saying why it cannot be one; called once per name.
+    warning
+        The warning category of reports about broken plug-ins (a subclass of
+        :class:`PluginWarning`).
     """
 
     def __init__(
         self,
         kind: str,
         group: str,
-        builtins: Mapping[str, str],
+        builtins: Mapping[str, Any],
         make: Callable[[str, Any], T],
+        *,
+        warning: type[PluginWarning] = PluginWarning,
     ) -> None:
         self.kind = kind
         self.group = group
         self._builtins = dict(builtins)
         self._make = make
+        self._warning = warning
         self._lock = threading.RLock()
         self._plugins: dict[str, tuple[str, str]] | None = None  # name -> (target, origin)
         self._errors: dict[str, str] = {}
@@ -124,6 +134,14 @@ class Registry(Generic[T]):
             return plugin[1]
         raise self._unknown(name)
 
+    def target(self, name: str) -> str | None:
+        """The ``"module:attribute"`` a built-in string row or a plug-in names (else ``None``)."""
+        row = self._builtins.get(name)
+        if isinstance(row, str):
+            return row
+        plugin = None if row is not None else self._entry_points().get(name)
+        return None if plugin is None else plugin[0]
+
     def errors(self) -> dict[str, str]:
         """``{name: message}`` of the entry points that could not be registered."""
         self._entry_points()
@@ -137,7 +155,8 @@ class Registry(Generic[T]):
             if name in self._values:
                 return self._values[name]
             if name in self._builtins:
-                value = self._make(name, load_attribute(self._builtins[name]))
+                row = self._builtins[name]
+                value = self._make(name, load_attribute(row) if isinstance(row, str) else row)
             else:
                 plugin = self._entry_points().get(name)
                 if plugin is None:
@@ -148,9 +167,14 @@ class Registry(Generic[T]):
                     message = (
                         f"the {self.kind} {name!r} of {plugin[1]} (entry point "
                         f"{plugin[0]!r}, group {self.group!r}) failed to load: "
-                        f"{type(exc).__name__}: {exc}"
+                        f"{type(exc).__name__}: {exc}. It is not registered; fix or uninstall "
+                        "its distribution"
                     )
+                    first = name not in self._errors
                     self._errors[name] = message
+                    if first:
+                        warnings.warn(message, self._warning, stacklevel=3)
+                        logger.warning("quantem-flow: %s", message)
                     raise ParameterError(message) from exc
             self._values[name] = value
             return value
@@ -210,6 +234,6 @@ class Registry(Generic[T]):
             self._plugins = found
             self._errors.update(errors)
         for message in errors.values():
-            warnings.warn(message, PluginWarning, stacklevel=3)
+            warnings.warn(message, self._warning, stacklevel=3)
             logger.warning("quantem-flow: %s", message)
         return found

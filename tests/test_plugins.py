@@ -103,11 +103,18 @@ def test_an_installed_distribution_adds_a_representation(site: Path) -> None:
         rep.gather(rep.from_dense(block), np.array([0, 5, 23])), block.reshape(6, 24)[:, [0, 5, 23]]
     )
     assert REPRESENTATION_REGISTRY.origin("halves") == "distribution 'qf_halves 0.1'"
-    with pytest.raises(
-        ParameterError, match=r"'broken' of distribution 'qf_halves 0\.1'.*not-its-row"
+    with (
+        pytest.warns(PluginWarning, match="fix or uninstall its distribution"),
+        pytest.raises(
+            ParameterError, match=r"'broken' of distribution 'qf_halves 0\.1'.*not-its-row"
+        ),
     ):
         get_representation("broken")
     assert "broken" in REPRESENTATION_REGISTRY.errors()
+    with warnings.catch_warnings():  # reported once: asking again raises without a warning
+        warnings.simplefilter("error")
+        with pytest.raises(ParameterError, match="not-its-row"):
+            get_representation("broken")
 
 
 def test_registering_in_process_and_the_targets_checked() -> None:

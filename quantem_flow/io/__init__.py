@@ -18,13 +18,16 @@ import numpy as np
 
 from ..errors import FormatError, ParameterError, QuantemFlowError, SourceNotFoundError
 from .base import FrameSource, Source, SourceIdentity
+from .registry import ReaderEntry
 
 __all__ = [
+    "BUILTIN_READERS",
     "GENERIC_READERS",
     "READERS",
     "SNIFFERS",
     "SUFFIXES",
     "FrameSource",
+    "ReaderEntry",
     "Source",
     "SourceIdentity",
     "detect_format",
@@ -34,72 +37,84 @@ __all__ = [
     "reader_names",
 ]
 
-# A built-in reader is one entry in each of READERS, SNIFFERS and SUFFIXES
-# (docs/readers.md); third-party readers register through the entry-point
-# group "quantem_flow.readers" (quantem_flow.io.registry).  Modules import
-# lazily so that opening an .npy file never imports h5py or zarr.
+# A built-in reader is one row of BUILTIN_READERS (docs/readers.md): its class, its
+# content sniffer and its suffixes, as strings, so nothing is imported until it is used
+# (opening an .npy file never imports h5py or zarr). Third-party readers join through the
+# entry-point group "quantem_flow.readers", declaring the same as class attributes
+# (quantem_flow.io.registry; both kinds live in one quantem_flow.plugins.Registry).
 
+#: The built-in readers, one row each: format name, ``"module:Class"`` of its
+#: :class:`Source`, ``"module:sniff"`` (``sniff(path, head) -> bool`` says from the first
+#: 4096 bytes, ``b""`` for a directory, whether a file is in the format; ``None``: never
+#: detected by content, as raw binary), lower-case name endings (which choose between
+#: readers recognising the same content, and name the reader when none does), and
+#: ``generic`` for a reader of any file of a container format (generic HDF5: chosen only
+#: when no specific reader recognises the file).
+BUILTIN_READERS: tuple[ReaderEntry, ...] = (
+    ReaderEntry("memory", "quantem_flow.io.memory:ArraySource"),
+    ReaderEntry("npy", "quantem_flow.io.npy:NpySource", "quantem_flow.io.sniffers:npy", (".npy",)),
+    ReaderEntry("raw", "quantem_flow.io.raw:RawSource"),
+    ReaderEntry(
+        "hdf5",
+        "quantem_flow.io.hdf5:Hdf5Source",
+        "quantem_flow.io.sniffers:hdf5",
+        (".h5", ".hdf5", ".hdf", ".nxs", ".emd", ".he5"),
+        generic=True,
+    ),
+    ReaderEntry(
+        "dectris",
+        "quantem_flow.io.dectris:DectrisSource",
+        "quantem_flow.io.dectris:sniff",
+        ("_master.h5", "_master.hdf5"),
+    ),
+    ReaderEntry(
+        "zarr", "quantem_flow.io.zarr_store:ZarrSource", "quantem_flow.io.sniffers:zarr", (".zarr",)
+    ),
+    ReaderEntry(
+        "empad", "quantem_flow.io.empad:EmpadSource", "quantem_flow.io.empad:sniff", (".xml",)
+    ),
+    ReaderEntry(
+        "mib",
+        "quantem_flow.io.merlin:MerlinSource",
+        "quantem_flow.io.sniffers:mib",
+        (".mib", ".hdr"),
+    ),
+    ReaderEntry(
+        "counted", "quantem_flow.io.counted:CountedSource", "quantem_flow.io.counted:sniff"
+    ),
+    ReaderEntry("dm4", "quantem_flow.io.dm4:Dm4Source", "quantem_flow.io.dm4:sniff", (".dm4",)),
+    ReaderEntry(
+        "emd", "quantem_flow.io.emd:EmdSource", "quantem_flow.io.emd:sniff", (".emd", ".py4dstem")
+    ),
+    ReaderEntry(
+        "velox", "quantem_flow.io.velox:VeloxSource", "quantem_flow.io.velox:sniff", (".emd",)
+    ),
+    ReaderEntry(
+        "blockfile",
+        "quantem_flow.io.blockfile:BlockfileSource",
+        "quantem_flow.io.blockfile:sniff",
+        (".blo",),
+    ),
+    ReaderEntry(
+        "ser", "quantem_flow.io.ser:SerSource", "quantem_flow.io.ser:sniff", (".ser", ".emi")
+    ),
+    ReaderEntry(
+        "mrc", "quantem_flow.io.mrc:MrcSource", "quantem_flow.io.mrc:sniff", (".mrc", ".mrcs")
+    ),
+    ReaderEntry(
+        "tvips", "quantem_flow.io.tvips:TvipsSource", "quantem_flow.io.tvips:sniff", (".tvips",)
+    ),
+)
+
+# Views of the rows, by column (kept for code written against the earlier three tables).
 #: Format name -> ``"module:Class"`` of its :class:`Source`.
-READERS: dict[str, str] = {
-    "memory": "quantem_flow.io.memory:ArraySource",
-    "npy": "quantem_flow.io.npy:NpySource",
-    "raw": "quantem_flow.io.raw:RawSource",
-    "hdf5": "quantem_flow.io.hdf5:Hdf5Source",
-    "dectris": "quantem_flow.io.dectris:DectrisSource",
-    "zarr": "quantem_flow.io.zarr_store:ZarrSource",
-    "empad": "quantem_flow.io.empad:EmpadSource",
-    "mib": "quantem_flow.io.merlin:MerlinSource",
-    "counted": "quantem_flow.io.counted:CountedSource",
-    "dm4": "quantem_flow.io.dm4:Dm4Source",
-    "emd": "quantem_flow.io.emd:EmdSource",
-    "velox": "quantem_flow.io.velox:VeloxSource",
-    "blockfile": "quantem_flow.io.blockfile:BlockfileSource",
-    "ser": "quantem_flow.io.ser:SerSource",
-    "mrc": "quantem_flow.io.mrc:MrcSource",
-    "tvips": "quantem_flow.io.tvips:TvipsSource",
-}
-
-#: Format name -> ``"module:sniff"``: ``sniff(path, head) -> bool`` says from the
-#: first 4096 bytes (``b""`` for a directory) whether a file is in the format.
-#: Formats without a sniffer (``raw``) are never detected by content.
-SNIFFERS: dict[str, str] = {
-    "npy": "quantem_flow.io.sniffers:npy",
-    "hdf5": "quantem_flow.io.sniffers:hdf5",
-    "dectris": "quantem_flow.io.dectris:sniff",
-    "zarr": "quantem_flow.io.sniffers:zarr",
-    "empad": "quantem_flow.io.empad:sniff",
-    "mib": "quantem_flow.io.sniffers:mib",
-    "counted": "quantem_flow.io.counted:sniff",
-    "dm4": "quantem_flow.io.dm4:sniff",
-    "emd": "quantem_flow.io.emd:sniff",
-    "velox": "quantem_flow.io.velox:sniff",
-    "blockfile": "quantem_flow.io.blockfile:sniff",
-    "ser": "quantem_flow.io.ser:sniff",
-    "mrc": "quantem_flow.io.mrc:sniff",
-    "tvips": "quantem_flow.io.tvips:sniff",
-}
-
-#: Format name -> lower-case name endings of its files; used to choose between
-#: readers that recognise the same content, and when none recognises it.
-SUFFIXES: dict[str, tuple[str, ...]] = {
-    "npy": (".npy",),
-    "hdf5": (".h5", ".hdf5", ".hdf", ".nxs", ".emd", ".he5"),
-    "dectris": ("_master.h5", "_master.hdf5"),
-    "zarr": (".zarr",),
-    "empad": (".xml",),
-    "mib": (".mib", ".hdr"),
-    "dm4": (".dm4",),
-    "emd": (".emd", ".py4dstem"),
-    "velox": (".emd",),
-    "blockfile": (".blo",),
-    "ser": (".ser", ".emi"),
-    "mrc": (".mrc", ".mrcs"),
-    "tvips": (".tvips",),
-}
-
-#: Readers that open any file of a container format (any HDF5 file): chosen
-#: only when no specific reader recognises the file.
-GENERIC_READERS: frozenset[str] = frozenset({"hdf5"})
+READERS: dict[str, str] = {r.name: r.target for r in BUILTIN_READERS}
+#: Format name -> ``"module:sniff"`` of the readers detected by content.
+SNIFFERS: dict[str, str] = {r.name: str(r.sniffer) for r in BUILTIN_READERS if r.sniffer}
+#: Format name -> lower-case name endings of its files.
+SUFFIXES: dict[str, tuple[str, ...]] = {r.name: r.suffixes for r in BUILTIN_READERS if r.suffixes}
+#: Readers that open any file of a container format.
+GENERIC_READERS: frozenset[str] = frozenset(r.name for r in BUILTIN_READERS if r.generic)
 
 
 def reader_class(fmt: str) -> Callable[..., Source]:

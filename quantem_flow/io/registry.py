@@ -1,14 +1,13 @@
 """The reader registry: which readers exist, and which one opens a file.
 
-Where readers come from, in order:
+Readers live in one :class:`quantem_flow.plugins.Registry` (the mechanism
+every kind of extension shares).  Where they come from, in order:
 
-1. the built-in readers, one entry in each of the tables of
-   :mod:`quantem_flow.io`: :data:`~quantem_flow.io.READERS` (name ->
-   ``"module:Class"``), :data:`~quantem_flow.io.SNIFFERS` (name ->
-   ``"module:sniff"``) and :data:`~quantem_flow.io.SUFFIXES` (name -> lower-case
-   suffixes); :data:`~quantem_flow.io.GENERIC_READERS` names those that open
-   any file of a container format (generic HDF5), chosen only when no
-   specific reader recognises the file;
+1. the built-in readers, one row each in :data:`~quantem_flow.io.BUILTIN_READERS`
+   (a :class:`ReaderEntry`: format name, ``"module:Class"``, ``"module:sniff"``,
+   lower-case suffixes, and ``generic`` for a reader of any file of a
+   container format, generic HDF5, chosen only when no specific reader
+   recognises the file); nothing is imported until it is used;
 2. installed distributions, through the entry-point group
    ``quantem_flow.readers`` (:data:`ENTRY_POINT_GROUP`), read once, lazily.
    The entry point's name is the format name and its value
@@ -40,13 +39,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from ..errors import FormatError, ParameterError
-from ..plugins import distribution_label, load_attribute
+from ..plugins import PluginWarning, Registry, load_attribute
 from .base import Source, check_exists
 
 __all__ = [
@@ -70,7 +68,7 @@ ENTRY_POINT_GROUP = "quantem_flow.readers"
 Sniffer = Callable[[Path, bytes], bool]
 
 
-class ReaderRegistryWarning(UserWarning):
+class ReaderRegistryWarning(PluginWarning):
     """An installed reader's entry point could not be registered (it names the distribution)."""
 
 
@@ -84,11 +82,11 @@ class ReaderEntry:
         Format name (``format=`` of :func:`quantem_flow.open`).
     target
         ``"module:Class"`` of the :class:`~quantem_flow.io.base.Source` subclass.
-    suffixes
-        Lower-case endings of the names of its files (``(".npy",)``).
     sniffer
         ``"module:function"``, a callable ``(path, head) -> bool``, or
         ``None`` when the format is never detected by content.
+    suffixes
+        Lower-case endings of the names of its files (``(".npy",)``).
     generic
         Whether it opens any file of a container format (chosen only when
         no specific reader recognises the file).
@@ -98,8 +96,8 @@ class ReaderEntry:
 
     name: str
     target: str
-    suffixes: tuple[str, ...] = ()
     sniffer: str | Sniffer | None = None
+    suffixes: tuple[str, ...] = ()
     generic: bool = False
     origin: str = "built-in"
 
@@ -155,11 +153,6 @@ class Detection:
     matched: tuple[str, ...] = ()
 
 
-_lock = threading.RLock()
-_from_entry_points: dict[str, ReaderEntry] | None = None
-_entry_point_errors: dict[str, str] = {}
-
-
 def _load_class(target: str) -> type[Source]:
     cls = load_attribute(target)
     if not (isinstance(cls, type) and issubclass(cls, Source)):
@@ -167,23 +160,10 @@ def _load_class(target: str) -> type[Source]:
     return cls
 
 
-def _builtins() -> dict[str, ReaderEntry]:
-    from . import GENERIC_READERS, READERS, SNIFFERS, SUFFIXES
-
-    return {
-        name: ReaderEntry(
-            name=name,
-            target=target,
-            suffixes=tuple(s.lower() for s in SUFFIXES.get(name, ())),
-            sniffer=SNIFFERS.get(name),
-            generic=name in GENERIC_READERS,
-        )
-        for name, target in READERS.items()
-    }
-
-
-def _entry_from_class(name: str, target: str, cls: type[Source], dist: str) -> ReaderEntry:
+def _entry_from_class(name: str, cls: Any) -> ReaderEntry:
     """Build the registry entry of a plugin class, or raise why it cannot be one."""
+    if not (isinstance(cls, type) and issubclass(cls, Source)):
+        raise TypeError(f"it is not a quantem_flow.io.Source subclass: {cls!r}")
     if cls.format != name:
         raise TypeError(
             f"its class declares format={cls.format!r}, not the entry point's name {name!r}; "
@@ -207,69 +187,59 @@ def _entry_from_class(name: str, target: str, cls: type[Source], dist: str) -> R
         )
     return ReaderEntry(
         name=name,
-        target=target,
-        suffixes=tuple(s.lower() for s in suffixes),
+        target=f"{cls.__module__}:{cls.__qualname__}",
         sniffer=sniffer,
+        suffixes=tuple(s.lower() for s in suffixes),
         generic=bool(getattr(cls, "generic", False)),
-        origin=f"distribution {dist!r}",
     )
 
 
-def _load_entry_points() -> dict[str, ReaderEntry]:
-    global _from_entry_points
-    with _lock:
-        if _from_entry_points is not None:
-            return _from_entry_points
-        from importlib.metadata import entry_points
+def _make(name: str, row: Any) -> ReaderEntry:
+    """A built-in row as it is; a plug-in's class as the entry its class attributes declare."""
+    return row if isinstance(row, ReaderEntry) else _entry_from_class(name, row)
 
-        builtin = _builtins()
-        found: dict[str, ReaderEntry] = {}
-        errors: dict[str, str] = {}
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            dist = distribution_label(ep)
-            where = f"entry point {ep.name!r} = {ep.value!r} of distribution {dist!r}"
-            if ep.name in builtin:
-                errors[ep.name] = (
-                    f"{where} (group {ENTRY_POINT_GROUP!r}) declares {ep.name!r}, a built-in "
-                    "reader it may not replace; it is ignored. Rename the entry point"
-                )
-                continue
-            if ep.name in found:
-                errors[ep.name] = (
-                    f"{where} declares {ep.name!r}, already declared by {found[ep.name].origin}; "
-                    "it is ignored"
-                )
-                continue
-            try:
-                cls = _load_class(ep.value)
-                found[ep.name] = _entry_from_class(ep.name, ep.value, cls, dist)
-            except Exception as exc:  # any failure of third-party code: report, never break
-                errors[ep.name] = (
-                    f"{where} (group {ENTRY_POINT_GROUP!r}) failed to load: "
-                    f"{type(exc).__name__}: {exc}. Its reader is not registered; fix or "
-                    f"uninstall {dist.split(' ')[0]!r}"
-                )
-        _from_entry_points = found
-        _entry_point_errors.clear()
-        _entry_point_errors.update(errors)
-    for message in errors.values():
-        warnings.warn(message, ReaderRegistryWarning, stacklevel=3)
-        logger.warning("quantem-flow: %s", message)
-    return found
+
+_registry: Registry[ReaderEntry] | None = None
+_registry_lock = threading.Lock()
+
+
+def _readers() -> Registry[ReaderEntry]:
+    global _registry
+    with _registry_lock:
+        if _registry is None:
+            from . import BUILTIN_READERS
+
+            _registry = Registry(
+                "reader",
+                ENTRY_POINT_GROUP,
+                {row.name: row for row in BUILTIN_READERS},
+                _make,
+                warning=ReaderRegistryWarning,
+            )
+        return _registry
 
 
 def clear_reader_cache() -> None:
     """Forget the entry points read so far (the next lookup reads them again)."""
-    global _from_entry_points
-    with _lock:
-        _from_entry_points = None
-        _entry_point_errors.clear()
+    _readers().clear()
 
 
 def readers() -> dict[str, ReaderEntry]:
-    """Return ``{name: ReaderEntry}`` of every registered reader, built-ins first."""
-    out = _builtins()
-    out.update(_load_entry_points())
+    """Return ``{name: ReaderEntry}`` of every registered reader, built-ins first.
+
+    Every installed plug-in is loaded (detection asks each one's sniffer); a
+    broken one is left out, reported by :func:`reader_entry_point_errors` and
+    a :class:`ReaderRegistryWarning` naming its distribution.
+    """
+    registry = _readers()
+    out: dict[str, ReaderEntry] = {}
+    for name in registry.names():
+        try:
+            entry = registry.get(name)
+        except ParameterError:  # a broken plug-in: reported by the registry
+            continue
+        origin = registry.origin(name)
+        out[name] = entry if entry.origin == origin else dataclasses.replace(entry, origin=origin)
     return out
 
 
@@ -280,9 +250,8 @@ def reader_names() -> list[str]:
 
 def reader_entry_point_errors() -> dict[str, str]:
     """Return ``{entry point name: message}`` of reader entry points that failed."""
-    _load_entry_points()
-    with _lock:
-        return dict(_entry_point_errors)
+    readers()
+    return _readers().errors()
 
 
 def reader_class(fmt: str) -> type[Source]:
