@@ -1,7 +1,7 @@
 """One mechanism for every kind of extension: :class:`Registry`.
 
-A registry holds one kind of extension (representations and readers;
-runtimes and pipeline operations are to join it, issue 28):
+A registry holds one kind of extension (representations, readers and runtimes;
+pipeline operations are to join it, issue 28):
 
 - **built-in rows**, ``name -> "module:attribute"`` strings, imported on
   first use only (a bare ``import quantem_flow`` imports none of them), or
@@ -93,6 +93,18 @@ class Registry(Generic[T]):
     warning
         The warning category of reports about broken plug-ins (a subclass of
         :class:`PluginWarning`).
+    several
+        For kinds whose entry points may declare several rows at once (a
+        runtime package's list of declarations): ``several(where, loaded) ->
+        values`` turns a loaded entry point into its values (raising
+        ``TypeError`` saying why it cannot), and ``name_of(value)`` names
+        each.  Such a group is loaded whole when it is first read; the
+        entry point's own name only labels its errors.
+    name_of
+        See ``several``.
+    builtins_replaceable
+        Whether :meth:`register` may replace a built-in row in this process
+        (``replace=True``).
     """
 
     def __init__(
@@ -103,14 +115,23 @@ class Registry(Generic[T]):
         make: Callable[[str, Any], T],
         *,
         warning: type[PluginWarning] = PluginWarning,
+        several: Callable[[str, Any], list[T]] | None = None,
+        name_of: Callable[[T], str] | None = None,
+        builtins_replaceable: bool = False,
     ) -> None:
+        if (several is None) != (name_of is None):
+            raise ParameterError("several and name_of go together: pass both or neither")
         self.kind = kind
         self.group = group
         self._builtins = dict(builtins)
         self._make = make
         self._warning = warning
+        self._several = several
+        self._name_of = name_of
+        self._builtins_replaceable = builtins_replaceable
         self._lock = threading.RLock()
-        self._plugins: dict[str, tuple[str, str]] | None = None  # name -> (target, origin)
+        # name -> (target, origin, distribution label)
+        self._plugins: dict[str, tuple[str, str, str]] | None = None
         self._errors: dict[str, str] = {}
         self._registered: dict[str, T] = {}
         self._values: dict[str, T] = {}
@@ -133,6 +154,17 @@ class Registry(Generic[T]):
         if plugin is not None:
             return plugin[1]
         raise self._unknown(name)
+
+    def builtin_names(self) -> tuple[str, ...]:
+        """The built-in rows' names, in their order."""
+        return tuple(self._builtins)
+
+    def distribution(self, name: str) -> str | None:
+        """``"name version"`` of the distribution a plug-in row came from (else ``None``)."""
+        if name in self._registered or name in self._builtins:
+            return None
+        plugin = self._entry_points().get(name)
+        return None if plugin is None else plugin[2]
 
     def target(self, name: str) -> str | None:
         """The ``"module:attribute"`` a built-in string row or a plug-in names (else ``None``)."""
@@ -161,6 +193,8 @@ class Registry(Generic[T]):
                 plugin = self._entry_points().get(name)
                 if plugin is None:
                     raise self._unknown(name)
+                if name in self._values:  # a group of several rows: made when it was read
+                    return self._values[name]
                 try:
                     value = self._make(name, load_attribute(plugin[0]))
                 except Exception as exc:  # third-party code: report, never break the rest
@@ -181,10 +215,13 @@ class Registry(Generic[T]):
 
     # -- in process --------------------------------------------------------------------
     def register(self, name: str, value: T, *, replace: bool = False) -> None:
-        """Register ``value`` as ``name`` in this process (not a built-in's name)."""
+        """Register ``value`` as ``name`` in this process (a built-in name if replaceable)."""
         with self._lock:
-            if name in self._builtins:
-                raise ParameterError(f"{name!r} is a built-in {self.kind}; it cannot be replaced")
+            if name in self._builtins and not (self._builtins_replaceable and replace):
+                raise ParameterError(
+                    f"{name!r} is a built-in {self.kind}; it cannot be replaced"
+                    + ("" if not self._builtins_replaceable else " unless replace=True")
+                )
             if name in self._registered and not replace:
                 raise ParameterError(
                     f"a {self.kind} {name!r} is already registered; pass replace=True"
@@ -208,18 +245,21 @@ class Registry(Generic[T]):
         why = f"; {self._errors[name]}" if name in self._errors else ""
         return ParameterError(f"unknown {self.kind} {name!r}; known: {self.names()}{why}")
 
-    def _entry_points(self) -> dict[str, tuple[str, str]]:
+    def _entry_points(self) -> dict[str, tuple[str, str, str]]:
         with self._lock:
             if self._plugins is not None:
                 return self._plugins
             from importlib.metadata import entry_points
 
-            found: dict[str, tuple[str, str]] = {}
+            found: dict[str, tuple[str, str, str]] = {}
             errors: dict[str, str] = {}
             for ep in entry_points(group=self.group):
-                origin = f"distribution {distribution_label(ep)!r}"
+                label = distribution_label(ep)
+                origin = f"distribution {label!r}"
                 where = f"entry point {ep.name!r} = {ep.value!r} of {origin}"
-                if ep.name in self._builtins:
+                if self._several is not None:
+                    self._read_several(ep, where, label, found, errors)
+                elif ep.name in self._builtins:
                     errors[ep.name] = (
                         f"{where} (group {self.group!r}) declares {ep.name!r}, a built-in "
                         f"{self.kind} it may not replace; it is ignored. Rename the entry point"
@@ -230,10 +270,47 @@ class Registry(Generic[T]):
                         f"{found[ep.name][1]}; it is ignored"
                     )
                 else:
-                    found[ep.name] = (str(ep.value), origin)
+                    found[ep.name] = (str(ep.value), origin, label)
             self._plugins = found
             self._errors.update(errors)
         for message in errors.values():
             warnings.warn(message, self._warning, stacklevel=3)
             logger.warning("quantem-flow: %s", message)
         return found
+
+    def _read_several(
+        self,
+        ep: Any,
+        where: str,
+        label: str,
+        found: dict[str, tuple[str, str, str]],
+        errors: dict[str, str],
+    ) -> None:
+        """Load one entry point of a group whose entry points declare several rows."""
+        assert self._several is not None and self._name_of is not None
+        origin = f"distribution {label!r}"
+        try:
+            values = self._several(where, ep.load())
+        except Exception as exc:  # third-party code: report, never break the rest
+            errors[ep.name] = (
+                f"{where} (group {self.group!r}) failed to load: {type(exc).__name__}: {exc}. "
+                f"Its {self.kind} is not registered; fix or uninstall {label.split(' ')[0]!r}"
+            )
+            return
+        for value in values:
+            name = self._name_of(value)
+            if name in self._builtins:
+                problem = f"declares {name!r}, a built-in {self.kind} it may not replace"
+            elif name in found:
+                problem = f"declares {name!r}, already declared by {found[name][1]}"
+            else:
+                try:
+                    self._values[name] = self._make(name, value)
+                except Exception as exc:  # third-party code: report, never break the rest
+                    errors.setdefault(
+                        name, f"{where} declares {name!r}: {type(exc).__name__}: {exc}"
+                    )
+                    continue
+                found[name] = (str(ep.value), origin, label)
+                continue
+            errors.setdefault(name, f"{where} {problem}; it is ignored")

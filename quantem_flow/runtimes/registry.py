@@ -16,7 +16,7 @@ declarations: the capability manifest (:func:`manifest`), the
 
 Where the declarations come from, in order:
 
-1. the built-in ``cpu``, ``cuda`` and ``mps`` runtimes (:data:`BUILTIN_SPECS`;
+1. the built-in ``cpu``, ``cuda`` and ``mps`` runtimes (:data:`BUILTIN_RUNTIMES`;
    each declaration lives next to its runtime, in ``<runtime>/spec.py``);
 2. installed distributions, through the entry-point group
    ``quantem_flow.runtimes`` (:data:`ENTRY_POINT_GROUP`), read once, lazily,
@@ -25,7 +25,12 @@ Where the declarations come from, in order:
    reported with a :class:`RuntimeRegistryWarning` naming its distribution
    (and again as a :class:`~quantem_flow.errors.RuntimeUnavailableError`
    if its runtime is asked for); it never hides the built-in runtimes;
-3. :func:`register_runtime`, in process (tests, an external-runtime bridge).
+3. :func:`register_runtime`, in process (tests, an external-runtime bridge,
+   and the external runtimes of :data:`ON_REQUEST`, registered when named).
+
+All three live in one :class:`quantem_flow.plugins.Registry`, the mechanism
+every kind of extension shares (a runtime entry point may declare several
+runtimes, so the group is read whole).
 
 A third-party package declares, in its ``pyproject.toml``::
 
@@ -39,7 +44,6 @@ import dataclasses
 import logging
 import re
 import threading
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +56,7 @@ if TYPE_CHECKING:
     from .base import Runtime
 
 __all__ = [
+    "BUILTIN_RUNTIMES",
     "BUILTIN_SPECS",
     "ENTRY_POINT_GROUP",
     "ON_REQUEST",
@@ -79,12 +84,14 @@ logger = logging.getLogger(__name__)
 #: The entry-point group third-party runtimes register in.
 ENTRY_POINT_GROUP = "quantem_flow.runtimes"
 
-#: ``"module:attribute"`` of the built-in declarations, in this order.
-BUILTIN_SPECS = (
-    "quantem_flow.runtimes.cpu.spec:SPEC",
-    "quantem_flow.runtimes.cuda.spec:SPEC",
-    "quantem_flow.runtimes.mps.spec:SPEC",
-)
+#: The built-in runtimes, one row each: name -> ``"module:attribute"`` of its declaration.
+BUILTIN_RUNTIMES: dict[str, str] = {
+    "cpu": "quantem_flow.runtimes.cpu.spec:SPEC",
+    "cuda": "quantem_flow.runtimes.cuda.spec:SPEC",
+    "mps": "quantem_flow.runtimes.mps.spec:SPEC",
+}
+#: ``"module:attribute"`` of the built-in declarations, in this order (a view of the rows).
+BUILTIN_SPECS = tuple(BUILTIN_RUNTIMES.values())
 
 #: ``"module:function"`` of providers of runtimes registered when first named,
 #: called as ``provider([name]) -> names registered``.  The external runtimes
@@ -109,7 +116,7 @@ _TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _COMPLEX = ("complex128", "complex64")
 
 
-class RuntimeRegistryWarning(UserWarning):
+class RuntimeRegistryWarning(plugins.PluginWarning):
     """A runtime declaration from an installed distribution could not be registered."""
 
 
@@ -415,31 +422,33 @@ def dtype_name(dtype: Any) -> str:
 
 # -- registry state ---------------------------------------------------------------------------
 _lock = threading.RLock()
-_builtins: dict[str, RuntimeSpec] | None = None
-_from_entry_points: dict[str, RuntimeSpec] | None = None
-_entry_point_errors: dict[str, str] = {}
-_registered: dict[str, RuntimeSpec] = {}
 _instances: dict[str, Runtime] = {}
 
 
+def _make_spec(name: str, spec: Any) -> RuntimeSpec:
+    """A loaded declaration, checked, with its residency announced to the chunk layer."""
+    if not isinstance(spec, RuntimeSpec):
+        raise TypeError(f"it is not a RuntimeSpec: {spec!r}")
+    if spec.name != name:
+        raise TypeError(f"it declares the runtime {spec.name!r}, not {name!r}")
+    _announce_residency(spec)
+    return spec
+
+
+_registry: plugins.Registry[RuntimeSpec] = plugins.Registry(
+    "runtime",
+    ENTRY_POINT_GROUP,
+    BUILTIN_RUNTIMES,
+    _make_spec,
+    warning=RuntimeRegistryWarning,
+    several=lambda where, loaded: _specs_of(loaded, where),
+    name_of=lambda spec: spec.name,
+    builtins_replaceable=True,
+)
+
+
 def _builtin_names() -> tuple[str, ...]:
-    return tuple(_load_builtins())
-
-
-def _load_builtins() -> dict[str, RuntimeSpec]:
-    global _builtins
-    with _lock:
-        if _builtins is None:
-            out: dict[str, RuntimeSpec] = {}
-            for target in BUILTIN_SPECS:
-                spec = load_attribute(target)
-                if not isinstance(spec, RuntimeSpec):  # pragma: no cover - a packaging bug
-                    raise TypeError(f"{target} is not a RuntimeSpec: {spec!r}")
-                out[spec.name] = spec
-            _builtins = out
-            for spec in out.values():
-                _announce_residency(spec)
-        return _builtins
+    return _registry.builtin_names()
 
 
 def _announce_residency(spec: RuntimeSpec) -> None:
@@ -464,71 +473,24 @@ def _specs_of(obj: Any, where: str) -> list[RuntimeSpec]:
     return list(items)
 
 
-def _load_entry_points() -> dict[str, RuntimeSpec]:
-    global _from_entry_points
-    with _lock:
-        if _from_entry_points is not None:
-            return _from_entry_points
-        from importlib.metadata import entry_points
-
-        builtins = _load_builtins()
-        found: dict[str, RuntimeSpec] = {}
-        errors: dict[str, str] = {}
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            dist = plugins.distribution_label(ep)
-            where = f"entry point {ep.name!r} = {ep.value!r} of distribution {dist!r}"
-            try:
-                specs = _specs_of(ep.load(), where)
-            except Exception as exc:  # any failure of third-party code: report, never break
-                errors[ep.name] = (
-                    f"{where} (group {ENTRY_POINT_GROUP!r}) failed to load: "
-                    f"{type(exc).__name__}: {exc}. Its runtime is not registered; fix or "
-                    f"uninstall {dist.split(' ')[0]!r}"
-                )
-                continue
-            for spec in specs:
-                problem = None
-                if spec.name in builtins:
-                    problem = f"declares {spec.name!r}, a built-in runtime it may not replace"
-                elif spec.name in found:
-                    problem = (
-                        f"declares {spec.name!r}, already declared by "
-                        f"{found[spec.name].distribution!r}"
-                    )
-                if problem:
-                    errors.setdefault(spec.name, f"{where} {problem}; it is ignored")
-                    continue
-                found[spec.name] = dataclasses.replace(spec, distribution=dist)
-                _announce_residency(spec)
-        _from_entry_points = found
-        _entry_point_errors.clear()
-        _entry_point_errors.update(errors)
-    for message in errors.values():
-        warnings.warn(message, RuntimeRegistryWarning, stacklevel=3)
-        logger.warning("quantem-flow: %s", message)
-    return found
-
-
 def runtime_specs() -> dict[str, RuntimeSpec]:
     """Return ``{name: RuntimeSpec}`` of every registered runtime (built-ins first).
 
     Reads the entry points once (see the module docstring); never imports a
     runtime's dependency.
     """
-    builtins = _load_builtins()
-    from_eps = _load_entry_points()
+    out: dict[str, RuntimeSpec] = {}
     with _lock:
-        out = dict(builtins)
-        out.update(from_eps)
-        out.update(_registered)
-        return out
+        for name in _registry.names():
+            spec = _registry.get(name)
+            label = _registry.distribution(name)
+            out[name] = spec if label is None else dataclasses.replace(spec, distribution=label)
+    return out
 
 
 def entry_point_errors() -> dict[str, str]:
     """Return ``{entry point or runtime name: message}`` of declarations that failed."""
-    _load_entry_points()
-    with _lock:
-        return dict(_entry_point_errors)
+    return _registry.errors()
 
 
 def get_spec(name: str) -> RuntimeSpec:
@@ -618,7 +580,7 @@ def register_runtime(spec: RuntimeSpec, *, replace: bool = False) -> RuntimeSpec
                 f"runtime {spec.name!r} is already registered (by {existing.origin}); choose "
                 "another name, or pass replace=True to replace it in this process"
             )
-        _registered[spec.name] = spec
+        _registry.register(spec.name, spec, replace=True)
         _instances.pop(spec.name, None)
         _announce_residency(spec)
     return spec
@@ -633,11 +595,12 @@ def unregister_runtime(name: str) -> None:
         ``name`` is a built-in or entry-point runtime not replaced in process.
     """
     with _lock:
-        if name in _registered:
-            del _registered[name]
+        known = runtime_specs()
+        if name in known and _registry.origin(name) == "registered in process":
+            _registry.unregister(name)
             _instances.pop(name, None)
             return
-        if name in runtime_specs():
+        if name in known:
             raise ParameterError(
                 f"runtime {name!r} was not registered with register_runtime() (it comes from "
                 f"{runtime_specs()[name].origin}); only in-process registrations can be removed"
@@ -649,10 +612,8 @@ def clear_registry_cache() -> None:
 
     In-process registrations (:func:`register_runtime`) are kept.
     """
-    global _from_entry_points
     with _lock:
-        _from_entry_points = None
-        _entry_point_errors.clear()
+        _registry.clear()
         _instances.clear()
 
 
