@@ -69,6 +69,58 @@ def test_generated_tables_are_current() -> None:
     assert _generated(text, "reader options") == reader_options_reference(), hint
 
 
+def test_the_regenerate_command_works(tmp_path: Path) -> None:
+    """The command the hint above names (a package needs its own __main__)."""
+    import shutil
+    import subprocess
+    import sys
+
+    copy = tmp_path / "pipelines.md"
+    shutil.copy(DOC, copy)
+    text = copy.read_text(encoding="utf-8")
+    copy.write_text(text.replace("| `radius` |", "| `stale` |", 1), encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "quantem_flow.pipeline", str(copy)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "updated" in done.stdout
+    assert copy.read_text(encoding="utf-8") == text
+
+
+def test_meanings_come_from_the_operators_numpydoc(monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantem_flow.errors import FormatError
+    from quantem_flow.pipeline.reference import (
+        markdown_of_rest,
+        numpydoc_parameters,
+        parameter_meaning,
+    )
+
+    described = numpydoc_parameters(ops.virtual_annular)
+    assert markdown_of_rest(described["outer"]) in parameter_meaning("virtual_annular", "outer")
+    assert "`.inf`" in parameter_meaning("virtual_annular", "outer")  # math.inf in YAML
+    assert markdown_of_rest('``"auto"``, ``None``, ``True``, ``(row, col)``') == (
+        "`auto`, `null`, `true`, `[row, col]`"
+    )
+    assert markdown_of_rest(":class:`~quantem_flow.results.ScanImage`") == "`ScanImage`"
+
+    def undocumented(ds: Any, *, radius: float = 1.0) -> None:
+        """A toy operator.
+
+        Parameters
+        ----------
+        ds
+            The dataset.
+        """
+
+    monkeypatch.setattr(ops, "virtual_bf", undocumented)
+    with pytest.raises(FormatError, match="does not document its parameter 'radius'"):
+        parameter_meaning("virtual_bf", "radius")
+
+
 def test_every_operation_and_parameter_is_documented() -> None:
     section = _generated(_text(), "operations")
     for op, params in OPERATIONS.items():

@@ -427,9 +427,9 @@ def dpc(
     rotation_deg
         ``"auto"`` (minimise the curl; recorded) or degrees.
     transpose
-        ``"auto"``, True or False.
+        ``"auto"``, ``True`` (transpose the detector axes before rotating) or ``False``.
     subtract
-        ``"mean"`` or ``"none"``.
+        ``"mean"``: remove the field's mean first; ``"none"``: keep it.
     name
         Label of the result (default ``"dpc"``).
 
@@ -459,8 +459,15 @@ def idpc(
     field
         A lazy centre of mass (rotated here), a lazy DPC field (used as it
         is), or a dataset (its default centre of mass).
-    rotation_deg, transpose, subtract
-        Rotation of a centre-of-mass input; see :func:`dpc`.
+    rotation_deg
+        For a centre-of-mass input: ``"auto"`` (minimise the curl; recorded)
+        or degrees, as :func:`dpc`.
+    transpose
+        For a centre-of-mass input: ``"auto"``, ``True`` (transpose the
+        detector axes before rotating) or ``False``.
+    subtract
+        For a centre-of-mass input: ``"mean"`` (remove the field's mean
+        first) or ``"none"``.
     highpass
         Regularising frequency in 1/(scan unit).
     name

@@ -344,8 +344,34 @@ def virtual_abf(
 ) -> LazyResult:
     """Annular bright-field image (auto: half the probe radius to the probe radius).
 
-    Parameters are as for :func:`virtual_annular`; ``"auto"`` radii come
-    from the probe radius.
+    Parameters
+    ----------
+    ds
+        The dataset.
+    inner
+        Inner radius in ``units`` (included), or ``"auto"``: half the probe
+        radius (found from the mean pattern and recorded).
+    outer
+        Outer radius in ``units`` (excluded), or ``"auto"``: the probe radius.
+    units
+        ``"px"``, ``"mrad"`` or ``"1/Å"`` (calibrated units need a
+        calibrated detector; uncalibrated pixels are never mrad).
+    center
+        ``"auto"``, ``"probe"``, ``"calibration"`` or ``(row, col)`` pixels.
+    probe
+        A precomputed :class:`ProbeEstimate`.
+    allow_implausible
+        Compute a region lying mostly off the detector anyway (less than
+        half of it on the detector is refused with
+        :class:`~quantem_flow.errors.ImplausibleParameterError`); recorded in
+        the provenance and warned about.
+    name
+        Label of the result (default ``"abf"``).
+
+    Returns
+    -------
+    LazyResult
+        A lazy :class:`~quantem_flow.results.ScanImage`.
     """
     op = VirtualImage(
         detector="abf",
@@ -372,8 +398,35 @@ def virtual_adf(
 ) -> LazyResult:
     """Annular dark-field image (auto: 1.5 probe radii to the detector edge).
 
-    Parameters are as for :func:`virtual_annular`; ``"auto"`` radii come
-    from the probe radius (outer ``"auto"`` takes every pixel beyond inner).
+    Parameters
+    ----------
+    ds
+        The dataset.
+    inner
+        Inner radius in ``units`` (included), or ``"auto"``: 1.5 probe radii
+        (the probe radius found from the mean pattern and recorded).
+    outer
+        Outer radius in ``units`` (excluded), ``math.inf`` or ``"auto"``:
+        every pixel beyond ``inner``.
+    units
+        ``"px"``, ``"mrad"`` or ``"1/Å"`` (calibrated units need a
+        calibrated detector; uncalibrated pixels are never mrad).
+    center
+        ``"auto"``, ``"probe"``, ``"calibration"`` or ``(row, col)`` pixels.
+    probe
+        A precomputed :class:`ProbeEstimate`.
+    allow_implausible
+        Compute a region lying mostly off the detector anyway (less than
+        half of it on the detector is refused with
+        :class:`~quantem_flow.errors.ImplausibleParameterError`); recorded in
+        the provenance and warned about.
+    name
+        Label of the result (default ``"adf"``).
+
+    Returns
+    -------
+    LazyResult
+        A lazy :class:`~quantem_flow.results.ScanImage`.
     """
     op = VirtualImage(
         detector="adf",
@@ -408,8 +461,11 @@ def virtual_annular(
     ----------
     ds
         The dataset.
-    inner, outer
-        Radii in ``units`` (``outer`` may be ``math.inf``).
+    inner
+        Inner radius in ``units`` (included).
+    outer
+        Outer radius in ``units`` (excluded); ``math.inf`` takes every pixel
+        beyond ``inner``.
     units
         ``"px"``, ``"mrad"`` or ``"1/Å"`` (calibrated units need a
         calibrated detector; uncalibrated pixels are never mrad).

@@ -367,19 +367,21 @@ def _parse_param(chk: _Checker, op: str, key: str, value: Any, where: str, base:
     raise chk.fail(where, f"unknown parameter of {op}")  # pragma: no cover - keys checked
 
 
-_SSB_NUMBERS = (
-    "voltage_kV",
-    "semiangle_mrad",
-    "defocus_A",
-    "astigmatism_A",
-    "astigmatism_angle_deg",
-    "bf_threshold",
-    "bf_radius_factor",
-)
+def _ssb_annotated(kind: str) -> frozenset[str]:
+    """The parameters of :func:`~quantem_flow.operators.ssb.ssb` annotated ``kind`` alone."""
+    import inspect
+
+    from ..operators.ssb import ssb
+
+    return frozenset(
+        name
+        for name, p in inspect.signature(ssb).parameters.items()
+        if p.annotation in (kind, {"float": float, "int": int}[kind])
+    )
 
 
 def _parse_ssb_param(chk: _Checker, key: str, value: Any, where: str) -> Any:
-    if key in _SSB_NUMBERS:
+    if key in _ssb_annotated("float"):  # plain numbers: read from ssb()'s signature
         return chk.number(value, where)
     if key == "scan_step_A":
         if value is None:
@@ -395,7 +397,7 @@ def _parse_ssb_param(chk: _Checker, key: str, value: Any, where: str) -> Any:
         return chk.number(value, where)
     if key in ("pad_to",):
         return None if value is None else list(chk.integers(value, where, 2))
-    if key in ("pixel_block", "fit_max_pixels", "fit_max_evaluations"):
+    if key in _ssb_annotated("int"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise chk.fail(where, f"expected an integer >= 1, got {_describe(value)}")
         return value

@@ -62,153 +62,123 @@ OPERATION_SUMMARIES: dict[str, tuple[str, str]] = {
 _RADIUS = "number or `auto`"
 
 
-_CENTER = (
-    "`auto`, `probe`, `calibration` or `[row, col]`",
-    "px",
-    "Centre of the detector region: `auto` (the calibration's origin when it has one, "
-    "else the probe found from the mean pattern), `probe` (found from the data), "
-    "`calibration` (`input.calibration.detector_origin`, required), or pixels.",
-)
-
-
-_IMPLAUSIBLE = (
-    "true / false",
-    "",
-    "Compute a parameter refused as implausible anyway (for example a region mostly off "
-    "the detector); recorded in the provenance, with a warning.",
-)
-
-
-_DPC_ROTATION = (
-    "number or `auto`",
-    "deg",
-    "Rotation from detector to scan axes; `auto` minimises the curl of the field "
-    "(the rotation found is recorded).",
-)
-
-
-_DPC_TRANSPOSE = ("true, false or `auto`", "", "Transpose detector axes before rotating.")
-
-
-_DPC_SUBTRACT = ("`mean` or `none`", "", "Remove the field's mean first, or not.")
-
-
-_DPC_INPUT = (
-    "output name",
-    "",
-    "The output whose field is used: a `center_of_mass` output (or for `idpc` also a "
+#: The meaning of the keys a pipeline gives in its own terms (a Python argument that is an
+#: object, a file in YAML); every other key's meaning is its operator's numpydoc.
+PIPELINE_MEANINGS: dict[str, str] = {
+    "input": "The output whose field is used: a `center_of_mass` output (or for `idpc` also a "
     "`dpc` one). Without it, the dataset's default centre of mass.",
-)
+    "mask": "A `.npy` file (relative to the pipeline's folder) holding a boolean mask or real "
+    "weights shaped like the detector after the transforms.",
+}
 
 
-#: YAML type, units and meaning of every operation parameter; ``(op, key)`` overrides ``key``.
-PARAMETER_HELP: dict[str | tuple[str, str], tuple[str, str, str]] = {
-    "radius": (_RADIUS, "`units`", "Disk radius; `auto`: the probe radius found from the data."),
-    "inner": (_RADIUS, "`units`", "Inner radius of the annulus (included)."),
-    "outer": (
-        "number, `.inf` or `auto`",
-        "`units`",
-        "Outer radius of the annulus (excluded); `.inf` takes every pixel beyond `inner`.",
-    ),
-    ("virtual_annular", "inner"): ("number", "`units`", "Inner radius (included)."),
-    ("virtual_annular", "outer"): (
-        "number or `.inf`",
-        "`units`",
-        "Outer radius (excluded); `.inf` takes every pixel beyond `inner`.",
-    ),
-    "units": (
-        "`px`, `mrad` or `1/Å`",
-        "",
-        "Units of the radii; `mrad` and `1/Å` need a calibrated detector "
-        "(`input.calibration`), checked before anything is computed.",
-    ),
-    "center": _CENTER,
-    "allow_implausible": _IMPLAUSIBLE,
-    "mask": (
-        "path",
-        "",
-        "A `.npy` file (relative to the pipeline's folder) holding a boolean mask or real "
-        "weights shaped like the detector after the transforms.",
-    ),
-    "mask_radius": (
-        "number or null",
-        "`mask_units`",
-        "Only pixels within this radius of the centre count; null: every pixel.",
-    ),
-    "mask_units": ("`px`, `mrad` or `1/Å`", "", "Units of `mask_radius`."),
-    ("center_of_mass", "units"): (
-        "`auto`, `px`, `mrad` or `1/Å`",
-        "",
-        "Units of the vectors; `auto`: the detector's.",
-    ),
-    "input": _DPC_INPUT,
-    "rotation_deg": _DPC_ROTATION,
-    "transpose": _DPC_TRANSPOSE,
-    "subtract": _DPC_SUBTRACT,
-    "highpass": ("number", "1/(scan unit)", "Regularising frequency of the integration."),
-    "voltage_kV": (
-        "number > 0",
-        "kV",
-        "Accelerating voltage; must agree with `input.calibration.accelerating_voltage_kV` "
-        "when given there.",
-    ),
-    "semiangle_mrad": ("number > 0", "mrad", "Probe-forming aperture semiangle."),
-    "scan_step_A": (
-        "number, `[row, col]` or null",
-        "Å",
-        "Scan step; null: from the scan calibration, which must then be a length.",
-    ),
+#: The YAML value and the units of every operation parameter; ``(op, key)`` overrides
+#: ``key``.  The meaning comes from the operator's numpydoc (:func:`parameter_meaning`).
+PARAMETER_HELP: dict[str | tuple[str, str], tuple[str, str]] = {
+    "radius": (_RADIUS, "`units`"),
+    "inner": (_RADIUS, "`units`"),
+    "outer": ("number, `.inf` or `auto`", "`units`"),
+    ("virtual_annular", "inner"): ("number", "`units`"),
+    ("virtual_annular", "outer"): ("number or `.inf`", "`units`"),
+    "units": ("`px`, `mrad` or `1/Å`", ""),
+    "center": ("`auto`, `probe`, `calibration` or `[row, col]`", "px"),
+    "allow_implausible": ("true / false", ""),
+    "mask": ("path", ""),
+    "mask_radius": ("number or null", "`mask_units`"),
+    "mask_units": ("`px`, `mrad` or `1/Å`", ""),
+    ("center_of_mass", "units"): ("`auto`, `px`, `mrad` or `1/Å`", ""),
+    "input": ("output name", ""),
+    "rotation_deg": ("number or `auto`", "deg"),
+    "transpose": ("true, false or `auto`", ""),
+    "subtract": ("`mean` or `none`", ""),
+    "highpass": ("number", "1/(scan unit)"),
+    "voltage_kV": ("number > 0", "kV"),
+    "semiangle_mrad": ("number > 0", "mrad"),
+    "scan_step_A": ("number, `[row, col]` or null", "Å"),
     "detector_sampling_mrad": (
         "number, `[row, col]`, null, `auto`, `calibration` or `bf_disk`",
         "mrad",
-        "Detector pixel size; null/`auto`: from a calibrated detector, else derived from "
-        "the bright-field disk (recorded); `calibration`: require it; `bf_disk`: always "
-        "derive.",
     ),
-    ("ssb", "rotation_deg"): ("number", "deg", "Detector-to-scan rotation (after transpose)."),
-    ("ssb", "transpose"): ("true / false", "", "Transpose detector axes first."),
-    "defocus_A": ("number", "Å", "Defocus C10."),
-    "astigmatism_A": ("number >= 0", "Å", "Two-fold astigmatism C12 (magnitude)."),
-    "astigmatism_angle_deg": ("number", "deg", "Angle of C12, from the scan column axis."),
-    "aberrations": (
-        "mapping",
-        "Å, deg",
-        "More axial aberrations, e.g. `{C30: 1.0e4, C23: 50, phi23_deg: 10}`.",
-    ),
-    "bf_threshold": ("number in (0, 1)", "", "Segmentation threshold of the probe estimate."),
-    "bf_radius_factor": (
-        "number > 0",
-        "",
-        "Bright-field pixels: within this factor times the probe radius, inside the aperture.",
-    ),
-    "pad_to": ("`[rows, cols]` or null", "px", "FFT size over the scan (>= the scan shape)."),
-    "fit_aberrations": (
-        "true, false or a list of names",
-        "",
-        "Fit C10, C12, phi12 (true) or the names given, by minimising the double-overlap loss.",
-    ),
-    "fit_max_pixels": ("integer >= 1", "", "Pixels the aberration fit uses."),
-    "fit_max_evaluations": ("integer >= 1", "", "Most loss evaluations of the fit."),
-    "pixel_block": ("integer >= 1", "", "Detector pixels transformed together (memory)."),
-    "backend": (
-        "`auto`, `cpu`, `cuda` or `mps`",
-        "",
-        "Runtime of the FFT stage; no silent fallback.",
-    ),
-    ("ssb", "allow_implausible"): (
-        "true / false",
-        "",
-        "Reconstruct even when `semiangle_mrad` disagrees with the bright-field disk "
-        "measured from the data; recorded in the provenance, with a warning.",
-    ),
-    ("center_of_mass", "allow_implausible"): (
-        "true / false",
-        "",
-        "Compute with a `mask_radius` disk mostly off the detector anyway; recorded in the "
-        "provenance, with a warning.",
-    ),
-    "allow_complex64": ("true / false", "", "Allow a complex64-only FFT runtime (MLX)."),
+    ("ssb", "rotation_deg"): ("number", "deg"),
+    ("ssb", "transpose"): ("true / false", ""),
+    "defocus_A": ("number", "Å"),
+    "astigmatism_A": ("number >= 0", "Å"),
+    "astigmatism_angle_deg": ("number", "deg"),
+    "aberrations": ("mapping", "Å, deg"),
+    "bf_threshold": ("number in (0, 1)", ""),
+    "bf_radius_factor": ("number > 0", ""),
+    "pad_to": ("`[rows, cols]` or null", "px"),
+    "fit_aberrations": ("true, false or a list of names", ""),
+    "fit_max_pixels": ("integer >= 1", ""),
+    "fit_max_evaluations": ("integer >= 1", ""),
+    "pixel_block": ("integer >= 1", ""),
+    "backend": ("`auto`, `cpu`, `cuda` or `mps`", ""),
+    "allow_complex64": ("true / false", ""),
 }
+
+
+def numpydoc_parameters(fn: Any) -> dict[str, str]:
+    """``{name: description}`` of the ``Parameters`` section of ``fn``'s numpydoc docstring.
+
+    Entries naming several parameters (``a, b``) give each the same text;
+    descriptions are joined into one line, reStructuredText kept.
+    """
+    import inspect
+
+    doc = inspect.getdoc(fn) or ""
+    match = re.search(r"^Parameters\n-+\n(.*?)(?=^\S[^\n]*\n-{3,}\n|\Z)", doc, re.S | re.M)
+    out: dict[str, list[str]] = {}
+    names: list[str] = []
+    for line in (match.group(1) if match else "").splitlines():
+        if line and not line[0].isspace():
+            names = [n.strip() for n in line.split(" : ")[0].split(",")]
+            for n in names:
+                out[n] = []
+        elif names and line.strip():
+            for n in names:
+                out[n].append(line.strip())
+    return {k: " ".join(v) for k, v in out.items()}
+
+
+def markdown_of_rest(text: str) -> str:
+    """A numpydoc description as the YAML reference writes it.
+
+    Roles become code (``:class:`~a.B``` -> `B`), Python literals their YAML
+    spelling (``"auto"`` -> `auto`, ``None`` -> `null`, ``True`` -> `true`,
+    ``(row, col)`` -> `[row, col]`, ``math.inf`` -> `.inf`).
+    """
+    text = re.sub(
+        r":(?:class|func|data|meth|attr|mod|exc):`(~?)([\w.]+)`",
+        lambda m: f"`{m.group(2).split('.')[-1] if m.group(1) else m.group(2)}`",
+        text,
+    )
+    yaml = {"None": "null", "True": "true", "False": "false", "math.inf": ".inf"}
+    text = re.sub(r"``([^`]*)``", lambda m: f"`{yaml.get(m.group(1), m.group(1))}`", text)
+    text = re.sub(r'`"([^`"]*)"`', r"`\1`", text)
+    text = re.sub(r"`\(([^`()]*)\)`", r"`[\1]`", text)
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def parameter_meaning(op: str, key: str) -> str:
+    """The meaning of ``key`` of operation ``op``: the pipeline's own words, else the numpydoc.
+
+    Raises
+    ------
+    FormatError
+        The operator's docstring does not document ``key`` (an undocumented
+        parameter fails the reference, so docs/pipelines.md cannot drift).
+    """
+    from .. import operators
+
+    if key in PIPELINE_MEANINGS:
+        return PIPELINE_MEANINGS[key]
+    described = numpydoc_parameters(getattr(operators, op))
+    if key not in described:
+        raise FormatError(
+            f"quantem_flow.operators.{op} does not document its parameter {key!r} in its "
+            "numpydoc 'Parameters' section; document it there (the pipeline reference reads it)"
+        )
+    return markdown_of_rest(described[key])
 
 
 def _yaml_default(value: Any) -> str:
@@ -226,9 +196,11 @@ def _yaml_default(value: Any) -> str:
 def operations_reference() -> str:
     """Return the Markdown reference of every operation and parameter (for docs/pipelines.md).
 
-    Defaults are read from the operators' signatures, the keys from
-    :data:`OPERATIONS`, and the meaning of each from :data:`PARAMETER_HELP`,
-    so the documentation cannot drift from what a pipeline accepts.
+    Keys, required keys and defaults are read from the operators'
+    signatures (:data:`OPERATIONS`), the meaning of each from the operator's
+    numpydoc (:func:`parameter_meaning`), the YAML value and units from
+    :data:`PARAMETER_HELP`, so the documentation cannot drift from what a
+    pipeline accepts or what the functions say.
 
     Returns
     -------
@@ -252,7 +224,8 @@ def operations_reference() -> str:
             "|-----|-------|-------|---------|---------|",
         ]
         for key in params:
-            kind, units, meaning = PARAMETER_HELP.get((op, key)) or PARAMETER_HELP[key]
+            kind, units = PARAMETER_HELP.get((op, key)) or PARAMETER_HELP[key]
+            meaning = parameter_meaning(op, key)
             if key in _REQUIRED.get(op, ()):
                 default = "**required**"
             elif key == "input":
