@@ -1,7 +1,9 @@
 """One mechanism for every kind of extension: :class:`Registry`.
 
-A registry holds one kind of extension (representations, readers and runtimes;
-pipeline operations are to join it, issue 28):
+A registry holds one kind of extension: representations
+(``quantem_flow.representations``), readers (``quantem_flow.io.registry``),
+runtimes (``quantem_flow.runtimes.registry``) and pipeline operations
+(``quantem_flow.pipeline.schema``).  Each has
 
 - **built-in rows**, ``name -> "module:attribute"`` strings, imported on
   first use only (a bare ``import quantem_flow`` imports none of them), or

@@ -83,6 +83,7 @@ from .run import (
 )
 from .schema import (
     OPERATION_DECLARATIONS,
+    OPERATION_REGISTRY,
     OPERATIONS,
     PIPELINE_OPERATIONS,
     PIPELINE_VERSION,
@@ -92,6 +93,7 @@ from .schema import (
     PipelineOperation,
     SaveSpec,
     SaveTargets,
+    pipeline_operations,
     reader_options,
 )
 
@@ -99,6 +101,7 @@ __all__ = [
     "MAX_YAML_NODES",
     "OPERATIONS",
     "OPERATION_DECLARATIONS",
+    "OPERATION_REGISTRY",
     "OPERATION_SUMMARIES",
     "PARAMETER_HELP",
     "PIPELINE_OPERATIONS",
@@ -116,6 +119,7 @@ __all__ = [
     "example_pipeline",
     "load_pipeline",
     "operations_reference",
+    "pipeline_operations",
     "prepare_pipeline",
     "reader_options",
     "reader_options_reference",

@@ -28,7 +28,9 @@ from .schema import (
     _SAVE_KEYS,
     _TOP_KEYS,
     _TRANSFORMS,
+    OPERATION_DECLARATIONS,
     OPERATIONS,
+    PIPELINE_OPERATIONS,
     PIPELINE_VERSION,
     InputSpec,
     OutputSpec,
@@ -341,6 +343,8 @@ def _parse_center(chk: _Checker, value: Any, where: str) -> str | list[float]:
 
 
 def _parse_param(chk: _Checker, op: str, key: str, value: Any, where: str, base: Path) -> Any:
+    if op not in _BUILTIN_OPERATIONS:  # an installed operation: as its operator annotates it
+        return _parse_by_annotation(chk, op, key, value, where)
     if key in ("radius", "inner", "outer"):
         return chk.number(value, where, allow=("auto",))
     if key in ("units", "mask_units", "subtract"):
@@ -365,6 +369,33 @@ def _parse_param(chk: _Checker, op: str, key: str, value: Any, where: str, base:
     if op == "ssb":
         return _parse_ssb_param(chk, key, value, where)
     raise chk.fail(where, f"unknown parameter of {op}")  # pragma: no cover - keys checked
+
+
+_BUILTIN_OPERATIONS = frozenset(op.name for op in PIPELINE_OPERATIONS)
+
+
+def _parse_by_annotation(chk: _Checker, op: str, key: str, value: Any, where: str) -> Any:
+    """A parameter of an installed operation, checked as its operator annotates it.
+
+    ``float``: a number; ``int``: an integer; ``bool``: true or false;
+    ``str``: text; anything else is passed as YAML read it (the operator
+    checks it).
+    """
+    import inspect
+
+    param = inspect.signature(OPERATION_DECLARATIONS[op].function()).parameters.get(key)
+    kind = None if param is None else param.annotation
+    if kind in ("float", float):
+        return chk.number(value, where)
+    if kind in ("int", int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise chk.fail(where, f"expected an integer, got {_describe(value)}")
+        return value
+    if kind in ("bool", bool):
+        return chk.boolean(value, where)
+    if kind in ("str", str):
+        return chk.text(value, where)
+    return value
 
 
 def _ssb_annotated(kind: str) -> frozenset[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 from pathlib import Path
@@ -10,7 +11,14 @@ from typing import Any
 from ..errors import (
     FormatError,
 )
-from .schema import _REQUIRED, OPERATIONS, _reader_options, reader_options
+from .schema import (
+    _REQUIRED,
+    OPERATION_DECLARATIONS,
+    OPERATION_REGISTRY,
+    OPERATIONS,
+    _reader_options,
+    reader_options,
+)
 
 #: What each operation computes: (summary, result and its units).
 OPERATION_SUMMARIES: dict[str, tuple[str, str]] = {
@@ -123,8 +131,6 @@ def numpydoc_parameters(fn: Any) -> dict[str, str]:
     Entries naming several parameters (``a, b``) give each the same text;
     descriptions are joined into one line, reStructuredText kept.
     """
-    import inspect
-
     doc = inspect.getdoc(fn) or ""
     match = re.search(r"^Parameters\n-+\n(.*?)(?=^\S[^\n]*\n-{3,}\n|\Z)", doc, re.S | re.M)
     out: dict[str, list[str]] = {}
@@ -159,6 +165,25 @@ def markdown_of_rest(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
+def _summary_of(op: str) -> tuple[str, str]:
+    """An installed operation's summary and result: its docstring's first line and Returns."""
+    fn = OPERATION_DECLARATIONS[op].function()
+    doc = inspect.getdoc(fn) or ""
+    first = doc.split("\n\n", 1)[0].replace("\n", " ").strip() or f"`{op}`."
+    returns = re.search(r"^Returns\n-+\n\S[^\n]*\n((?:[ ]+.*\n?)+)", doc, re.M)
+    result = markdown_of_rest(returns.group(1)) if returns else "see its documentation"
+    origin = OPERATION_REGISTRY.origin(op)
+    return f"{markdown_of_rest(first)} ({origin})", result.rstrip(".")
+
+
+def _value_of_annotation(op: str, key: str) -> tuple[str, str]:
+    """The YAML value of an installed operation's parameter, from its annotation."""
+    param = inspect.signature(OPERATION_DECLARATIONS[op].function()).parameters[key]
+    words = {"float": "number", "int": "integer", "bool": "true / false", "str": "text"}
+    kind = param.annotation if isinstance(param.annotation, str) else param.annotation.__name__
+    return words.get(kind, f"`{kind}`"), ""
+
+
 def parameter_meaning(op: str, key: str) -> str:
     """The meaning of ``key`` of operation ``op``: the pipeline's own words, else the numpydoc.
 
@@ -168,15 +193,15 @@ def parameter_meaning(op: str, key: str) -> str:
         The operator's docstring does not document ``key`` (an undocumented
         parameter fails the reference, so docs/pipelines.md cannot drift).
     """
-    from .. import operators
-
     if key in PIPELINE_MEANINGS:
         return PIPELINE_MEANINGS[key]
-    described = numpydoc_parameters(getattr(operators, op))
+    fn = OPERATION_DECLARATIONS[op].function()
+    described = numpydoc_parameters(fn)
     if key not in described:
         raise FormatError(
-            f"quantem_flow.operators.{op} does not document its parameter {key!r} in its "
-            "numpydoc 'Parameters' section; document it there (the pipeline reference reads it)"
+            f"{fn.__module__}.{fn.__qualname__} (operation {op!r}) does not document its "
+            f"parameter {key!r} in its numpydoc 'Parameters' section; document it there (the "
+            "pipeline reference reads it)"
         )
     return markdown_of_rest(described[key])
 
@@ -207,24 +232,24 @@ def operations_reference() -> str:
     str
         One section per operation, each with a table of its keys.
     """
-    import inspect
-
-    from .. import operators as ops
-
     lines: list[str] = []
     for op, params in OPERATIONS.items():
-        summary, result = OPERATION_SUMMARIES[op]
+        summary, result = OPERATION_SUMMARIES.get(op) or _summary_of(op)
         lines += [f"### `{op}`", "", f"{summary} Result: {result}.", ""]
         if not params:
             lines += ["No parameters.", ""]
             continue
-        signature = inspect.signature(getattr(ops, op)).parameters
+        signature = inspect.signature(OPERATION_DECLARATIONS[op].function()).parameters
         lines += [
             "| key | value | units | default | meaning |",
             "|-----|-------|-------|---------|---------|",
         ]
         for key in params:
-            kind, units = PARAMETER_HELP.get((op, key)) or PARAMETER_HELP[key]
+            kind, units = (
+                (PARAMETER_HELP.get((op, key)) or PARAMETER_HELP[key])
+                if op in OPERATION_SUMMARIES  # a built-in operation
+                else _value_of_annotation(op, key)
+            )
             meaning = parameter_meaning(op, key)
             if key in _REQUIRED.get(op, ()):
                 default = "**required**"
@@ -262,8 +287,6 @@ READER_OPTION_HELP: dict[str, str] = {
 
 def _option_help(name: str) -> str:
     """The meaning of a reader option: :data:`READER_OPTION_HELP`, else its readers' docstrings."""
-    import inspect
-
     from ..io import reader_class, reader_names
 
     if name in READER_OPTION_HELP:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..calibration import Calibration
 from ..errors import (
     ParameterError,
 )
+from ..plugins import Registry
 
 PIPELINE_VERSION = 1
 
@@ -50,21 +51,31 @@ class PipelineOperation:
     Attributes
     ----------
     name
-        The operator function's name in :mod:`quantem_flow.operators` (the ``op:`` value).
+        The ``op:`` value: the operator function's name in
+        :mod:`quantem_flow.operators`, unless ``target`` names another.
     field_inputs
         Operations whose output may be this one's ``input`` (the dataset's
         default when omitted); empty: the operator takes the dataset.
     file_params
         Positional parameters after the dataset that a pipeline gives as a path
         to a ``.npy`` file (``virtual_mask``'s ``mask``), in order.
+    target
+        ``"module:function"`` of the operator (a third-party operation);
+        ``None``: ``quantem_flow.operators.<name>``.
     """
 
     name: str
     field_inputs: tuple[str, ...] = ()
     file_params: tuple[str, ...] = ()
+    target: str | None = None
 
     def function(self) -> Callable[..., Any]:
         """The operator function."""
+        if self.target is not None:
+            from ..plugins import load_attribute
+
+            found: Callable[..., Any] = load_attribute(self.target)
+            return found
         from .. import operators
 
         fn: Callable[..., Any] = getattr(operators, self.name)
@@ -117,19 +128,80 @@ PIPELINE_OPERATIONS: tuple[PipelineOperation, ...] = (
     PipelineOperation("ssb"),
 )
 
-#: Each operation by name.
-OPERATION_DECLARATIONS: dict[str, PipelineOperation] = {op.name: op for op in PIPELINE_OPERATIONS}
+#: The entry-point group third-party pipeline operations register in.
+ENTRY_POINT_GROUP = "quantem_flow.operations"
+
+
+def _make_operation(name: str, row: Any) -> PipelineOperation:
+    """A declaration as it is (its name checked); an operator function as one taking a dataset."""
+    if isinstance(row, PipelineOperation):
+        if row.name != name:
+            raise TypeError(f"it declares the operation {row.name!r}, not {name!r}")
+        return row
+    if callable(row) and hasattr(row, "__module__") and hasattr(row, "__qualname__"):
+        return PipelineOperation(name, target=f"{row.__module__}:{row.__qualname__}")
+    raise TypeError(f"it is neither a PipelineOperation nor an operator function: {row!r}")
+
+
+#: Every operation a pipeline may name: the built-in rows of :data:`PIPELINE_OPERATIONS`,
+#: then installed distributions' (group ``quantem_flow.operations``: an entry point named
+#: after the ``op:`` value, loading to a :class:`PipelineOperation` or an operator function
+#: ``f(dataset, *, keyword options..., name=None) -> LazyResult``), in one
+#: :class:`~quantem_flow.plugins.Registry`, the mechanism every kind of extension shares.
+OPERATION_REGISTRY: Registry[PipelineOperation] = Registry(
+    "pipeline operation",
+    ENTRY_POINT_GROUP,
+    {op.name: op for op in PIPELINE_OPERATIONS},
+    _make_operation,
+)
+
+
+def pipeline_operations() -> dict[str, PipelineOperation]:
+    """``{op: declaration}`` of every registered operation (a broken plug-in left out, reported)."""
+    out: dict[str, PipelineOperation] = {}
+    for name in OPERATION_REGISTRY.names():
+        try:
+            out[name] = OPERATION_REGISTRY.get(name)
+        except ParameterError:  # a broken plug-in: warned about and in OPERATION_REGISTRY.errors()
+            continue
+    return out
+
+
+V = TypeVar("V")
+
+
+class _Derived(Mapping[str, V]):
+    """A read-only table derived from every registered operation, read when used."""
+
+    def __init__(self, column: Callable[[PipelineOperation], V | None]) -> None:
+        self._column = column
+
+    def _table(self) -> dict[str, V]:
+        rows = {name: self._column(op) for name, op in pipeline_operations().items()}
+        return {name: v for name, v in rows.items() if v is not None}
+
+    def __getitem__(self, key: str) -> V:
+        return self._table()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+    def __repr__(self) -> str:
+        return repr(self._table())
+
+
+#: Each operation by name (derived from the registry).
+OPERATION_DECLARATIONS: Mapping[str, PipelineOperation] = _Derived(lambda op: op)
 
 #: Every operation a pipeline output may name, with its allowed parameters (derived).
-OPERATIONS: dict[str, tuple[str, ...]] = {op.name: op.keys() for op in PIPELINE_OPERATIONS}
+OPERATIONS: Mapping[str, tuple[str, ...]] = _Derived(lambda op: op.keys())
 
-_REQUIRED: dict[str, tuple[str, ...]] = {
-    op.name: op.required() for op in PIPELINE_OPERATIONS if op.required()
-}
+_REQUIRED: Mapping[str, tuple[str, ...]] = _Derived(lambda op: op.required() or None)
 
-_FIELD_INPUTS: dict[str, tuple[str, ...]] = {
-    op.name: op.field_inputs for op in PIPELINE_OPERATIONS if op.field_inputs
-}
+_FIELD_INPUTS: Mapping[str, tuple[str, ...]] = _Derived(lambda op: op.field_inputs or None)
 
 
 class _Checker:
