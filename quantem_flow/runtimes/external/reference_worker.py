@@ -35,8 +35,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -179,24 +178,22 @@ class ReferenceWorker:
         """
         rid = message.id
         try:
-            pr.validate_request(message)
-            kind = message.type
-            if kind == "hello":
-                if message.header.get("protocol") != pr.PROTOCOL:
+            request = pr.parse_request(message)
+            if isinstance(request, pr.Hello):
+                if request.protocol != pr.PROTOCOL:
                     self.closing = True
                     raise _ReplyError(
                         "version",
                         f"this worker speaks {pr.PROTOCOL!r} only, the bridge asked for "
-                        f"{message.header.get('protocol')!r}; update one side",
+                        f"{request.protocol!r}; update one side",
                     )
                 self.greeted = True
                 reply = self.hello()
                 reply.header["id"] = rid
                 return reply
             if not self.greeted:
-                raise _ReplyError("bad_request", f"{kind} before hello: send hello first")
-            handler: Callable[[pr.Message], pr.Message] = getattr(self, f"_on_{kind}")
-            return handler(message)
+                raise _ReplyError("bad_request", f"{message.type} before hello: send hello first")
+            return self._answer(request).message()
         except _ReplyError as exc:
             return pr.error(id=rid, code=exc.code, message=exc.message, handle=exc.handle)
         except ProtocolError as exc:
@@ -208,36 +205,54 @@ class ReferenceWorker:
         except Exception as exc:  # the worker stays usable
             return pr.error(id=rid, code="internal", message=f"{type(exc).__name__}: {exc}")
 
-    def _on_put(self, message: pr.Message) -> pr.Message:
-        h = message.header
-        handle = int(h["handle"])
+    def _answer(self, request: pr.Request) -> _Reply:
+        """The typed reply to a typed request (after ``hello``)."""
+        if isinstance(request, pr.Put):
+            return self._on_put(request)
+        if isinstance(request, pr.PutWeights):
+            return self._on_put_weights(request)
+        if isinstance(request, (pr.RunFramePass, pr.RunGather)):
+            return self._on_run(request)
+        if isinstance(request, pr.Release):
+            return self._on_release(request)
+        if isinstance(request, pr.Stats):
+            return pr.StatsReply(
+                request.id,
+                len(self.chunks) + len(self.weights),
+                self.resident_bytes(),
+                self.budget_bytes,
+            )
+        if isinstance(request, pr.Bye):
+            self.chunks.clear()
+            self.weights.clear()
+            self.closing = True
+        return request  # ping and bye: answered by the same message
+
+    def _on_put(self, request: pr.Put) -> pr.PutResult:
+        handle = request.handle
         self._new_handle(handle, "put")
-        nbytes = sum(v.nbytes for v in message.buffer_views())
-        # sizes first (bad_request), then the budget: nothing is kept on refusal
-        rep, payload, _ = pr.parse_put(message)
-        self._admit(nbytes, handle, f"put of a {rep} chunk")
-        owned = _own(rep, payload)
+        nbytes = request.nbytes
+        # sizes were checked by the parser (bad_request); then the budget: nothing is kept
+        self._admit(nbytes, handle, f"put of a {request.representation} chunk")
+        owned = _own(request.representation, request.payload)
+        rows, cols, kr, kc = request.shape
         self.chunks[handle] = _Stored(
-            representation=rep,
+            representation=request.representation,
             payload=owned,
-            dtype=np.dtype(h["dtype"]),
-            shape=tuple(int(s) for s in h["shape"]),  # type: ignore[arg-type]
+            dtype=np.dtype(request.dtype),
+            shape=(rows, cols, kr, kc),
             nbytes=nbytes,
         )
-        return pr.put_result(id=int(h["id"]), handle=handle, resident_bytes=nbytes)
+        return pr.PutResult(request.id, handle, nbytes)
 
-    def _on_put_weights(self, message: pr.Message) -> pr.Message:
-        h = message.header
-        handle = int(h["handle"])
+    def _on_put_weights(self, request: pr.PutWeights) -> pr.PutWeightsResult:
+        handle = request.handle
         self._new_handle(handle, "put_weights")
-        w = pr.parse_put_weights(message)
-        self._admit(int(w.nbytes), handle, "put_weights")
-        w = np.array(w, dtype=np.float64, copy=True)
+        self._admit(int(request.weights.nbytes), handle, "put_weights")
+        w = np.array(request.weights, dtype=np.float64, copy=True)
         integer = bool(np.all(np.isfinite(w)) and np.all(w == np.round(w)))
         self.weights[handle] = (w, integer)
-        return pr.put_weights_result(
-            id=int(h["id"]), handle=handle, resident_bytes=int(w.nbytes), integer_weights=integer
-        )
+        return pr.PutWeightsResult(request.id, handle, int(w.nbytes), integer)
 
     def _chunk(self, handle: int) -> _Stored:
         stored = self.chunks.get(handle)
@@ -250,29 +265,28 @@ class ReferenceWorker:
             )
         return stored
 
-    def _on_run(self, message: pr.Message) -> pr.Message:
-        h = message.header
+    def _on_run(self, request: pr.RunFramePass | pr.RunGather) -> _Reply:
         if self.crash_file is not None and os.path.exists(self.crash_file):
             os.remove(self.crash_file)
             os.kill(os.getpid(), signal.SIGKILL)
         if self.run_delay:
             time.sleep(self.run_delay)
-        stored = self._chunk(int(h["chunk"]))
+        stored = self._chunk(request.chunk)
         rows, cols, kr, kc = stored.shape
         n, k = rows * cols, kr * kc
-        if h["operation"] == "gather":
-            idx = pr.parse_run_gather(message)
+        if isinstance(request, pr.RunGather):
+            idx = request.indices
             if idx.size and int(idx.max()) >= k:
                 raise _ReplyError(
                     "bad_request",
                     f"gather: pixel index {int(idx.max())} is outside the frame of {k} pixels",
-                    int(h["chunk"]),
+                    request.chunk,
                 )
             values = np.empty((n, idx.size), dtype=stored.dtype)
             for f0, frames in _frames(stored):
                 values[f0 : f0 + frames.shape[0]] = frames[:, idx]
-            return pr.gather_result(id=int(h["id"]), values=values)
-        wh = int(h["weights"])
+            return pr.GatherResult(request.id, values)
+        wh = request.weights
         entry = self.weights.get(wh)
         if entry is None:
             raise _ReplyError(
@@ -284,51 +298,49 @@ class ReferenceWorker:
         if w.shape[1] != k:
             raise _ReplyError(
                 "bad_request",
-                f"run: weights {wh} have {w.shape[1]} columns but chunk {h['chunk']} has frames "
-                f"of {k} pixels",
+                f"run: weights {wh} have {w.shape[1]} columns but chunk {request.chunk} has "
+                f"frames of {k} pixels",
                 wh,
             )
-        opts = h["options"]
-        per_frame, psum, pmax = _frame_pass(
-            stored, w, bool(opts["want_sum"]), bool(opts["want_max"])
-        )
+        per_frame, psum, pmax = _frame_pass(stored, w, request.want_sum, request.want_max)
         acc = "int64" if stored.dtype.kind in "ui" else "float64"
-        return pr.frame_pass_result(
-            id=int(h["id"]),
-            per_frame=per_frame,
-            pattern_sum=psum,
-            pattern_max=pmax,
-            accumulation=acc,
-        )
+        return _FramePassReply(request.id, per_frame, psum, pmax, acc)
 
-    def _on_release(self, message: pr.Message) -> pr.Message:
+    def _on_release(self, request: pr.Release) -> pr.ReleaseResult:
         freed = []
-        for handle in message.header["handles"]:
+        for handle in request.handles:
             if (
                 self.chunks.pop(handle, None) is not None
                 or self.weights.pop(handle, None) is not None
             ):
                 freed.append(handle)
-        return pr.release_result(
-            id=int(message.header["id"]), released=freed, resident_bytes=self.total_bytes()
+        return pr.ReleaseResult(request.id, tuple(freed), self.total_bytes())
+
+
+class _Reply(Protocol):
+    """A typed reply (or a ping/bye request answered as it is): it makes its message."""
+
+    def message(self) -> pr.Message: ...
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _FramePassReply:
+    """A frame-pass reply to send (the bridge reads it as a ``FramePassOutputs``)."""
+
+    id: int
+    per_frame: np.ndarray
+    pattern_sum: np.ndarray | None
+    pattern_max: np.ndarray | None
+    accumulation: str
+
+    def message(self) -> pr.Message:
+        return pr.frame_pass_result(
+            id=self.id,
+            per_frame=self.per_frame,
+            pattern_sum=self.pattern_sum,
+            pattern_max=self.pattern_max,
+            accumulation=self.accumulation,
         )
-
-    def _on_stats(self, message: pr.Message) -> pr.Message:
-        return pr.stats_reply(
-            id=int(message.header["id"]),
-            handles=len(self.chunks) + len(self.weights),
-            resident_bytes=self.resident_bytes(),
-            memory_budget_bytes=self.budget_bytes,
-        )
-
-    def _on_ping(self, message: pr.Message) -> pr.Message:
-        return pr.ping(id=int(message.header["id"]))
-
-    def _on_bye(self, message: pr.Message) -> pr.Message:
-        self.chunks.clear()
-        self.weights.clear()
-        self.closing = True
-        return pr.bye(id=int(message.header["id"]))
 
 
 def _own(rep: str, payload: Any) -> Any:

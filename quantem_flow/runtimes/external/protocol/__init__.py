@@ -14,8 +14,10 @@ pieces without copying the buffers (:func:`encode_pieces`), decoding returns
 memoryviews into one allocation per frame.
 
 The package: :mod:`.framing` (the prefix, canonical JSON, buffers, the
-incremental decoder) and :mod:`.messages` (every request and reply, built
-and checked).  Every public name of the former single module is here.
+incremental decoder), :mod:`.messages` (every request and reply, built and
+checked) and :mod:`.requests` (each request and reply as a frozen dataclass:
+:func:`parse_request`, :func:`parse_reply`, ``value.message()``).  Every
+public name of the former single module is here.
 """
 
 from __future__ import annotations
@@ -69,6 +71,27 @@ from .messages import (
     stats_reply,
     validate_request,
 )
+from .requests import (
+    Bye,
+    ErrorReply,
+    GatherResult,
+    Hello,
+    Ping,
+    Put,
+    PutResult,
+    PutWeights,
+    PutWeightsResult,
+    Release,
+    ReleaseResult,
+    Reply,
+    Request,
+    RunFramePass,
+    RunGather,
+    Stats,
+    StatsReply,
+    parse_reply,
+    parse_request,
+)
 
 __all__ = [
     "ACCUMULATIONS",
@@ -83,10 +106,27 @@ __all__ = [
     "PROTOCOL",
     "REQUEST_TYPES",
     "STORAGE_SCHEMAS",
+    "Bye",
+    "ErrorReply",
     "FrameDecoder",
     "FramePassOutputs",
+    "GatherResult",
+    "Hello",
     "HelloInfo",
     "Message",
+    "Ping",
+    "Put",
+    "PutResult",
+    "PutWeights",
+    "PutWeightsResult",
+    "Release",
+    "ReleaseResult",
+    "Reply",
+    "Request",
+    "RunFramePass",
+    "RunGather",
+    "Stats",
+    "StatsReply",
     "bye",
     "canonical_json",
     "decode",
@@ -103,6 +143,8 @@ __all__ = [
     "parse_hello_reply",
     "parse_put",
     "parse_put_weights",
+    "parse_reply",
+    "parse_request",
     "parse_run_gather",
     "ping",
     "put",
