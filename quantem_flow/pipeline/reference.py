@@ -16,54 +16,15 @@ from .schema import (
     OPERATION_DECLARATIONS,
     OPERATION_REGISTRY,
     OPERATIONS,
+    PIPELINE_OPERATIONS,
     _reader_options,
     reader_options,
 )
 
-#: What each operation computes: (summary, result and its units).
+#: What each built-in operation computes: ``(summary, result and its units)`` (a view of
+#: the rows of :data:`~quantem_flow.pipeline.schema.PIPELINE_OPERATIONS`).
 OPERATION_SUMMARIES: dict[str, tuple[str, str]] = {
-    "virtual_bf": (
-        "Bright-field image: the counts within `radius` of the centre.",
-        "ScanImage (counts)",
-    ),
-    "virtual_abf": (
-        "Annular bright-field image; `auto` radii: half the probe radius to the probe radius.",
-        "ScanImage (counts)",
-    ),
-    "virtual_adf": (
-        "Annular dark-field image; `auto` radii: 1.5 probe radii to the detector edge.",
-        "ScanImage (counts)",
-    ),
-    "virtual_annular": (
-        "The counts in the annulus `inner <= d < outer` around the centre.",
-        "ScanImage (counts)",
-    ),
-    "virtual_mask": (
-        "The sum of each frame times a mask or weight map read from a `.npy` file.",
-        "ScanImage (counts, times the weights)",
-    ),
-    "center_of_mass": (
-        "Centre of mass of every pattern, relative to the centre, as a vector field.",
-        "VectorField (px, or mrad / 1/Å on a calibrated detector)",
-    ),
-    "dpc": (
-        "DPC field: the centre of mass rotated (and transposed) into scan axes.",
-        "VectorField (the centre of mass's units)",
-    ),
-    "idpc": (
-        "Integrated DPC phase (Fourier integration of the DPC field).",
-        "PhaseImage (rad when scan, detector and voltage are calibrated, else arb.)",
-    ),
-    "mean_diffraction": ("The mean diffraction pattern.", "DiffractionImage (counts per frame)"),
-    "max_diffraction": ("The pixel-wise maximum pattern.", "DiffractionImage (counts)"),
-    "sum_diffraction": (
-        "The summed pattern (integer sums widened).",
-        "DiffractionImage (counts)",
-    ),
-    "ssb": (
-        "Single-sideband ptychography: the complex transmission function over the scan.",
-        "ComplexObject (amplitude, phase in rad)",
-    ),
+    op.name: (op.summary, op.result) for op in PIPELINE_OPERATIONS
 }
 
 
@@ -234,7 +195,10 @@ def operations_reference() -> str:
     """
     lines: list[str] = []
     for op, params in OPERATIONS.items():
-        summary, result = OPERATION_SUMMARIES.get(op) or _summary_of(op)
+        declared = OPERATION_DECLARATIONS[op]
+        summary, result = (
+            (declared.summary, declared.result) if declared.summary else _summary_of(op)
+        )
         lines += [f"### `{op}`", "", f"{summary} Result: {result}.", ""]
         if not params:
             lines += ["No parameters.", ""]
@@ -246,9 +210,11 @@ def operations_reference() -> str:
         ]
         for key in params:
             kind, units = (
-                (PARAMETER_HELP.get((op, key)) or PARAMETER_HELP[key])
+                PARAMETER_HELP.get((op, key))
+                or PARAMETER_HELP.get(key)
+                or _value_of_annotation(op, key)
                 if op in OPERATION_SUMMARIES  # a built-in operation
-                else _value_of_annotation(op, key)
+                else _value_of_annotation(op, key)  # an installed one: its annotations only
             )
             meaning = parameter_meaning(op, key)
             if key in _REQUIRED.get(op, ()):

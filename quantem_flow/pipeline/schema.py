@@ -62,12 +62,18 @@ class PipelineOperation:
     target
         ``"module:function"`` of the operator (a third-party operation);
         ``None``: ``quantem_flow.operators.<name>``.
+    summary, result
+        What it computes and its result type with units, for the reference
+        (empty: the first line of the operator's docstring and its
+        ``Returns``).
     """
 
     name: str
     field_inputs: tuple[str, ...] = ()
     file_params: tuple[str, ...] = ()
     target: str | None = None
+    summary: str = ""
+    result: str = ""
 
     def function(self) -> Callable[..., Any]:
         """The operator function."""
@@ -114,18 +120,71 @@ class PipelineOperation:
 
 #: The operations a pipeline output may name, in the reference's order.
 PIPELINE_OPERATIONS: tuple[PipelineOperation, ...] = (
-    PipelineOperation("virtual_bf"),
-    PipelineOperation("virtual_abf"),
-    PipelineOperation("virtual_adf"),
-    PipelineOperation("virtual_annular"),
-    PipelineOperation("virtual_mask", file_params=("mask",)),
-    PipelineOperation("center_of_mass"),
-    PipelineOperation("dpc", field_inputs=("center_of_mass",)),
-    PipelineOperation("idpc", field_inputs=("center_of_mass", "dpc")),
-    PipelineOperation("mean_diffraction"),
-    PipelineOperation("max_diffraction"),
-    PipelineOperation("sum_diffraction"),
-    PipelineOperation("ssb"),
+    PipelineOperation(
+        "virtual_bf",
+        summary="Bright-field image: the counts within `radius` of the centre.",
+        result="ScanImage (counts)",
+    ),
+    PipelineOperation(
+        "virtual_abf",
+        summary=(
+            "Annular bright-field image; `auto` radii: half the probe radius to the probe radius."
+        ),
+        result="ScanImage (counts)",
+    ),
+    PipelineOperation(
+        "virtual_adf",
+        summary="Annular dark-field image; `auto` radii: 1.5 probe radii to the detector edge.",
+        result="ScanImage (counts)",
+    ),
+    PipelineOperation(
+        "virtual_annular",
+        summary="The counts in the annulus `inner <= d < outer` around the centre.",
+        result="ScanImage (counts)",
+    ),
+    PipelineOperation(
+        "virtual_mask",
+        file_params=("mask",),
+        summary="The sum of each frame times a mask or weight map read from a `.npy` file.",
+        result="ScanImage (counts, times the weights)",
+    ),
+    PipelineOperation(
+        "center_of_mass",
+        summary="Centre of mass of every pattern, relative to the centre, as a vector field.",
+        result="VectorField (px, or mrad / 1/Å on a calibrated detector)",
+    ),
+    PipelineOperation(
+        "dpc",
+        field_inputs=("center_of_mass",),
+        summary="DPC field: the centre of mass rotated (and transposed) into scan axes.",
+        result="VectorField (the centre of mass's units)",
+    ),
+    PipelineOperation(
+        "idpc",
+        field_inputs=("center_of_mass", "dpc"),
+        summary="Integrated DPC phase (Fourier integration of the DPC field).",
+        result="PhaseImage (rad when scan, detector and voltage are calibrated, else arb.)",
+    ),
+    PipelineOperation(
+        "mean_diffraction",
+        summary="The mean diffraction pattern.",
+        result="DiffractionImage (counts per frame)",
+    ),
+    PipelineOperation(
+        "max_diffraction",
+        summary="The pixel-wise maximum pattern.",
+        result="DiffractionImage (counts)",
+    ),
+    PipelineOperation(
+        "sum_diffraction",
+        summary="The summed pattern (integer sums widened).",
+        result="DiffractionImage (counts)",
+    ),
+    PipelineOperation(
+        "ssb",
+        summary="Single-sideband ptychography: the complex transmission function over the scan.",
+        result="ComplexObject (amplitude, phase in rad)",
+    ),
 )
 
 #: The entry-point group third-party pipeline operations register in.
