@@ -413,3 +413,23 @@ def test_the_moved_ssb_kernels_module_still_answers() -> None:
     assert ssb_kernels.NumpyOps is NumpyOps
     with pytest.raises(AttributeError, match=r"quantem_flow\.operators\.ssb\.stages"):
         ssb_kernels.QGrid  # noqa: B018
+
+
+def test_the_reference_runtime_is_declared_from_its_hello(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its row's kernels are what its worker's hello says, not a table kept beside it."""
+    from quantem_flow.runtimes.external import spec as external
+    from quantem_flow.runtimes.external.reference_worker import ReferenceWorker
+
+    hello = ReferenceWorker().hello().header
+    assert external.reference_spec().kernels == frozenset(tuple(k) for k in hello["kernels"])
+    assert "external-reference" in external.HELLO_DECLARED
+    real = ReferenceWorker.hello
+
+    def without_float64(self: ReferenceWorker) -> Any:
+        message = real(self)
+        message.header["kernels"] = [k for k in message.header["kernels"] if k[2] != "float64"]
+        return message
+
+    monkeypatch.setattr(ReferenceWorker, "hello", without_float64)
+    kernels = external.reference_spec().kernels
+    assert kernels and all(dtype != "float64" for _, _, dtype in kernels)

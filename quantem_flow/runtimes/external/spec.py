@@ -17,12 +17,12 @@ __all__ = [
     "EXTERNAL_SPECS",
     "HELLO_DECLARED",
     "KERNELS",
-    "REFERENCE_SPEC",
     "VULKAN_KERNELS",
     "VULKAN_SPEC",
     "WEBGPU_BROWSER_SPEC",
     "WEBGPU_SPEC",
     "kernel_triples",
+    "reference_spec",
     "register_requested",
     "why_not_registered",
 ]
@@ -57,7 +57,6 @@ def _external(
 
 
 _WORKERS = "quantem_flow.runtimes.external.workers"
-_ALL = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64")
 
 #: ``(operation, representation, dtype)`` of the WebGPU worker.
 KERNELS = kernel_triples(
@@ -83,14 +82,31 @@ WEBGPU_BROWSER_SPEC = _external(
     KERNELS,
     "WebGPU/WGSL worker (web/) in a browser page over a loopback WebSocket (qf-worker/1)",
 )
-REFERENCE_SPEC = _external(
-    "external-reference",
-    f"{_WORKERS}:ReferenceRuntime",
-    f"{_WORKERS}:probe_reference",
-    kernel_triples((*_ALL, "float32", "float64"), _ALL),
-    "the NumPy reference qf-worker/1 worker in a child process (tests, CI without Node; "
-    "$QF_REFERENCE_WORKER_ARGS adds arguments)",
-)
+
+
+def reference_spec() -> RuntimeSpec:
+    """The ``external-reference`` declaration, its kernels those its worker's ``hello`` declares.
+
+    The reference worker is Python: its ``hello`` is asked of a worker made in
+    this process (no child started), so the row cannot disagree with it.
+    """
+    from .reference_worker import ReferenceWorker
+
+    hello = ReferenceWorker().hello().header
+    return _external(
+        "external-reference",
+        f"{_WORKERS}:ReferenceRuntime",
+        f"{_WORKERS}:probe_reference",
+        frozenset((str(op), str(rep), str(dt)) for op, rep, dt in hello["kernels"]),
+        "the NumPy reference qf-worker/1 worker in a child process (tests, CI without Node; "
+        "$QF_REFERENCE_WORKER_ARGS adds arguments)",
+    )
+
+
+def __getattr__(name: str) -> RuntimeSpec:
+    if name == "REFERENCE_SPEC":  # made from the worker's hello on first use
+        return reference_spec()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 VULKAN_SPEC = _external(
     "vulkan",
     "quantem_flow.runtimes.external.vulkan:VulkanRuntime",
@@ -99,16 +115,20 @@ VULKAN_SPEC = _external(
     "C++/Vulkan worker (android/, host build) over pipes (qf-worker/1)",
 )
 
-#: The external runtimes, registered on demand (see :func:`register_requested`).
-EXTERNAL_SPECS = {
-    spec.name: spec for spec in (WEBGPU_SPEC, WEBGPU_BROWSER_SPEC, REFERENCE_SPEC, VULKAN_SPEC)
-}
+#: The external runtimes declared here, registered on demand (see :func:`register_requested`).
+#: Their workers' hello is authoritative at run time (the bridge refuses what it does not
+#: offer); asking it at registration needs a started worker, which ``webgpu`` cannot be here
+#: (its build needs npm) and ``vulkan``'s executable has no hello-only mode.
+EXTERNAL_SPECS = {spec.name: spec for spec in (WEBGPU_SPEC, WEBGPU_BROWSER_SPEC, VULKAN_SPEC)}
 
 
 #: Runtimes declared from their worker's own ``hello``, not from a table kept here: name ->
 #: ``"module:function"`` returning the ``RuntimeSpec`` (the worker asked once per build), or
 #: raising ``RuntimeUnavailableError`` saying why it cannot be declared (not built...).
-HELLO_DECLARED = {"swift": "quantem_flow.runtimes.external.swift:swift_spec"}
+HELLO_DECLARED = {
+    "swift": "quantem_flow.runtimes.external.swift:swift_spec",
+    "external-reference": "quantem_flow.runtimes.external.spec:reference_spec",
+}
 
 #: Why a runtime of :data:`HELLO_DECLARED` was named but could not be registered.
 _NOT_REGISTERED: dict[str, str] = {}
