@@ -94,16 +94,16 @@ class CpuRuntime(Runtime):
         )
 
     def frame_pass_kernels(self) -> Mapping[str, FramePassKernel]:
-        """Dense (the fused kernel), paired (O(events)), packed and encoded (decoded in groups)."""
-        from .encoded_kernels import frame_pass_encoded
-        from .packed_kernels import frame_pass_packed
-        from .paired_kernels import frame_pass_paired
+        """Dense (the fused kernel), paired (O(events)), packed and encoded (decoded in groups).
+
+        One row per representation in :data:`~quantem_flow.runtimes.cpu.spec.FRAME_PASS_KERNELS`.
+        """
+        from ...plugins import load_attribute
+        from .spec import FRAME_PASS_KERNELS
 
         return {
-            "dense": self._dense_frame_pass,
-            "paired": frame_pass_paired,
-            "packed": frame_pass_packed,
-            "encoded": frame_pass_encoded,
+            rep: self._dense_frame_pass if target is None else load_attribute(target)
+            for rep, (target, _) in FRAME_PASS_KERNELS.items()
         }
 
     def describe(self) -> dict[str, Any]:

@@ -8,20 +8,29 @@ import platform
 from ..dtypes import ALL_NUMERIC, INTEGERS, triples
 from ..registry import ProbeResult, RuntimeSpec
 
-__all__ = ["KERNELS", "SPEC", "probe"]
+__all__ = ["FRAME_PASS_KERNELS", "KERNELS", "SPEC", "probe"]
 
-#: What the CPU runtime runs: the Numba kernels take every integer and real
-#: dtype (float16 is widened to float32 exactly); ``paired`` and ``packed``
-#: hold integer counts only.
+#: One row per representation the CPU runtime runs: its frame-pass kernel
+#: (``"module:function"``, imported on first use; ``None``: the runtime's own
+#: dense pass) and the dtypes it takes.  The Numba kernels take every integer
+#: and real dtype (float16 is widened to float32 exactly); ``paired`` and
+#: ``packed`` hold integer counts only.  Gathering pixels is the
+#: representation's own (``Representation.gather``), on the same dtypes.
+FRAME_PASS_KERNELS: dict[str, tuple[str | None, tuple[str, ...]]] = {
+    "dense": (None, ALL_NUMERIC),
+    "encoded": ("quantem_flow.runtimes.cpu.encoded_kernels:frame_pass_encoded", ALL_NUMERIC),
+    "paired": ("quantem_flow.runtimes.cpu.paired_kernels:frame_pass_paired", INTEGERS),
+    "packed": ("quantem_flow.runtimes.cpu.packed_kernels:frame_pass_packed", INTEGERS),
+}
+
+#: What the CPU runtime runs (derived from :data:`FRAME_PASS_KERNELS`, plus the SSB stage).
 KERNELS = frozenset(
-    triples("frame_pass", "dense", ALL_NUMERIC)
-    | triples("frame_pass", "encoded", ALL_NUMERIC)
-    | triples("frame_pass", "paired", INTEGERS)
-    | triples("frame_pass", "packed", INTEGERS)
-    | triples("gather", "dense", ALL_NUMERIC)
-    | triples("gather", "encoded", ALL_NUMERIC)
-    | triples("gather", "paired", INTEGERS)
-    | triples("gather", "packed", INTEGERS)
+    frozenset().union(
+        *(
+            triples("frame_pass", rep, dtypes) | triples("gather", rep, dtypes)
+            for rep, (_, dtypes) in FRAME_PASS_KERNELS.items()
+        )
+    )
     | triples("ssb", "gathered", ALL_NUMERIC)
 )
 
