@@ -328,3 +328,51 @@ def test_float_frames_are_not_taken() -> None:
     plan = analyse_weights(_weights((16, 16), (7.5, 7.5)), frame_shape=(16, 16))
     found, why = bitplane_pass_for(plan, np.dtype(np.float32), want_patterns=False)
     assert found is None and "float32" in why
+
+
+def test_a_block_size_larger_than_the_frame_is_one_block() -> None:
+    """The format lays such a frame out as one block; a huge size costs no memory."""
+    shape = (20, 24)
+    frames = _frames("uint16", 3, 480, seed=8, counted=True)
+    parts = []
+    for f in frames:
+        body = bitshuffle.compress_lz4(np.ascontiguousarray(f), 480).tobytes()
+        header = struct.pack(">QI", f.nbytes, (1 << 28) * 2)  # 2**28 values per block
+        parts.append(np.frombuffer(header + body, dtype=np.uint8))
+    stored = StoredFrames(
+        data=np.concatenate(parts),
+        starts=np.cumsum([0] + [p.size for p in parts[:-1]]).astype(np.int64),
+        sizes=np.array([p.size for p in parts], dtype=np.int64),
+        unfiltered=np.zeros(3, dtype=bool),
+        dtype=np.dtype(np.uint16),
+        frame_shape=shape,
+        fill=0,
+        where="frames with a huge block size",
+        numbers=np.arange(3, dtype=np.int64),
+    )
+    np.testing.assert_array_equal(stored.decode(), frames)
+    w = _weights(shape, (9.5, 11.5))
+    np.testing.assert_array_equal(stored_pass(w, stored).result()[0], reference(w, frames, shape))
+
+
+def test_a_corrupt_block_size_is_refused_before_anything_is_planned() -> None:
+    shape = (64, 64)
+    frames = _frames("uint16", 3, 4096, counted=True)
+    stored = stored_of(frames, shape)
+    data = stored.data.copy()
+    a = int(stored.starts[1])
+    # 64 values per block: the chunk's single block of 4096 no longer fits its header
+    data[a + 8 : a + 12] = np.frombuffer(struct.pack(">I", 64 * 2), dtype=np.uint8)
+    bad = StoredFrames(**{**stored.__dict__, "data": data})
+    with pytest.raises(CorruptChunkError, match="frame 101.*block lengths"):
+        stored_pass(_weights(shape, (31.5, 31.5)), bad)
+
+
+def test_stored_frames_refuse_chunks_outside_their_bytes() -> None:
+    stored = stored_of(_frames("uint8", 2, 64), (8, 8))
+    with pytest.raises(ValueError, match="lies outside"):
+        StoredFrames(**{**stored.__dict__, "sizes": stored.sizes + 1000})
+    with pytest.raises(ValueError, match="of one length"):
+        StoredFrames(**{**stored.__dict__, "numbers": stored.numbers[:1]})
+    with pytest.raises(ValueError, match="C-contiguous"):
+        stored.decode(np.empty((64, 2), dtype=np.uint8).T)

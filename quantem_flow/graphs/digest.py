@@ -53,7 +53,6 @@ __all__ = [
     "digest_header",
     "hashes_stored",
     "payload_digests",
-    "stored_digests",
     "stored_row_units",
 ]
 
@@ -149,9 +148,10 @@ _STORED_TAG = b"quantem-flow stored frames v1;"
 def stored_row_units(stored: StoredFrames, rows: tuple[int, int]) -> Units:
     """Digests of whole scan rows ``rows`` whose frames ``stored`` holds in scan order.
 
-    Per row: the frames' stored sizes (int64, ``-1`` never written) and
-    filter flags (uint8), then each written chunk's bytes in scan order
-    (read as one run where the chunks lie back to back).
+    Per row: the values' dtype and the fill value of chunks never written,
+    the frames' stored sizes (int64, ``-1`` never written) and filter flags
+    (uint8), then each written chunk's bytes in scan order (read as one run
+    where the chunks lie back to back).
     """
     import xxhash
 
@@ -166,10 +166,12 @@ def stored_row_units(stored: StoredFrames, rows: tuple[int, int]) -> Units:
     ends = stored.starts + stored.sizes
     units: Units = []
     data = stored.data
+    # the values' dtype and the fill value of chunks never written are part of what is read
+    tag = _STORED_TAG + f"{stored.dtype.str};fill={int(stored.fill)};".encode()
     for i in range(r1 - r0):
         a, b = i * per, (i + 1) * per
         h = xxhash.xxh3_128()
-        h.update(_STORED_TAG)
+        h.update(tag)
         h.update(sizes[a:b].tobytes())
         h.update(flags[a:b].tobytes())
         idx = a + np.flatnonzero(written[a:b])
@@ -179,24 +181,6 @@ def stored_row_units(stored: StoredFrames, rows: tuple[int, int]) -> Units:
             for s, e in zip(np.r_[0, breaks], np.r_[breaks, idx.size], strict=True):
                 h.update(data[int(stored.starts[idx[s]]) : int(ends[idx[e - 1]])].data)
         units.append((r0 + i, r0 + i + 1, str(h.hexdigest())))
-    return units
-
-
-def stored_digests(
-    ds: Dataset4D, rows: tuple[int, int], *, buffer: np.ndarray | None = None
-) -> Units:
-    """Per-row digests of the stored chunks of scan rows ``rows`` of ``ds`` (read for them).
-
-    The whole-chunk routes (a chunk loaded whole, a persisted chunk) read the
-    stored bytes again here: a fifth to a tenth of the decoded bytes for
-    counted data, from the page cache.
-    """
-    units: Units = []
-    row_bytes = max(1, ds.shape[1] * int(np.prod(ds.source.shape[2:])) * ds.source.dtype.itemsize)
-    step = max(1, (64 << 20) // row_bytes)
-    for a in range(int(rows[0]), int(rows[1]), step):
-        b = min(int(rows[1]), a + step)
-        units += stored_row_units(ds.stored_block((a, b), buffer=buffer), (a, b))
     return units
 
 
@@ -252,8 +236,10 @@ class DenseRowDigests:
 
 def digest_header(ds: Dataset4D) -> str:
     """What a dataset's digests are of: representation, dtype and shape as loaded."""
+    # the stored bytes do not show a detector crop or binning: those are named here
     stored = (
-        f"; stored chunks ({ds.source.stored_frames_codec}) before decoding"
+        f"; stored chunks ({ds.source.stored_frames_codec}, {ds.source.dtype.str}) before "
+        f"decoding, then detector transforms {[op.to_dict() for op in ds.detector_ops]}"
         if hashes_stored(ds)
         else ""
     )

@@ -317,7 +317,6 @@ def _run_stored_chunk(
     kernel_s = prepare_s
     stored_bytes = 0
     largest = 0
-    per_decode = max(4, piece_bytes // max(frame_nbytes, 1) // 4 * 4)
     # one reused buffer for the stored bytes (fresh pages cost ~0.4 ms per MiB to fault in):
     # the decoded size of the largest piece, which compressed chunks stay under (a piece that
     # does not fit, incompressible data with its headers, reads into a new array)
@@ -335,11 +334,11 @@ def _run_stored_chunk(
             if plain:
                 stream.feed_stored(stored)
             else:
-                for a in range(0, stored.n_frames, per_decode):
-                    part = stored.frames(a, min(stored.n_frames, a + per_decode)).decode()
+                for a, b in stored.pieces(piece_bytes):
+                    part = stored.frames(a, b).decode()
                     block = ds.transform_block(part.reshape(1, -1, kr, kc))
                     stream.feed(block.reshape(block.shape[1], -1))
-            stored_bytes += stored.data.shape[0]
+            stored_bytes += stored.stored_bytes
             largest = max(largest, stored.data.shape[0])
             read_s += t1 - t0
             hash_s += t2 - t1

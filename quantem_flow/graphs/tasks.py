@@ -26,7 +26,7 @@ from ..runtimes import get_runtime
 from ..runtimes.base import FramePassResult
 from ..runtimes.staging import staged
 from .complement_query import plan_complement
-from .digest import Units, chunk_digest, hashes_stored, payload_digests, stored_digests
+from .digest import Units, chunk_digest, hashes_stored, payload_digests, stored_row_units
 from .radial_query import plan_radial
 from .streamed import run_streamed_chunk
 
@@ -411,11 +411,14 @@ def _run_chunk_pass(
 ) -> ChunkPartial:
     t0 = time.perf_counter()
     ds = spec.dataset
-    payload, made = ds.load_payload((r0, r1), buffer=buffer)
+    if hashes_stored(ds):
+        payload, made, units, hash_s = load_stored_whole(ds, r0, r1, buffer=buffer)
+    else:
+        payload, made = ds.load_payload((r0, r1), buffer=buffer)
+        th = time.perf_counter()
+        units = payload_digests(ds.representation, payload, (r0, r1))
+        hash_s = time.perf_counter() - th
     made = {**made, **(why or {})}
-    th = time.perf_counter()
-    units = _chunk_units(ds, payload, r0, r1)
-    hash_s = time.perf_counter() - th
     runtime = get_runtime(spec.runtime)
     handle = runtime.put(_host_chunk(ds, r0, r1, payload))
     try:
@@ -436,11 +439,37 @@ def _run_chunk_pass(
         runtime.release(handle)
 
 
-def _chunk_units(ds: Dataset4D, payload: Any, r0: int, r1: int) -> Units:
-    """The digests of a chunk loaded whole: of the payload, or of its stored chunks."""
-    if hashes_stored(ds):
-        return stored_digests(ds, (r0, r1))
-    return payload_digests(ds.representation, payload, (r0, r1))
+def load_stored_whole(
+    ds: Dataset4D, r0: int, r1: int, *, buffer: np.ndarray | None = None
+) -> tuple[np.ndarray, dict[str, Any], Units, float]:
+    """Rows ``r0:r1`` of a source storing one bitshuffle chunk per frame, loaded whole.
+
+    The stored chunks are read once, hashed as stored (the digest every route
+    of such a dataset gives: :func:`~quantem_flow.graphs.digest.hashes_stored`),
+    and decoded from those same bytes, so the digest names the bytes the
+    values came from.  Returns ``(payload, made, units, hash seconds)``.
+    """
+    stored = ds.stored_block((r0, r1))
+    th = time.perf_counter()
+    units = stored_row_units(stored, (r0, r1))
+    hash_s = time.perf_counter() - th
+    shape = ds.raw_block_shape((r0, r1))
+    raw = (
+        buffer
+        if buffer is not None
+        and buffer.shape == shape
+        and buffer.dtype == ds.source.dtype
+        and buffer.flags.c_contiguous
+        else np.empty(shape, dtype=ds.source.dtype)
+    )
+    stored.decode(raw.reshape(stored.n_frames, -1))
+    block = ds.transform_block(raw)  # in the staging buffer, as a dense read's payload is
+    made = {
+        "made": "stored chunks read, decoded whole",
+        "payload_bytes": int(block.nbytes),
+        "stored_bytes": stored.stored_bytes,
+    }
+    return block, made, units, hash_s
 
 
 def load_host_payload(ds: Dataset4D, r0: int, r1: int) -> Any:
@@ -469,10 +498,13 @@ def load_resident_chunk(ds: Dataset4D, runtime_name: str, index: int, r0: int, r
     record it without hashing again.
     """
     runtime = get_runtime(runtime_name)
-    payload = load_host_payload(ds, r0, r1)
-    th = time.perf_counter()
-    units = _chunk_units(ds, payload, r0, r1)
-    hash_s = time.perf_counter() - th
+    if hashes_stored(ds):
+        payload, _, units, hash_s = load_stored_whole(ds, r0, r1)
+    else:
+        payload = load_host_payload(ds, r0, r1)
+        th = time.perf_counter()
+        units = payload_digests(ds.representation, payload, (r0, r1))
+        hash_s = time.perf_counter() - th
     handle = runtime.put(
         _host_chunk(ds, r0, r1, payload),
         reload=functools.partial(load_host_payload, ds, r0, r1),

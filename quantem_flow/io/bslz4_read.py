@@ -505,8 +505,10 @@ def stored_readable(dset: Any) -> bool:
     shape = tuple(int(n) for n in dset.shape)
     dtype = np.dtype(dset.dtype)
     values = _filter_values(dset)
+    from .hdf5 import dataset_filters
+
     if (
-        not values
+        not supports(dataset_filters(dset))
         or _BSHUF_COMPRESSION.get(int(dict(enumerate(values)).get(4, 2))) != "lz4"
         or not _one_frame_chunks(tuple(dset.chunks or ()), shape)
         or dtype.kind not in "iu"
@@ -569,7 +571,7 @@ def read_stored(
     data = np.zeros(0, dtype=np.uint8)
     if written.size:
         offs, sz = offsets[written], sizes[written]
-        ends = _run_ends(offs, sz, GAP_BYTES, np.int64(1) << 62).tolist()
+        ends = _run_ends(offs, sz, GAP_BYTES, SPAN_BYTES).tolist()  # preadv reads < 2 GiB
         runs, a = [], 0
         for b in ends:
             runs.append((a, b, int(offs[a]), int(offs[b - 1] + sz[b - 1]) - int(offs[a])))

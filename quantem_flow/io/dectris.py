@@ -302,7 +302,7 @@ class DectrisSource(FrameSource):
                 pos - first,
                 end - first,
                 where=f"dataset {dset_path!r} of data file {str(file_path)!r} (master "
-                f"{str(self._path)!r})",
+                f"{str(self._path)!r}; frames numbered in the acquisition)",
                 buffer=buffer if pos == start and end == stop else None,
             )
             parts.append(dataclasses.replace(part, numbers=part.numbers + first))

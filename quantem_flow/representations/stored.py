@@ -31,8 +31,10 @@ import numpy as np
 from ..errors import CorruptChunkError
 
 __all__ = [
+    "DECODE_PIECE_BYTES",
     "STORED_CODEC",
     "StoredFrames",
+    "chunk_problem",
     "concat_stored",
     "decode_lz4_into",
     "lz4_block_decoder",
@@ -40,6 +42,10 @@ __all__ = [
 
 #: The codec of :class:`StoredFrames` (the HDF5 bitshuffle filter's format with LZ4).
 STORED_CODEC = "bitshuffle-lz4"
+
+#: Decoded bytes per piece when stored frames are decoded for kernels that need the values
+#: (the streamed pass's piece, docs/streamed-pass.md): decoded and run while in cache.
+DECODE_PIECE_BYTES = 2 << 20
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -81,6 +87,24 @@ class StoredFrames:
     where: str
     numbers: np.ndarray
 
+    def __post_init__(self) -> None:
+        # what the kernels and the decoder rely on: every chunk lies within ``data``
+        n = self.starts.shape[0]
+        if not (self.sizes.shape[0] == self.unfiltered.shape[0] == self.numbers.shape[0] == n):
+            raise ValueError(
+                f"stored frames: starts ({n}), sizes ({self.sizes.shape[0]}), unfiltered "
+                f"({self.unfiltered.shape[0]}) and numbers ({self.numbers.shape[0]}) must be "
+                "of one length"
+            )
+        written = self.starts >= 0
+        if bool(np.any(self.sizes < 0)) or bool(
+            np.any(self.starts[written] + self.sizes[written] > self.data.shape[0])
+        ):
+            raise ValueError(
+                f"stored frames: a chunk lies outside the {self.data.shape[0]} bytes held "
+                "(negative size, or start + size past the end)"
+            )
+
     @property
     def n_frames(self) -> int:
         """Frames held."""
@@ -95,6 +119,15 @@ class StoredFrames:
     def stored_bytes(self) -> int:
         """The chunks' bytes (what a pass over them reads from the file)."""
         return int(self.sizes.sum())
+
+    def pieces(self, piece_bytes: int = DECODE_PIECE_BYTES) -> list[tuple[int, int]]:
+        """``(start, stop)`` of runs of frames decoding to at most ``piece_bytes``.
+
+        Each a multiple of 4 frames (the CPU kernels' frame group), at least 4.
+        """
+        frame = max(1, self.frame_elements * self.dtype.itemsize)
+        step = max(4, piece_bytes // frame // 4 * 4)
+        return [(a, min(self.n_frames, a + step)) for a in range(0, self.n_frames, step)]
 
     def frames(self, start: int, stop: int) -> StoredFrames:
         """Frames ``[start, stop)`` of this run (sharing its bytes)."""
@@ -128,11 +161,12 @@ class StoredFrames:
         :class:`~quantem_flow.errors.CorruptChunkError` naming the frame.
         """
         n, k = self.n_frames, self.frame_elements
-        target = np.empty((n, k), dtype=self.dtype) if out is None else out.reshape(n, k)
-        if target.dtype != self.dtype or not target.flags.c_contiguous:
+        if out is not None and (out.dtype != self.dtype or not out.flags.c_contiguous):
             raise ValueError(
-                f"decode needs a C-contiguous {self.dtype} destination, got {target.dtype}"
+                f"decode needs a C-contiguous {self.dtype} destination of {n} x {k} values, "
+                f"got {out.dtype} (C-contiguous: {out.flags.c_contiguous})"
             )
+        target = np.empty((n, k), dtype=self.dtype) if out is None else out.reshape(n, k)
         from .stored_kernels import decode_span
 
         into = decode_lz4_into()
@@ -141,7 +175,7 @@ class StoredFrames:
         if into is not None and bool(plain.all()):
             bad = decode_span(into, self.data, self.starts, self.sizes, k, frames)
             if bad >= 0:
-                raise self.corrupt(int(bad), _problem(self.chunk(int(bad)), k, self.dtype))
+                raise self.corrupt(int(bad), chunk_problem(self.chunk(int(bad)), k, self.dtype))
             return target
         for f in range(n):
             target[f] = self._decode_one(f, k)
@@ -201,11 +235,12 @@ def concat_stored(parts: list[StoredFrames]) -> StoredFrames:
     )
 
 
-def _problem(data: np.ndarray, k: int, dtype: np.dtype[Any]) -> str:
+def chunk_problem(data: np.ndarray, k: int, dtype: np.dtype[Any]) -> str:
+    """What is wrong with a chunk a decoder stopped on: its checks, else the codec's failure."""
     from .encoded import bitshuffle_chunk_problem
 
     found = bitshuffle_chunk_problem(data, k, dtype.itemsize)
-    return found if found is not None else "the codec stopped before the chunk's end"
+    return found if found is not None else "an LZ4 block does not decode to its size"
 
 
 _DECODERS: dict[str, Any] = {}

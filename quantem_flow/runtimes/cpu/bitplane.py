@@ -26,7 +26,8 @@ constant over the 32 rows of a 4096-value block) are counted once there,
 and empty ones not at all.
 
 The kernel decodes one LZ4 block at a time (``LZ4_decompress_safe``, which
-never reads or writes outside the sizes it is given) into an 8 KiB scratch
+never reads or writes outside the sizes it is given) into a scratch of one block
+(8 KiB of 16-bit values)
 that stays in L1, counts, and moves on: one compiled call per run of frames,
 without the GIL.  It writes the same integers the cell kernels accumulate
 into the same output columns, so
@@ -37,9 +38,10 @@ values) and frames never written (the fill value) are summed directly.
 
 When it runs (:func:`bitplane_pass_for`): 8-, 16- or 32-bit integer frames,
 every row a mask or a moment (no general rows), no sum or maximum pattern,
-no gather, the setting ``bitplane_kernel`` on (the default), and at most
+the setting ``bitplane_kernel`` on (the default), and at most
 :data:`MAX_MASK_PLANES` masks x planes per block.  Otherwise the frames are
-decoded and the usual kernels run; the variant record says why.
+decoded and the usual kernels run; the variant record says why.  (A stream
+that also gathers pixels, SSB's pass, decodes: it needs the values.)
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from ... import config
-from ...representations.stored import StoredFrames, lz4_block_decoder
+from ...representations.stored import StoredFrames, chunk_problem, lz4_block_decoder
 from .structure import WeightPlan, finish_moment_rows, structured_vectors
 
 __all__ = ["BITPLANE_KEY", "MAX_MASK_PLANES", "BitplanePass", "bitplane_pass_for", "warm_bitplane"]
@@ -191,9 +193,12 @@ class BitplanePass:
         status = np.zeros(2, dtype=np.int64)
         itemsize = self.dtype.itemsize
         done = 0
-        block = _first_block(stored)
+        first = next(
+            (f for f in range(n) if stored.starts[f] >= 0 and not stored.unfiltered[f]), None
+        )
+        block = 8 if first is None else self._checked_block(stored, first)
         while done < n:
-            bp = self.block_plan(block if block > 0 else 8)
+            bp = self.block_plan(block)
             scratch = self._buffer(bp.block * itemsize + 8 * 8 * itemsize + 64)
             done = _stored_totals(
                 lz4,
@@ -222,12 +227,31 @@ class BitplanePass:
             if status[0] == 1:
                 raise stored.corrupt(done, _what(stored, done, self.n_elem, itemsize))
             if status[0] == 2:  # this frame's chunk has another block size: plan it, go on
-                block = int(status[1])
+                block = self._checked_block(stored, done)
                 status[:] = 0
         # the integers the cell kernels leave in each structured column, then their finish
         rows = out[:n]
         rows[:, self.columns] = totals[:, self.sources]
         finish_moment_rows(rows, self.plan)
+
+    def _checked_block(self, stored: StoredFrames, frame: int) -> int:
+        """The block size of ``frame``'s chunk, checked whole before anything is planned for it.
+
+        A block larger than the frame lays the frame out as one block of its
+        values rounded down to 8 (as the bitshuffle format does), so it is
+        planned at that size: a corrupt header cannot make the masks larger
+        than the frame.  A chunk that does not check out raises
+        :class:`~quantem_flow.errors.CorruptChunkError` naming the frame.
+        """
+        from ...representations.encoded import bitshuffle_chunk_problem
+
+        itemsize = self.dtype.itemsize
+        data = stored.chunk(frame)
+        problem = bitshuffle_chunk_problem(data, self.n_elem, itemsize)
+        if problem is not None:
+            raise stored.corrupt(frame, problem)
+        block = int.from_bytes(data[8:12].tobytes(), "big") // itemsize
+        return _layout_block(block, self.n_elem)
 
     def _buffer(self, nbytes: int) -> np.ndarray:
         buf: np.ndarray | None = getattr(self._scratch, "buf", None)
@@ -237,24 +261,18 @@ class BitplanePass:
         return buf
 
 
-def _first_block(stored: StoredFrames) -> int:
-    """The block size (values) in the first filtered chunk's header, or 0."""
-    for f in range(stored.n_frames):
-        if stored.starts[f] >= 0 and not stored.unfiltered[f] and stored.sizes[f] >= 12:
-            raw = stored.chunk(f)[8:12].tobytes()
-            block = int.from_bytes(raw, "big") // stored.dtype.itemsize
-            return block if block > 0 and block % 8 == 0 else 0
-    return 0
+def _layout_block(block: int, n_elem: int) -> int:
+    """The block size that lays out ``n_elem`` values as ``block`` does, at most the frame's."""
+    whole = n_elem - n_elem % 8
+    return max(8, min(block, whole)) if whole else 8
 
 
 def _what(stored: StoredFrames, frame: int, n_elem: int, itemsize: int) -> str:
-    from ...representations.encoded import bitshuffle_chunk_problem
-
+    """What is wrong with ``frame``'s chunk (the kernel stopped there)."""
     data = stored.chunk(frame)
     if stored.unfiltered[frame]:
         return f"it was stored unfiltered with {data.shape[0]} bytes, expected {n_elem * itemsize}"
-    found = bitshuffle_chunk_problem(data, n_elem, itemsize)
-    return found if found is not None else "an LZ4 block does not decode to its size"
+    return chunk_problem(data, n_elem, stored.dtype)
 
 
 def _streams(vectors: np.ndarray) -> list[tuple[np.ndarray, int, int]]:
@@ -426,9 +444,13 @@ def _stored_totals(  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
         if nbytes != n_elem * itemsize or block_bytes == 0 or block_bytes % (itemsize * 8):
             status[0] = 1
             return f
-        if block_bytes // itemsize != block:
+        header_block = block_bytes // itemsize
+        whole = n_elem - n_elem % 8
+        if whole and header_block > whole:  # one block of the frame's values: the same layout
+            header_block = whole
+        if whole and header_block != block:
             status[0] = 2
-            status[1] = block_bytes // itemsize
+            status[1] = header_block
             return f
         pos = a + 12
         for b in range(n_blocks):

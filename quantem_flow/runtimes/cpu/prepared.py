@@ -31,11 +31,7 @@ from . import warmup
 from .exact_numpy import ExactPass
 from .kernels import _fused, skip_zero_weights, sum_dtype
 
-__all__ = ["DECODE_PIECE_BYTES", "PreparedFramePass"]
-
-#: Decoded bytes per piece when stored frames are decoded for the kernels (the streamed
-#: pass's piece: docs/streamed-pass.md).
-DECODE_PIECE_BYTES = 2 << 20
+__all__ = ["PreparedFramePass"]
 
 
 class PreparedFramePass:
@@ -266,12 +262,12 @@ class PreparedFramePass:
             return
         # decoded a cache-sized piece at a time into one reused buffer, each run while in cache
         k = stored.frame_elements
-        step = max(4, DECODE_PIECE_BYTES // max(1, k * stored.dtype.itemsize) // 4 * 4)
-        if self._decoded is None or self._decoded.dtype != stored.dtype:
-            self._decoded = np.empty((min(step, n), k), dtype=stored.dtype)
-        for a in range(0, n, step):
-            b = min(n, a + step)
-            if self._decoded.shape[0] < b - a:
+        for a, b in stored.pieces():
+            if (
+                self._decoded is None
+                or self._decoded.dtype != stored.dtype
+                or self._decoded.shape[0] < b - a
+            ):
                 self._decoded = np.empty((b - a, k), dtype=stored.dtype)
             self.run(stored.frames(a, b).decode(self._decoded[: b - a]))
 

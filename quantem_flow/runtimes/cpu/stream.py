@@ -10,7 +10,7 @@ from ... import config
 from ...representations.base import gather_columns
 from ...representations.stored import StoredFrames
 from ..base import FramePassResult, FramePassStream
-from .prepared import DECODE_PIECE_BYTES, PreparedFramePass
+from .prepared import PreparedFramePass
 
 __all__ = ["CpuFramePassStream"]
 
@@ -76,11 +76,8 @@ class CpuFramePassStream(FramePassStream):
         A gather needs the values, so a stream with one decodes every piece.
         """
         if self._gather is not None or self._pass is None:
-            step = max(
-                4, DECODE_PIECE_BYTES // max(1, stored.frame_elements * stored.dtype.itemsize)
-            )
-            for a in range(0, stored.n_frames, step):
-                self.feed(stored.frames(a, min(stored.n_frames, a + step)).decode())
+            for start, stop in stored.pieces():
+                self.feed(stored.frames(start, stop).decode())
             return
         n = stored.n_frames
         if self._pos + n > self._n:
