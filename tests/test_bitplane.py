@@ -364,7 +364,7 @@ def test_a_corrupt_block_size_is_refused_before_anything_is_planned() -> None:
     # 64 values per block: the chunk's single block of 4096 no longer fits its header
     data[a + 8 : a + 12] = np.frombuffer(struct.pack(">I", 64 * 2), dtype=np.uint8)
     bad = StoredFrames(**{**stored.__dict__, "data": data})
-    with pytest.raises(CorruptChunkError, match="frame 101.*block lengths"):
+    with pytest.raises(CorruptChunkError, match=r"frame 101.*block lengths"):
         stored_pass(_weights(shape, (31.5, 31.5)), bad)
 
 

@@ -107,6 +107,8 @@ def __getattr__(name: str) -> RuntimeSpec:
     if name == "REFERENCE_SPEC":  # made from the worker's hello on first use
         return reference_spec()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 VULKAN_SPEC = _external(
     "vulkan",
     "quantem_flow.runtimes.external.vulkan:VulkanRuntime",
