@@ -126,6 +126,17 @@ def _counted(d: Path, s: int, k: int) -> tuple[Path, dict[str, Any], str]:
     return p, {}, "16 events per frame (paired)"
 
 
+def _raw_csr(d: Path, s: int, k: int) -> tuple[Path, dict[str, Any], str]:
+    from tests.io.writers_raw_csr import write_raw_csr
+
+    rng = np.random.default_rng(0)
+    frames = np.zeros((s * s, k, k), dtype=np.uint16)
+    flat = frames.reshape(s * s, k * k)
+    for f in range(s * s):  # 16 counted electrons per frame, as the counted row
+        np.add.at(flat[f], rng.integers(0, k * k, size=16), 1)
+    return write_raw_csr(d, frames, nav_shape=(s, s)), {}, "16 events per frame (paired)"
+
+
 def _blockfile(d: Path, s: int, k: int) -> tuple[Path, dict[str, Any], str]:
     from tests.io.writers_blockfile import write_blockfile
 
@@ -184,6 +195,7 @@ MAKERS: dict[str, Maker] = {
     "empad": _empad,
     "mib": _mib,
     "counted": _counted,
+    "raw_csr": _raw_csr,
     "blockfile": _blockfile,
     "ser": _ser,
     "tvips": _tvips,

@@ -104,6 +104,12 @@ BUILTIN_READERS: tuple[ReaderEntry, ...] = (
     ReaderEntry(
         "tvips", "quantem_flow.io.tvips:TvipsSource", "quantem_flow.io.tvips:sniff", (".tvips",)
     ),
+    ReaderEntry(
+        "raw_csr",
+        "quantem_flow.io.raw_csr:RawCsrSource",
+        "quantem_flow.io.raw_csr:sniff",
+        (".toml",),
+    ),
 )
 
 # Views of the rows, by column (kept for code written against the earlier three tables).
