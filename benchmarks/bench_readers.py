@@ -137,6 +137,13 @@ def _raw_csr(d: Path, s: int, k: int) -> tuple[Path, dict[str, Any], str]:
     return write_raw_csr(d, frames, nav_shape=(s, s)), {}, "16 events per frame (paired)"
 
 
+def _seq(d: Path, s: int, k: int) -> tuple[Path, dict[str, Any], str]:
+    from tests.io.writers_seq import write_seq
+
+    frames = _pattern(s, k, "uint16").reshape(-1, k, k)
+    return write_seq(d / "b.seq", frames), {"scan_shape": (s, s)}, "uint16, timestamps between"
+
+
 def _blockfile(d: Path, s: int, k: int) -> tuple[Path, dict[str, Any], str]:
     from tests.io.writers_blockfile import write_blockfile
 
@@ -196,6 +203,7 @@ MAKERS: dict[str, Maker] = {
     "mib": _mib,
     "counted": _counted,
     "raw_csr": _raw_csr,
+    "seq": _seq,
     "blockfile": _blockfile,
     "ser": _ser,
     "tvips": _tvips,

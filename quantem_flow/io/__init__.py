@@ -110,6 +110,7 @@ BUILTIN_READERS: tuple[ReaderEntry, ...] = (
         "quantem_flow.io.raw_csr:sniff",
         (".toml",),
     ),
+    ReaderEntry("seq", "quantem_flow.io.seq:SeqSource", "quantem_flow.io.seq:sniff", (".seq",)),
 )
 
 # Views of the rows, by column (kept for code written against the earlier three tables).

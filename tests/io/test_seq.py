@@ -1,0 +1,128 @@
+"""Norpix StreamPix ``.seq``: detection, reference images applied only when asked, damage.
+
+Files come from :mod:`tests.io.writers_seq` (the documented header layout) and
+the reference images from the MRC writer of :mod:`tests.io.writers_mrc`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import quantem_flow as qf
+from quantem_flow.errors import (
+    FormatError,
+    ParameterError,
+    ShapeError,
+    SourceNotFoundError,
+    UnsupportedOperationError,
+)
+from quantem_flow.io import detect_format
+from quantem_flow.io.seq import SeqSource
+
+from .writers_mrc import write_mrc
+from .writers_seq import write_seq
+
+SCAN = (4, 6)
+DET = (10, 12)
+
+
+def _frames(rng: np.random.Generator) -> np.ndarray:
+    return rng.integers(100, 4000, size=(SCAN[0] * SCAN[1], *DET)).astype(np.uint16)
+
+
+def test_reads_equal_the_frames_and_detected_by_content(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    frames = _frames(rng)
+    path = write_seq(tmp_path / "movie.seq", frames)
+    renamed = path.rename(tmp_path / "movie.bin")
+    assert detect_format(renamed) == "seq"
+    ds = qf.open(renamed, scan_shape=SCAN)
+    assert ds.source.format == "seq" and ds.dtype == np.uint16
+    (bf,) = qf.compute(qf.virtual_bf(ds, radius=3, center=(4.5, 5.5)), client="synchronous")
+    (want,) = qf.compute(
+        qf.virtual_bf(qf.open(frames.reshape(*SCAN, *DET)), radius=3, center=(4.5, 5.5)),
+        client="synchronous",
+    )
+    np.testing.assert_array_equal(np.asarray(bf), np.asarray(want))
+    meta = ds.source.metadata
+    assert meta["version"] == 5 and meta["image_offset"] == 8192
+    assert meta["frame_stride_bytes"] > meta["image_bytes"]  # timestamps between images
+
+
+def test_references_are_applied_only_when_asked(tmp_path: Path, rng: np.random.Generator) -> None:
+    frames = _frames(rng)
+    path = write_seq(tmp_path / "movie.seq", frames)
+    dark = rng.integers(50, 90, size=(1, *DET)).astype(np.float32)
+    gain = rng.uniform(0.9, 1.1, size=(1, *DET)).astype(np.float32)
+    write_mrc(Path(f"{path}.dark.mrc"), dark)
+    write_mrc(Path(f"{path}.gain.mrc"), gain)
+    plain = SeqSource(path, scan_shape=SCAN)
+    assert plain.dtype == np.uint16 and plain.metadata["corrections"] == []
+    assert any("dark reference" in n and "not applied" in n for n in plain.notes)
+    np.testing.assert_array_equal(plain.read_frames(0, 3), frames[:3])
+    fixed = SeqSource(path, scan_shape=SCAN, corrections=("dark", "gain"))
+    assert fixed.dtype == np.float32
+    want = (frames.astype(np.float32) - dark[0]) * gain[0]
+    np.testing.assert_array_equal(fixed.read_frames(0, len(frames)), want)
+    kinds = [c["kind"] for c in fixed.metadata["corrections"]]
+    assert kinds == ["dark", "gain"] and all(
+        len(c["sha256"]) == 64 for c in fixed.metadata["corrections"]
+    )
+    assert f"{path}.dark.mrc" in fixed.identity.paths
+    assert fixed.identity.header_sha256 != plain.identity.header_sha256
+    ds = qf.open(path, scan_shape=SCAN, corrections=["dark"])
+    assert ds.dtype == np.float32
+    np.testing.assert_array_equal(
+        ds.source.read((0, 1), (0, 2)).reshape(2, *DET), frames[:2].astype(np.float32) - dark[0]
+    )
+
+
+def test_reference_errors(tmp_path: Path, rng: np.random.Generator) -> None:
+    path = write_seq(tmp_path / "movie.seq", _frames(rng))
+    with pytest.raises(SourceNotFoundError, match=r"movie\.seq\.gain\.mrc"):
+        SeqSource(path, scan_shape=SCAN, corrections=("gain",))
+    write_mrc(Path(f"{path}.dark.mrc"), np.zeros((1, 5, 5), np.float32))
+    with pytest.raises(ShapeError, match=r"\(5, 5\).*\(10, 12\)"):
+        SeqSource(path, scan_shape=SCAN, corrections=("dark",))
+    with pytest.raises(ParameterError, match="unknown"):
+        SeqSource(path, scan_shape=SCAN, corrections=("flat",))
+
+
+def test_the_bad_pixel_map_is_reported_not_applied(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    frames = _frames(rng)
+    path = write_seq(tmp_path / "movie.seq", frames)
+    Path(f"{path}.Config.Metadata.xml").write_text("<Config/>")
+    source = SeqSource(path, scan_shape=SCAN)
+    assert source.metadata["bad_pixel_map"].endswith(".Config.Metadata.xml")
+    assert any("bad-pixel map" in n for n in source.notes)
+    np.testing.assert_array_equal(source.read_frames(0, 2), frames[:2])
+
+
+def test_damaged_files(tmp_path: Path, rng: np.random.Generator) -> None:
+    frames = _frames(rng)
+    path = write_seq(tmp_path / "bad.seq", frames, header_overrides={"image_size_bytes": 7})
+    with pytest.raises(FormatError, match="header is damaged"):
+        SeqSource(path, scan_shape=SCAN)
+    path = write_seq(tmp_path / "zip.seq", frames, header_overrides={"compression_format": 2})
+    with pytest.raises(UnsupportedOperationError, match="compressed"):
+        SeqSource(path, scan_shape=SCAN)
+    path = write_seq(tmp_path / "depth.seq", frames, header_overrides={"bit_depth": 12})
+    with pytest.raises(FormatError, match="12 bits"):
+        SeqSource(path, scan_shape=SCAN)
+    path = write_seq(tmp_path / "short.seq", frames[:1])
+    path.write_bytes(path.read_bytes()[: 8192 + 100])  # the image offset, then 100 bytes
+    with pytest.raises(FormatError, match="no whole frame"):
+        SeqSource(path, scan_shape=(1, 1))
+    path = write_seq(tmp_path / "tail.seq", frames, trailing=b"\x01" * 100)
+    source = SeqSource(path, scan_shape=SCAN)
+    assert any("100 bytes after the last whole frame" in n for n in source.notes)
+    not_seq = tmp_path / "x.seq"
+    not_seq.write_bytes(b"\x00" * 2048)
+    with pytest.raises(FormatError, match="not a Norpix SEQ file"):
+        SeqSource(not_seq, scan_shape=SCAN)
