@@ -144,6 +144,14 @@ def _seq(d: Path, s: int, k: int) -> tuple[Path, dict[str, Any], str]:
     return write_seq(d / "b.seq", frames), {"scan_shape": (s, s)}, "uint16, timestamps between"
 
 
+def _frms6(d: Path, s: int, k: int) -> tuple[Path, dict[str, Any], str]:
+    from tests.io.writers_frms6 import write_frms6
+
+    frames = _pattern(s, k, "uint16").reshape(-1, k, k)
+    hdr = write_frms6(d, frames, frames[:8], stem_image_size=(s, s), per_file=8192)
+    return hdr, {}, "uint16, unfolded from the readout"
+
+
 def _blockfile(d: Path, s: int, k: int) -> tuple[Path, dict[str, Any], str]:
     from tests.io.writers_blockfile import write_blockfile
 
@@ -204,6 +212,7 @@ MAKERS: dict[str, Maker] = {
     "counted": _counted,
     "raw_csr": _raw_csr,
     "seq": _seq,
+    "frms6": _frms6,
     "blockfile": _blockfile,
     "ser": _ser,
     "tvips": _tvips,

@@ -111,6 +111,12 @@ BUILTIN_READERS: tuple[ReaderEntry, ...] = (
         (".toml",),
     ),
     ReaderEntry("seq", "quantem_flow.io.seq:SeqSource", "quantem_flow.io.seq:sniff", (".seq",)),
+    ReaderEntry(
+        "frms6",
+        "quantem_flow.io.frms6:Frms6Source",
+        "quantem_flow.io.frms6:sniff",
+        (".frms6", ".hdr"),
+    ),
 )
 
 # Views of the rows, by column (kept for code written against the earlier three tables).

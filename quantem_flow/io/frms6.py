@@ -1,0 +1,425 @@
+"""PNDetector pnCCD ``.frms6`` acquisitions: a ``.hdr`` and numbered ``.frms6`` files.
+
+An acquisition ``name`` is ``name.hdr`` (INI text; section ``[measurementInfo]``
+with ``darkframes``, ``signalframes``, ``stemimagesize = AxB``, ``readoutmode
+= "bin: N, windowing: I x J"``, ``dwelltimemicroseconds``, ``gain``) and
+``name_000.frms6`` (the dark frames), ``name_001.frms6``... (the signal
+frames, in order).  Each ``.frms6`` file (little endian):
+
+====== ====== ==============================================================
+0      u16    header size, 1024
+2      u16    frame header size, 64
+7      u8     version, 6
+88     u16    width (columns as read out), 90: height (rows)
+1020   u32    frames in the file (0 in older files: from the file's size)
+1024   ...    per frame: a 64-byte frame header, then ``height x width`` u16
+====== ====== ==============================================================
+
+The camera reads its two halves out side by side: a frame as stored is
+``height`` rows of ``width`` columns, the left half the detector's top
+``height`` rows and the right half its bottom rows, upside down and mirrored.
+Frames are returned unfolded, ``(2 * height, width // 2)``: row ``y < h`` is
+stored row ``y``, left half; row ``h + j`` is stored row ``h - 1 - j``, right
+half read backwards.  A binned readout (``bin: N``) is returned as read, each
+row covering ``N`` detector rows (recorded; nothing is resampled).
+
+The scan shape is the ``.hdr``'s ``stemimagesize`` (``A x B`` read as ``A``
+rows of ``B`` columns, recorded), unless ``scan_shape=`` is given.
+
+Corrections are applied only when asked (``corrections=``): ``"dark"``
+subtracts the mean of the dark frames of ``name_000.frms6``; ``"gain"``
+multiplies by ``gain_map=`` (a ``.npy`` array, or a MATLAB ``.mat`` holding
+one array, of the unfolded frame's shape).  The values are then ``float32``
+and the metadata records what was applied (the dark frames' count and file,
+the gain map's path and SHA-256); a dark file present but not asked for is
+noted.
+"""
+
+from __future__ import annotations
+
+import configparser
+import hashlib
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import (
+    FormatError,
+    ParameterError,
+    ScanShapeError,
+    ShapeError,
+    SourceNotFoundError,
+)
+from .base import FrameSource, SourceIdentity, check_exists, header_digest, path_size
+from .fileio import PositionalFile
+
+__all__ = ["Frms6Source", "read_frms6_header", "sniff", "unfold"]
+
+_HEADER = np.dtype(
+    [
+        ("header_size", "<u2"),
+        ("frame_header_size", "<u2"),
+        ("padding", "V3"),
+        ("version", "u1"),
+        ("comment_1", "V80"),
+        ("width", "<u2"),
+        ("height", "<u2"),
+        ("comment_2", "V928"),
+        ("num_frames", "<u4"),
+    ]
+)
+_FRAME_HEADER = 64
+_READOUT = re.compile(r'^"?\s*bin:\s*(\d+)\s*,\s*windowing:\s*(\d+)\s*x\s*(\d+)\s*"?$')
+_CORRECTIONS = ("dark", "gain")
+
+
+def sniff(path: Path, head: bytes) -> bool:
+    """An FRMS6 file header (sizes 1024 and 64, version 6), or a .hdr with [measurementInfo]."""
+    if len(head) >= 8 and head[:4] == b"\x00\x04\x40\x00" and head[7] == 6:
+        return True
+    return b"[measurementInfo]" in head[:4096]
+
+
+def read_frms6_header(path: Path) -> dict[str, int]:
+    """The file header of one ``.frms6`` file, checked."""
+    with open(path, "rb") as f:
+        raw = f.read(_HEADER.itemsize)
+    if len(raw) < _HEADER.itemsize:
+        raise FormatError(f"{str(path)!r} is shorter than the 1024-byte FRMS6 file header")
+    h = np.frombuffer(raw, dtype=_HEADER, count=1)[0]
+    out = {k: int(h[k]) for k in ("header_size", "frame_header_size", "version", "width", "height")}
+    out["num_frames"] = int(h["num_frames"])
+    if (out["header_size"], out["frame_header_size"], out["version"]) != (1024, 64, 6):
+        raise FormatError(
+            f"{str(path)!r} is not an FRMS6 file (header size {out['header_size']}, frame "
+            f"header size {out['frame_header_size']}, version {out['version']}; expected 1024, "
+            "64 and 6)"
+        )
+    if out["width"] < 2 or out["width"] % 2 or out["height"] < 1:
+        raise FormatError(
+            f"{str(path)!r}: frames of {out['height']} x {out['width']} as read out; the width "
+            "must be even (two halves side by side)"
+        )
+    frame = _FRAME_HEADER + out["width"] * out["height"] * 2
+    body = path_size(path) - 1024
+    if out["num_frames"] == 0:  # older files: from the size
+        out["num_frames"] = body // frame
+    if body < out["num_frames"] * frame:
+        raise FormatError(
+            f"{str(path)!r} holds {body} bytes of frames, fewer than the {out['num_frames']} "
+            f"frames of {frame} bytes its header announces: truncated"
+        )
+    return out
+
+
+def unfold(stored: np.ndarray) -> np.ndarray:
+    """``(n, h, w)`` frames as read out to ``(n, 2h, w // 2)`` (see the module docstring)."""
+    n, h, w = stored.shape
+    half = w // 2
+    out = np.empty((n, 2 * h, half), dtype=stored.dtype)
+    out[:, :h] = stored[:, :, :half]
+    out[:, h:] = stored[:, ::-1, half:][:, :, ::-1]
+    return out
+
+
+def _base(path: Path) -> Path:
+    if path.suffix == ".hdr":
+        return path.with_suffix("")
+    if path.suffix == ".frms6":
+        return path.with_name(re.sub(r"_\d+$", "", path.stem))
+    raise FormatError(f"{str(path)!r}: an FRMS6 acquisition is opened by its .hdr or a .frms6 file")
+
+
+class Frms6Source(FrameSource):
+    """A pnCCD FRMS6 acquisition (see the module docstring).
+
+    Parameters
+    ----------
+    path
+        The ``.hdr`` or any of the acquisition's ``.frms6`` files.
+    scan_shape
+        ``(rows, cols)`` instead of the ``.hdr``'s ``stemimagesize``.
+    frame_offset
+        Leading signal frames to skip.
+    corrections
+        Among ``"dark"`` (the mean dark frame subtracted) and ``"gain"``
+        (times ``gain_map``); the values become ``float32``.  Default: none.
+    gain_map
+        The gain map for ``"gain"``: a ``.npy`` array or a ``.mat`` holding one
+        array, of the unfolded frame's shape.
+    """
+
+    format: ClassVar[str] = "frms6"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        scan_shape: Sequence[int] | str | None = None,
+        frame_offset: int = 0,
+        corrections: Sequence[str] = (),
+        gain_map: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self._handle_files: dict[Path, PositionalFile] | None = None
+        given = check_exists(path)
+        base = _base(given)
+        self._path = Path(f"{base}.hdr")
+        if not self._path.is_file():
+            raise SourceNotFoundError(
+                f"the FRMS6 acquisition {str(base)!r} has no {self._path.name!r} beside "
+                f"{str(given)!r}; it holds the dark frame count and the scan shape"
+            )
+        self._hdr = self._read_hdr()
+        files = sorted(
+            (p for p in base.parent.glob(f"{base.name}_*.frms6") if re.search(r"_\d+$", p.stem)),
+            key=lambda p: int(p.stem.rsplit("_", 1)[1]),
+        )
+        if not files or not files[0].stem.endswith("_000"):
+            raise SourceNotFoundError(
+                f"the FRMS6 acquisition {str(base)!r} has no {base.name}_000.frms6 (the dark "
+                f"frames) beside its .hdr; found {[p.name for p in files]}"
+            )
+        self._dark_file = files[0]
+        self._files = files[1:]
+        if not self._files:
+            raise SourceNotFoundError(
+                f"the FRMS6 acquisition {str(base)!r} has no signal files "
+                f"({base.name}_001.frms6...)"
+            )
+        headers = [read_frms6_header(p) for p in files]
+        first = headers[0]
+        for p, h in zip(files, headers, strict=True):
+            if (h["width"], h["height"]) != (first["width"], first["height"]):
+                raise FormatError(
+                    f"{str(p)!r} holds {h['height']} x {h['width']} frames, {files[0].name!r} "
+                    f"{first['height']} x {first['width']}: not one acquisition"
+                )
+        self._stored_shape = (first["height"], first["width"])
+        counts = [h["num_frames"] for h in headers[1:]]
+        self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        n_signal = int(self._starts[-1])
+        announced = self._hdr.get("signalframes")
+        self._open_notes: list[str] = []
+        if announced is not None and announced != n_signal:
+            self._open_notes.append(
+                f"the .hdr announces {announced} signal frames; the files hold {n_signal}"
+            )
+        self._dark_count = headers[0]["num_frames"]
+        asked = tuple(corrections)
+        unknown = sorted(set(asked) - set(_CORRECTIONS))
+        if unknown:
+            raise ParameterError(
+                f"corrections={asked!r}: unknown {unknown}; FRMS6 corrections are {_CORRECTIONS}"
+            )
+        frame_shape = (2 * first["height"], first["width"] // 2)
+        self._corrections: dict[str, Any] = {}
+        if "dark" in asked:
+            if self._dark_count < 1:
+                raise ShapeError(f"{str(self._dark_file)!r} holds no dark frames to subtract")
+            darks = self._read_file(self._dark_file, 0, self._dark_count).astype(np.float64)
+            self._corrections["dark"] = darks.mean(axis=0).astype(np.float32)
+        elif self._dark_count:
+            self._open_notes.append(
+                f"{self._dark_count} dark frames in {self._dark_file.name!r} were not subtracted "
+                "(pass corrections=('dark',) to subtract their mean)"
+            )
+        self._gain_record: dict[str, str] | None = None
+        if "gain" in asked:
+            self._corrections["gain"], self._gain_record = _gain_map(gain_map, frame_shape)
+        elif gain_map is not None:
+            raise ParameterError(
+                "gain_map= was given without corrections=('gain',); pass both to apply it"
+            )
+        stem = self._hdr.get("stemimagesize")
+        scan: Sequence[int] | str | None = scan_shape
+        how = None
+        if scan_shape is None and stem is not None:
+            scan, how = stem, f"the .hdr's stemimagesize {stem[0]}x{stem[1]} (rows x cols)"
+        if scan is None:
+            raise ScanShapeError(
+                f"{str(self._path)!r} records no stemimagesize; pass scan_shape=(rows, cols)"
+            )
+        self._set_frames(
+            n_frames=n_signal,
+            frame_shape=frame_shape,
+            dtype=np.dtype(np.float32) if self._corrections else np.dtype("<u2"),
+            scan_shape=scan,
+            path=None,
+            frame_offset=frame_offset,
+            scan_shape_from=how,
+        )
+
+    def _read_hdr(self) -> dict[str, Any]:
+        config = configparser.ConfigParser()
+        try:
+            config.read_string(self._path.read_text(errors="replace"))
+        except configparser.Error as exc:
+            raise FormatError(f"{str(self._path)!r} is not an INI file: {exc}") from exc
+        if "measurementInfo" not in config:
+            raise FormatError(
+                f"{str(self._path)!r} has no [measurementInfo] section; sections: "
+                f"{config.sections()}"
+            )
+        info = dict(config["measurementInfo"])
+        out: dict[str, Any] = {"raw": info}
+        for key in ("darkframes", "signalframes", "dwelltimemicroseconds", "gain"):
+            if key in info:
+                try:
+                    out[key] = int(info[key])
+                except ValueError as exc:
+                    raise FormatError(
+                        f"{str(self._path)!r}: {key} = {info[key]!r} is not an integer"
+                    ) from exc
+        if "stemimagesize" in info:
+            parts = info["stemimagesize"].strip().strip('"').lower().split("x")
+            if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+                raise FormatError(
+                    f"{str(self._path)!r}: stemimagesize = {info['stemimagesize']!r}; expected AxB"
+                )
+            out["stemimagesize"] = (int(parts[0]), int(parts[1]))
+        if "readoutmode" in info:
+            match = _READOUT.match(info["readoutmode"].strip())
+            if match is None:
+                raise FormatError(
+                    f"{str(self._path)!r}: readoutmode = {info['readoutmode']!r}; expected "
+                    '"bin: N, windowing: I x J"'
+                )
+            out["binning"] = int(match.group(1))
+            out["windowing"] = (int(match.group(2)), int(match.group(3)))
+        return out
+
+    # -- reading ------------------------------------------------------------------------
+    def _file(self, path: Path) -> PositionalFile:
+        if self._handle_files is None:
+            self._handle_files = {}
+        found = self._handle_files.get(path)
+        if found is None:
+            found = PositionalFile(path)
+            self._handle_files[path] = found
+        return found
+
+    def _read_file(self, path: Path, start: int, stop: int) -> np.ndarray:
+        """Frames ``[start, stop)`` of one file, unfolded, ``uint16``."""
+        h, w = self._stored_shape
+        frame = _FRAME_HEADER + h * w * 2
+        span = np.empty((stop - start) * frame, dtype=np.uint8)
+        if stop > start:
+            self._file(path).readinto(
+                1024 + start * frame, span, what=f"frames [{start}, {stop}) of {path.name}"
+            )
+        stored = span.reshape(stop - start, frame)[:, _FRAME_HEADER:].view("<u2")
+        return unfold(stored.reshape(stop - start, h, w).astype(np.uint16, copy=False))
+
+    def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
+        """Signal frames ``[start, stop)`` (absolute), unfolded, corrected when asked."""
+        if not 0 <= start <= stop <= self._n_frames:
+            raise ShapeError(
+                f"frames [{start}, {stop}) lie outside the {self._n_frames} signal frames of "
+                f"{str(self._path)!r}"
+            )
+        kr, kc = self._frame_shape
+        target = (
+            out
+            if out is not None and out.dtype == self._dtype and out.flags.c_contiguous
+            else np.empty((stop - start, kr, kc), dtype=self._dtype)
+        )
+        pos = start
+        while pos < stop:
+            i = int(np.searchsorted(self._starts, pos, "right")) - 1
+            end = min(stop, int(self._starts[i + 1]))
+            first = int(self._starts[i])
+            target[pos - start : end - start] = self._read_file(
+                self._files[i], pos - first, end - first
+            )
+            pos = end
+        if "dark" in self._corrections:
+            target -= self._corrections["dark"]
+        if "gain" in self._corrections:
+            target *= self._corrections["gain"]
+        if out is not None and target is not out:
+            out[...] = target
+            return out
+        return target
+
+    # -- description ----------------------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        """The ``.hdr``."""
+        return self._path
+
+    @property
+    def notes(self) -> list[str]:
+        """Choices made while opening (corrections not applied, frame counts)."""
+        return [*super().notes, *self._open_notes]
+
+    @property
+    def identity(self) -> SourceIdentity:
+        """The ``.hdr``, the ``.frms6`` files (and a gain map applied), sizes, header digest."""
+        paths = [self._path, self._dark_file, *self._files]
+        if self._gain_record is not None:
+            paths.append(Path(self._gain_record["path"]))
+        return SourceIdentity(
+            format=self.format,
+            paths=tuple(str(p) for p in paths),
+            file_sizes=tuple(path_size(p) for p in paths),
+            header_sha256=header_digest(
+                self._path.read_bytes(), sorted(self._corrections), self._gain_record
+            ),
+        )
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The ``.hdr``'s measurement info, the stored frame shape, the corrections applied."""
+        applied = []
+        if "dark" in self._corrections:
+            applied.append(
+                {"kind": "dark", "frames": self._dark_count, "file": str(self._dark_file)}
+            )
+        if self._gain_record is not None:
+            applied.append({"kind": "gain", **self._gain_record})
+        return {
+            "measurement_info": self._hdr["raw"],
+            "readout_binning": self._hdr.get("binning", 1),
+            "stored_frame_shape": list(self._stored_shape),
+            "files": [str(p) for p in self._files],
+            "dark_frames": self._dark_count,
+            "corrections": applied,
+            **self.scan_metadata(),
+        }
+
+    def close(self) -> None:
+        """Close the files."""
+        for f in (self._handle_files or {}).values():
+            f.close()
+        self._handle_files = None
+
+
+def _gain_map(
+    path: str | os.PathLike[str] | None, shape: tuple[int, int]
+) -> tuple[np.ndarray, dict[str, str]]:
+    if path is None:
+        raise ParameterError("corrections=('gain',) needs gain_map= (a .npy or .mat file)")
+    p = check_exists(path, what="gain map")
+    if p.suffix == ".mat":
+        import scipy.io
+
+        arrays = [
+            v for k, v in scipy.io.loadmat(p).items() if not k.startswith("__") and np.ndim(v) == 2
+        ]
+        if len(arrays) != 1:
+            raise FormatError(
+                f"the gain map {str(p)!r} must hold one 2-D array, found {len(arrays)}"
+            )
+        gain = np.asarray(arrays[0])
+    else:
+        gain = np.load(p, allow_pickle=False)
+    if gain.shape != shape:
+        raise ShapeError(f"the gain map {str(p)!r} is {gain.shape}; the frames are {shape}")
+    if not np.all(np.isfinite(gain)):
+        raise FormatError(f"the gain map {str(p)!r} holds non-finite values")
+    digest = hashlib.sha256(p.read_bytes()).hexdigest()
+    return gain.astype(np.float32), {"path": str(p), "sha256": digest}
