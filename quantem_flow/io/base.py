@@ -614,6 +614,36 @@ class FrameSource(Source):
             [self.stored_frames(off + r * C + c0, off + r * C + c1) for r in range(r0, r1)]
         )
 
+    def _frames_target(self, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
+        """Check stored frames ``[start, stop)`` exist; where to put them (``out`` if it fits).
+
+        ``out`` is used when it is a C-contiguous ``(stop - start, k_r, k_c)``
+        array of :attr:`dtype`; otherwise a new array is returned (and
+        :meth:`_delivered` copies it into ``out``).
+        """
+        if not 0 <= start <= stop <= self._n_frames:
+            raise ShapeError(
+                f"frames [{start}, {stop}) lie outside the {self._n_frames} frames of this "
+                f"{self.format} source; pass 0 <= start <= stop <= {self._n_frames}"
+            )
+        shape = (stop - start, *self._frame_shape)
+        if (
+            out is not None
+            and out.dtype == self._dtype
+            and out.flags.c_contiguous
+            and out.shape == shape
+        ):
+            return out
+        return np.empty(shape, dtype=self._dtype)
+
+    @staticmethod
+    def _delivered(target: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        """``target``, copied into ``out`` when ``out`` was given and is another array."""
+        if out is not None and target is not out:
+            out[...] = target
+            return out
+        return target
+
     @abc.abstractmethod
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
         """Read stored frames ``[start, stop)`` (absolute, offset included).

@@ -316,17 +316,7 @@ class Frms6Source(FrameSource):
 
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
         """Signal frames ``[start, stop)`` (absolute), unfolded, corrected when asked."""
-        if not 0 <= start <= stop <= self._n_frames:
-            raise ShapeError(
-                f"frames [{start}, {stop}) lie outside the {self._n_frames} signal frames of "
-                f"{str(self._path)!r}"
-            )
-        kr, kc = self._frame_shape
-        target = (
-            out
-            if out is not None and out.dtype == self._dtype and out.flags.c_contiguous
-            else np.empty((stop - start, kr, kc), dtype=self._dtype)
-        )
+        target = self._frames_target(start, stop, out)
         pos = start
         while pos < stop:
             i = int(np.searchsorted(self._starts, pos, "right")) - 1
@@ -340,10 +330,7 @@ class Frms6Source(FrameSource):
             target -= self._corrections["dark"]
         if "gain" in self._corrections:
             target *= self._corrections["gain"]
-        if out is not None and target is not out:
-            out[...] = target
-            return out
-        return target
+        return self._delivered(target, out)
 
     # -- description ----------------------------------------------------------------------
     @property

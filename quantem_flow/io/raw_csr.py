@@ -51,7 +51,6 @@ from ..errors import (
     DtypeError,
     FormatError,
     ParameterError,
-    ShapeError,
     SourceNotFoundError,
 )
 from ..representations.paired import (
@@ -322,17 +321,8 @@ class RawCsrSource(FrameSource):
 
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
         """Frames ``[start, stop)`` made dense (absolute, offset included)."""
-        if not 0 <= start <= stop <= self._n_frames:
-            raise ShapeError(
-                f"frames [{start}, {stop}) lie outside the {self._n_frames} frames of "
-                f"{str(self._path)!r}"
-            )
+        target = self._frames_target(start, stop, out)
         kr, kc = self._sig
-        target = (
-            out
-            if out is not None and out.dtype == self._dtype and out.flags.c_contiguous
-            else np.empty((stop - start, kr, kc), dtype=self._dtype)
-        )
         ptr, indices, values = self._triples(start, stop)
         flat = target.reshape(stop - start, kr * kc)
         flat[...] = 0
@@ -343,10 +333,7 @@ class RawCsrSource(FrameSource):
         else:  # signed or real values: added where they are, repeated pixels summed
             frame = np.repeat(np.arange(stop - start), np.diff(ptr))
             np.add.at(flat, (frame, indices), values.astype(self._dtype, copy=False))
-        if out is not None and target is not out:
-            out[...] = target
-            return out
-        return target
+        return self._delivered(target, out)
 
     # -- description ----------------------------------------------------------------------
     @property

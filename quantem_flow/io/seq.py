@@ -266,11 +266,7 @@ class SeqSource(FrameSource):
 
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
         """Frames ``[start, stop)`` (absolute), corrected when asked."""
-        if not 0 <= start <= stop <= self._n_frames:
-            raise ShapeError(
-                f"frames [{start}, {stop}) lie outside the {self._n_frames} frames of "
-                f"{str(self._path)!r}"
-            )
+        target = self._frames_target(start, stop, out)
         h = self._header
         kr, kc = self._frame_shape
         n = stop - start
@@ -281,23 +277,12 @@ class SeqSource(FrameSource):
                 h["image_offset"] + start * stride, span, what=f"frames [{start}, {stop})"
             )
         raw = span.reshape(n, stride)[:, :image].view(self._stored_dtype).reshape(n, kr, kc)
-        target = (
-            out
-            if out is not None and out.dtype == self._dtype and out.flags.c_contiguous
-            else np.empty((n, kr, kc), dtype=self._dtype)
-        )
-        if not self._corrections:
-            target[...] = raw
-        else:
-            target[...] = raw
-            if "dark" in self._corrections:
-                target -= self._corrections["dark"][0]
-            if "gain" in self._corrections:
-                target *= self._corrections["gain"][0]
-        if out is not None and target is not out:
-            out[...] = target
-            return out
-        return target
+        target[...] = raw
+        if "dark" in self._corrections:
+            target -= self._corrections["dark"][0]
+        if "gain" in self._corrections:
+            target *= self._corrections["gain"][0]
+        return self._delivered(target, out)
 
     # -- description ----------------------------------------------------------------------
     @property
