@@ -314,6 +314,11 @@ class Frms6Source(FrameSource):
         stored = span.reshape(stop - start, frame)[:, _FRAME_HEADER:].view("<u2")
         return unfold(stored.reshape(stop - start, h, w).astype(np.uint16, copy=False))
 
+    @property
+    def streams_blocks(self) -> bool:
+        """Any frames read for the cost of their own bytes (a pass streams them in pieces)."""
+        return True
+
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
         """Signal frames ``[start, stop)`` (absolute), unfolded, corrected when asked."""
         target = self._frames_target(start, stop, out)
