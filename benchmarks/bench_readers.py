@@ -152,6 +152,14 @@ def _frms6(d: Path, s: int, k: int) -> tuple[Path, dict[str, Any], str]:
     return hdr, {}, "uint16, unfolded from the readout"
 
 
+def _k2is(d: Path, s: int, k: int) -> tuple[Path, dict[str, Any], str]:
+    from tests.io.writers_k2is import write_k2is
+
+    frames = (_pattern(s, k, "uint16") % 4096).reshape(-1, k, k)
+    gtg = write_k2is(d, frames, block=(k // 2, k // 8 // 2))  # 8 sectors, 4 blocks each
+    return gtg, {"scan_shape": (s, s)}, "12-bit, 8 sectors, header-declared geometry"
+
+
 def _blockfile(d: Path, s: int, k: int) -> tuple[Path, dict[str, Any], str]:
     from tests.io.writers_blockfile import write_blockfile
 
@@ -213,6 +221,7 @@ MAKERS: dict[str, Maker] = {
     "raw_csr": _raw_csr,
     "seq": _seq,
     "frms6": _frms6,
+    "k2is": _k2is,
     "blockfile": _blockfile,
     "ser": _ser,
     "tvips": _tvips,

@@ -117,6 +117,9 @@ BUILTIN_READERS: tuple[ReaderEntry, ...] = (
         "quantem_flow.io.frms6:sniff",
         (".frms6", ".hdr"),
     ),
+    ReaderEntry(
+        "k2is", "quantem_flow.io.k2is:K2isSource", "quantem_flow.io.k2is:sniff", (".gtg", ".bin")
+    ),
 )
 
 # Views of the rows, by column (kept for code written against the earlier three tables).

@@ -38,7 +38,6 @@ noted.
 from __future__ import annotations
 
 import configparser
-import hashlib
 import os
 import re
 from collections.abc import Sequence
@@ -56,6 +55,7 @@ from ..errors import (
 )
 from .base import FrameSource, SourceIdentity, check_exists, header_digest, path_size
 from .fileio import PositionalFile
+from .references import load_reference
 
 __all__ = ["Frms6Source", "read_frms6_header", "sniff", "unfold"]
 
@@ -229,7 +229,9 @@ class Frms6Source(FrameSource):
             )
         self._gain_record: dict[str, str] | None = None
         if "gain" in asked:
-            self._corrections["gain"], self._gain_record = _gain_map(gain_map, frame_shape)
+            gain, record = load_reference(gain_map, frame_shape, kind="gain")
+            self._corrections["gain"] = gain
+            self._gain_record = {"path": record["path"], "sha256": record["sha256"]}
         elif gain_map is not None:
             raise ParameterError(
                 "gain_map= was given without corrections=('gain',); pass both to apply it"
@@ -388,30 +390,3 @@ class Frms6Source(FrameSource):
         for f in (self._handle_files or {}).values():
             f.close()
         self._handle_files = None
-
-
-def _gain_map(
-    path: str | os.PathLike[str] | None, shape: tuple[int, int]
-) -> tuple[np.ndarray, dict[str, str]]:
-    if path is None:
-        raise ParameterError("corrections=('gain',) needs gain_map= (a .npy or .mat file)")
-    p = check_exists(path, what="gain map")
-    if p.suffix == ".mat":
-        import scipy.io
-
-        arrays = [
-            v for k, v in scipy.io.loadmat(p).items() if not k.startswith("__") and np.ndim(v) == 2
-        ]
-        if len(arrays) != 1:
-            raise FormatError(
-                f"the gain map {str(p)!r} must hold one 2-D array, found {len(arrays)}"
-            )
-        gain = np.asarray(arrays[0])
-    else:
-        gain = np.load(p, allow_pickle=False)
-    if gain.shape != shape:
-        raise ShapeError(f"the gain map {str(p)!r} is {gain.shape}; the frames are {shape}")
-    if not np.all(np.isfinite(gain)):
-        raise FormatError(f"the gain map {str(p)!r} holds non-finite values")
-    digest = hashlib.sha256(p.read_bytes()).hexdigest()
-    return gain.astype(np.float32), {"path": str(p), "sha256": digest}

@@ -75,7 +75,7 @@ def test_dark_and_gain_only_when_asked(tmp_path: Path, rng: np.random.Generator)
     assert [c["kind"] for c in applied] == ["dark", "gain"] and applied[0]["frames"] == 5
     assert len(applied[1]["sha256"]) == 64
     assert str(tmp_path / "gain.npy") in fixed.identity.paths
-    with pytest.raises(ParameterError, match="needs gain_map"):
+    with pytest.raises(ParameterError, match="no gain map was given"):
         Frms6Source(hdr, corrections=("gain",))
     with pytest.raises(ParameterError, match="without corrections"):
         Frms6Source(hdr, gain_map=tmp_path / "gain.npy")

@@ -1,0 +1,110 @@
+"""Gatan K2 IS: the camera's real block size, sector synchronisation, damage, references.
+
+Acquisitions come from :mod:`tests.io.writers_k2is` (the documented block layout).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import quantem_flow as qf
+from quantem_flow.errors import CorruptChunkError, FormatError, ParameterError, SourceNotFoundError
+from quantem_flow.io import detect_format
+from quantem_flow.io.k2is import K2isSource
+
+from .writers_k2is import write_k2is
+
+FRAME = (6, 16)
+
+
+def _frames(rng: np.random.Generator, n: int, shape: tuple[int, int] = FRAME) -> np.ndarray:
+    return rng.integers(0, 4096, size=(n, *shape)).astype(np.uint16)
+
+
+def test_the_cameras_geometry(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Sectors of 1860 x 256 in blocks of 930 x 16: 0x5758-byte blocks, 1860 x 2048 frames."""
+    frames = _frames(rng, 2, (1860, 2048))
+    gtg = write_k2is(tmp_path, frames, block=(930, 16))
+    source = K2isSource(gtg, scan_shape=(1, 2))
+    assert source.metadata["block_bytes"] == 0x5758
+    assert source.shape == (1, 2, 1860, 2048) and source.dtype == np.uint16
+    np.testing.assert_array_equal(source.read_frames(0, 2), frames)
+
+
+def test_sectors_are_synchronised_by_frame_id(tmp_path: Path, rng: np.random.Generator) -> None:
+    frames = _frames(rng, 12)
+    gtg = write_k2is(tmp_path, frames, block=(3, 2), lead=(1, 0, 1, 1, 0, 1, 0, 0))
+    source = K2isSource(gtg, scan_shape=(3, 4))
+    np.testing.assert_array_equal(source.read_frames(0, 12), frames)
+    assert source.metadata["first_blocks"] == [1, 0, 1, 1, 0, 1, 0, 0]
+    assert any("synchronised at frame id 41" in n for n in source.notes)
+    assert detect_format(gtg) == "k2is" and detect_format(tmp_path / "capture_5.bin") == "k2is"
+    ds = qf.open(tmp_path / "capture_3.bin", scan_shape=(3, 4))
+    (total,) = qf.compute(qf.sum_diffraction(ds), client="synchronous")
+    np.testing.assert_array_equal(np.asarray(total), frames.sum(axis=0, dtype=np.int64))
+
+
+def test_a_dropped_frame_is_refused(tmp_path: Path, rng: np.random.Generator) -> None:
+    frames = _frames(rng, 6)
+    write_k2is(tmp_path, frames, block=(3, 2), lead=(0,) * 8, tail=0)
+    sector = tmp_path / "capture_4.bin"
+    raw = bytearray(sector.read_bytes())
+    block = 40 + 9  # 3 x 2 pixels, 12 bits each
+    # frame id 43 (the third frame) loses its second block in sector 4
+    del raw[(2 * 2 + 1) * block : (2 * 2 + 2) * block]
+    sector.write_bytes(bytes(raw))
+    with pytest.raises(CorruptChunkError, match="frame id 43"):
+        K2isSource(tmp_path / "capture.gtg", scan_shape=(1, 2))
+
+
+def test_damage_found_when_read(tmp_path: Path, rng: np.random.Generator) -> None:
+    frames = _frames(rng, 4)
+    gtg = write_k2is(tmp_path, frames, block=(3, 2), lead=(0,) * 8, tail=0)
+    source = K2isSource(gtg, scan_shape=(2, 2))
+    sector = tmp_path / "capture_2.bin"
+    raw = bytearray(sector.read_bytes())
+    raw[3 * 49] ^= 0xFF  # the sync word of block 3 (frame 1)
+    sector.write_bytes(bytes(raw))
+    with pytest.raises(CorruptChunkError, match=r"block 3 of .*capture_2\.bin.*frame 1"):
+        source.read_frames(0, 4)
+
+
+def test_missing_and_foreign_files(tmp_path: Path, rng: np.random.Generator) -> None:
+    write_k2is(tmp_path, _frames(rng, 2), block=(3, 2))
+    (tmp_path / "capture_8.bin").unlink()
+    with pytest.raises(SourceNotFoundError, match="found 7"):
+        K2isSource(tmp_path / "capture.gtg", scan_shape=(1, 2))
+    other = tmp_path / "other"
+    other.mkdir()
+    for s in range(1, 9):
+        (other / f"x_{s}.bin").write_bytes(b"\x00" * 200)
+    with pytest.raises(FormatError, match="not a K2 IS sector file"):
+        K2isSource(other / "x_1.bin", scan_shape=(1, 1))
+
+
+def test_references_only_when_asked(tmp_path: Path, rng: np.random.Generator) -> None:
+    frames = _frames(rng, 4)
+    gtg = write_k2is(tmp_path, frames, block=(3, 2))
+    dark = rng.uniform(5, 10, size=FRAME).astype(np.float32)
+    gain = rng.uniform(0.9, 1.1, size=FRAME).astype(np.float32)
+    np.save(tmp_path / "dark.npy", dark)
+    np.save(tmp_path / "gain.npy", gain)
+    plain = K2isSource(gtg, scan_shape=(2, 2))
+    assert plain.dtype == np.uint16 and plain.metadata["corrections"] == []
+    fixed = K2isSource(
+        gtg,
+        scan_shape=(2, 2),
+        corrections=("dark", "gain"),
+        dark_map=tmp_path / "dark.npy",
+        gain_map=tmp_path / "gain.npy",
+    )
+    assert fixed.dtype == np.float32
+    np.testing.assert_array_equal(
+        fixed.read_frames(0, 4), (frames.astype(np.float32) - dark) * gain
+    )
+    assert [r["kind"] for r in fixed.metadata["corrections"]] == ["dark", "gain"]
+    with pytest.raises(ParameterError, match="without corrections"):
+        K2isSource(gtg, scan_shape=(2, 2), gain_map=tmp_path / "gain.npy")
