@@ -66,6 +66,8 @@ _HEADER = np.dtype(
     }
 )
 _CORRECTIONS = ("dark", "gain")
+#: Frames of blocks read at the start of each sector to find where its first whole frame starts.
+_SYNC_WINDOW_FRAMES = 4
 
 
 def sniff(path: Path, head: bytes) -> bool:
@@ -168,16 +170,31 @@ class K2isSource(FrameSource):
         )
 
     # -- opening ------------------------------------------------------------------------
-    def _headers(self, s: int, block_bytes: int) -> np.ndarray:
+    def _headers(self, s: int, block_bytes: int, first: int, count: int) -> np.ndarray:
+        """The headers of blocks ``[first, first + count)`` of sector ``s`` (fewer at its end)."""
         path = self._files[s]
-        n = path_size(path) // block_bytes
+        count = max(0, min(count, path_size(path) // block_bytes - first))
         layout = np.dtype({"names": ["h"], "formats": [_HEADER], "itemsize": block_bytes})
-        return np.asarray(np.memmap(path, dtype=layout, mode="r", shape=(n,))["h"]).copy()
+        if not count:
+            return np.empty(0, dtype=_HEADER)
+        with open(path, "rb") as f:
+            if count == 1:
+                raw = os.pread(f.fileno(), _HEADER_BYTES, first * block_bytes)
+                return np.frombuffer(raw, dtype=_HEADER, count=1).copy()
+            raw = os.pread(f.fileno(), count * block_bytes, first * block_bytes)
+        return np.frombuffer(raw, dtype=layout, count=count)["h"].copy()
 
     def _synchronise(self) -> tuple[tuple[int, int, int, int, int], list[int], int]:
-        """The geometry, each sector's first block of the first common frame, the frame count."""
-        with open(self._files[0], "rb") as f:
-            first = np.frombuffer(f.read(_HEADER_BYTES), dtype=_HEADER, count=1)
+        """The geometry, each sector's first block of the first common frame, the frame count.
+
+        Reads a few frames of headers at the start of each sector, then, per
+        sector, the first and last block of the last frame; only when those
+        disagree with the frames before (a lost, added or dropped block or
+        frame) is the first disagreeing frame found, by bisection.  Opening
+        reads O(log frames) headers; every block's header is checked again
+        when its frame is read.
+        """
+        first = self._headers(0, _HEADER_BYTES, 0, 1)
         if first.size == 0 or int(first["sync"][0]) != K2_SYNC:
             raise FormatError(
                 f"{str(self._files[0])!r} does not start with a K2 IS block (sync "
@@ -193,47 +210,45 @@ class K2isSource(FrameSource):
             )
         block_bytes = _HEADER_BYTES + 3 * bw * bh // 2
         per_frame = (sw // bw) * (sh // bh)
-        runs: list[dict[int, int]] = []
+        self._geometry = (sw, sh, bw, bh, block_bytes)
+        self._per_frame = per_frame
+        found = []  # per sector: the first frame id complete in its first frames, where it starts
         for s in range(K2_SECTORS):
-            h = self._headers(s, block_bytes)
-            good = (h["sync"] == K2_SYNC) & (h["width"] == sw) & (h["height"] == sh)
-            fid = h["frame_id"].astype(np.int64)
-            complete: dict[int, int] = {}
-            if h.size:
-                edges = np.flatnonzero(np.diff(fid) != 0) + 1
-                starts = np.concatenate([[0], edges])
-                stops = np.concatenate([edges, [h.size]])
-                for a, b in zip(starts.tolist(), stops.tolist(), strict=True):
-                    if b - a == per_frame and bool(good[a:b].all()):
-                        complete.setdefault(int(fid[a]), a)
-            runs.append(complete)
-        common = sorted(set.intersection(*(set(r) for r in runs)))
-        if not common:
-            raise CorruptChunkError(
-                f"the eight sector files of {str(self._path)!r} hold no frame complete in every "
-                "sector (blocks with the sync word, the sector size and one frame id each); the "
-                "files are damaged or not of one acquisition"
+            ids, at = _complete_frames(
+                self._headers(s, block_bytes, 0, _SYNC_WINDOW_FRAMES * per_frame), sw, sh, per_frame
             )
-        first_id = common[0]
-        ids = np.asarray(common, dtype=np.int64)
-        gap = np.flatnonzero(ids != first_id + np.arange(ids.size))
-        if gap.size:
-            missing = int(first_id + gap[0])
-            raise CorruptChunkError(
-                f"frame id {missing} of {str(self._path)!r} is not complete in every sector "
-                f"while frames {first_id}..{missing - 1} and later ones are: a dropped frame "
-                f"would shift the scan. Open the frames before it with scan_shape= covering at "
-                f"most {missing - first_id} frames"
-            )
-        n = ids.size
-        firsts = [runs[s][first_id] for s in range(K2_SECTORS)]
-        for s in range(K2_SECTORS):  # frames follow one another in every sector
-            expected = firsts[s] + per_frame * np.arange(n)
-            got = np.asarray([runs[s][int(i)] for i in ids])
-            if not np.array_equal(got, expected):
+            if not ids.size:
                 raise CorruptChunkError(
-                    f"in {str(self._files[s])!r} the frames do not follow one another block after "
-                    "block; the sector file is damaged"
+                    f"{str(self._files[s])!r} holds no frame complete in its first "
+                    f"{_SYNC_WINDOW_FRAMES * per_frame} blocks (blocks with the sync word, the "
+                    "sector size and one frame id each); the sector file is damaged or not of "
+                    "this acquisition"
+                )
+            found.append((int(ids[0]), int(at[0])))
+        first_id = max(i for i, _ in found)
+        self._first_id = first_id
+        firsts = [at + (first_id - i) * per_frame for i, at in found]
+        counts = []
+        for s in range(K2_SECTORS):
+            if not self._frame_in_place(s, firsts[s], 0):
+                raise CorruptChunkError(
+                    f"frame id {first_id} is not complete in {str(self._files[s])!r} where the "
+                    "sector's first frames place it; the sectors cannot be synchronised"
+                )
+            counts.append((path_size(self._files[s]) // block_bytes - firsts[s]) // per_frame)
+        n = min(counts)
+        for s in range(K2_SECTORS):  # frames follow one another in every sector
+            if not self._frame_in_place(s, firsts[s], n - 1):
+                lo, hi = 0, n - 1  # frame lo in place, frame hi not
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (mid, hi) if self._frame_in_place(s, firsts[s], mid) else (lo, mid)
+                missing = first_id + hi
+                raise CorruptChunkError(
+                    f"frame id {missing} is not where frames {first_id}..{missing - 1} place it in "
+                    f"{str(self._files[s])!r} (a block or frame lost or added): a dropped frame "
+                    f"would shift the scan. Open the frames before it with scan_shape= covering "
+                    f"at most {hi} frames"
                 )
         skipped = max(firsts) // per_frame
         if any(firsts):
@@ -241,26 +256,53 @@ class K2isSource(FrameSource):
                 f"sectors synchronised at frame id {first_id}: the blocks before it (partial "
                 f"frames, up to {skipped} frame(s) of blocks) are left out"
             )
-        self._block_layout = self._layout(block_bytes, per_frame, firsts, n)
-        return (sw, sh, bw, bh, block_bytes), firsts, n
+        self._block_layout = [
+            self._frame_layout(s, self._headers(s, block_bytes, firsts[s], per_frame))
+            for s in range(K2_SECTORS)
+        ]
+        left = [
+            (path_size(self._files[s]) // block_bytes - firsts[s]) - n * per_frame
+            for s in range(K2_SECTORS)
+        ]
+        if any(left):
+            self._open_notes.append(
+                f"{max(left)} block(s) after frame id {first_id + n - 1} left out (a partial "
+                "frame, or frames not complete in every sector: "
+                f"{dict((s + 1, b) for s, b in enumerate(left) if b)} blocks per sector file)"
+            )
+        return self._geometry, firsts, n
 
-    def _layout(
-        self, block_bytes: int, per_frame: int, firsts: list[int], n: int
-    ) -> list[np.ndarray]:
-        """Per sector: the (x0, y0) of each block of a frame, the same in every frame (checked)."""
-        out = []
-        for s in range(K2_SECTORS):
-            h = self._headers(s, block_bytes)[firsts[s] : firsts[s] + n * per_frame]
-            xy = np.stack([h["x0"], h["y0"], h["x1"], h["y1"]], axis=1).astype(np.int64)
-            frames = xy.reshape(n, per_frame, 4)
-            bad = np.flatnonzero(~np.all(frames == frames[:1], axis=(1, 2)))
-            if bad.size:
-                raise CorruptChunkError(
-                    f"frame {int(bad[0])} of {str(self._files[s])!r} places its blocks "
-                    "differently from the first frame (a damaged block header)"
-                )
-            out.append(frames[0])
-        return out
+    def _frame_layout(self, s: int, h: np.ndarray) -> np.ndarray:
+        """The (x0, y0) of each block of the first frame, checked to tile the sector once."""
+        sw, sh, bw, bh, _ = self._geometry
+        x0, y0 = h["x0"].astype(np.int64), h["y0"].astype(np.int64)
+        sized = (h["x1"].astype(np.int64) - x0 + 1 == bw) & (
+            h["y1"].astype(np.int64) - y0 + 1 == bh
+        )
+        inside = (x0 % bw == 0) & (y0 % bh == 0) & (x0 + bw <= sw) & (y0 + bh <= sh)
+        cells = (y0 // bh) * (sw // bw) + x0 // bw
+        if not bool((sized & inside).all()) or np.unique(cells).size != cells.size:
+            raise CorruptChunkError(
+                f"the blocks of the first frame in {str(self._files[s])!r} do not tile its "
+                f"{sh} x {sw} sector once in {bh} x {bw} blocks (block positions "
+                f"{np.stack([y0, x0], axis=1).tolist()[:8]}...); the sector file is damaged"
+            )
+        return np.stack([x0, y0], axis=1)
+
+    def _frame_in_place(self, s: int, first: int, k: int) -> bool:
+        """Whether the ``k``-th frame after ``first`` starts and ends where it should."""
+        sw, sh, _, _, block_bytes = self._geometry
+        start = first + k * self._per_frame
+        for at in (start, start + self._per_frame - 1):
+            h = self._headers(s, block_bytes, at, 1)
+            if not (
+                h.size
+                and int(h["sync"][0]) == K2_SYNC
+                and (int(h["width"][0]), int(h["height"][0])) == (sw, sh)
+                and int(h["frame_id"][0]) == self._first_id + k
+            ):
+                return False
+        return True
 
     # -- reading ------------------------------------------------------------------------
     def _file(self, s: int) -> PositionalFile:
@@ -286,22 +328,43 @@ class K2isSource(FrameSource):
                     first * block_bytes, span, what=f"frames [{start}, {stop}) of sector {s + 1}"
                 )
             blocks = span.reshape(n, per_frame, block_bytes)
-            sync = blocks[:, :, :4].copy().view(">u4")[..., 0]
-            if n and not bool(np.all(sync == K2_SYNC)):
-                f, b = (int(v[0]) for v in np.nonzero(sync != K2_SYNC))
-                raise CorruptChunkError(
-                    f"block {first + f * per_frame + b} of {str(self._files[s])!r} (frame "
-                    f"{start + f}) has lost its sync word; the sector file is damaged"
-                )
+            if n:
+                self._check_blocks(s, blocks, start, first)
             pixels = _unpack12(blocks[:, :, _HEADER_BYTES:]).reshape(n, per_frame, bh, bw)
             x_base = s * sw
-            for b, (x0, y0, _, _) in enumerate(self._block_layout[s].tolist()):
+            for b, (x0, y0) in enumerate(self._block_layout[s].tolist()):
                 target[:, y0 : y0 + bh, x_base + x0 : x_base + x0 + bw] = pixels[:, b]
         if "dark" in self._corrections:
             target -= self._corrections["dark"]
         if "gain" in self._corrections:
             target *= self._corrections["gain"]
         return self._delivered(target, out)
+
+    def _check_blocks(self, s: int, blocks: np.ndarray, start: int, first: int) -> None:
+        """Every block read: its sync word, sector size, frame id and place in its frame."""
+        sw, sh = self._geometry[:2]
+        h = np.ascontiguousarray(blocks[:, :, :_HEADER_BYTES]).view(_HEADER)[..., 0]
+        n = h.shape[0]
+        layout = self._block_layout[s]
+        faults = [
+            (h["sync"] != K2_SYNC, "has lost its sync word"),
+            ((h["width"] != sw) | (h["height"] != sh), f"does not name the {sh} x {sw} sector"),
+            (
+                h["frame_id"] != (self._first_id + start + np.arange(n))[:, None],
+                "names another frame id (a block lost or added)",
+            ),
+            (
+                (h["x0"] != layout[:, 0]) | (h["y0"] != layout[:, 1]),
+                "lies elsewhere in its frame than in the first frame",
+            ),
+        ]
+        for bad, why in faults:
+            if bool(bad.any()):
+                f, b = (int(v[0]) for v in np.nonzero(bad))
+                raise CorruptChunkError(
+                    f"block {first + f * self._per_frame + b} of {str(self._files[s])!r} (frame "
+                    f"{start + f}) {why}; the sector file is damaged"
+                )
 
     # -- description ----------------------------------------------------------------------
     @property
@@ -355,6 +418,27 @@ class K2isSource(FrameSource):
         for f in (self._handle_files or {}).values():
             f.close()
         self._handle_files = None
+
+
+def _complete_frames(
+    h: np.ndarray, sw: int, sh: int, per_frame: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Frame ids whose blocks lie whole, one after the other, in a sector; and where each starts.
+
+    A run is a stretch of blocks of one frame id; it is complete when it holds
+    ``per_frame`` blocks, each with the sync word and the sector's size.  An id
+    with several complete runs (a damaged file) keeps its first.
+    """
+    if not h.size:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty
+    good = (h["sync"] == K2_SYNC) & (h["width"] == sw) & (h["height"] == sh)
+    fid = h["frame_id"].astype(np.int64)
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(fid) != 0) + 1])
+    lengths = np.diff(np.append(starts, h.size))
+    whole = (lengths == per_frame) & np.logical_and.reduceat(good, starts)
+    ids, first = np.unique(fid[starts[whole]], return_index=True)
+    return ids, starts[whole][first]
 
 
 def _unpack12(packed: np.ndarray) -> np.ndarray:

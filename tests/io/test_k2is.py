@@ -108,3 +108,91 @@ def test_references_only_when_asked(tmp_path: Path, rng: np.random.Generator) ->
     assert [r["kind"] for r in fixed.metadata["corrections"]] == ["dark", "gain"]
     with pytest.raises(ParameterError, match="without corrections"):
         K2isSource(gtg, scan_shape=(2, 2), gain_map=tmp_path / "gain.npy")
+
+
+def _block_offset(block: int, size: int = 40 + 9) -> int:
+    return block * size
+
+
+def test_blocks_in_several_columns_are_placed(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Sectors two blocks wide (written right to left), so placement across columns counts."""
+    frames = _frames(rng, 5, (6, 32))
+    gtg = write_k2is(tmp_path, frames, block=(3, 2))
+    source = K2isSource(gtg, scan_shape=(1, 5))
+    assert source.metadata["block_shape"] == [3, 2]
+    np.testing.assert_array_equal(source.read_frames(0, 5), frames)
+    np.testing.assert_array_equal(source.read_frames(2, 4), frames[2:4])
+
+
+def test_block_positions_must_tile_the_sector(tmp_path: Path, rng: np.random.Generator) -> None:
+    frames = _frames(rng, 3, (6, 32))
+    gtg = write_k2is(tmp_path, frames, block=(3, 2), lead=(0,) * 8, tail=0)
+    sector = tmp_path / "capture_8.bin"
+    raw = bytearray(sector.read_bytes())
+    # block 1 of the first frame claims block 0's place (x0, x1 of block 0: 2, 3)
+    raw[_block_offset(1) + 28 : _block_offset(1) + 36] = raw[28:36]
+    sector.write_bytes(bytes(raw))
+    with pytest.raises(CorruptChunkError, match=r"capture_8\.bin.*do not tile"):
+        K2isSource(gtg, scan_shape=(1, 3))
+
+
+def test_a_block_moved_in_a_later_frame_is_found_when_read(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    frames = _frames(rng, 4, (6, 32))
+    gtg = write_k2is(tmp_path, frames, block=(3, 2), lead=(0,) * 8, tail=0)
+    source = K2isSource(gtg, scan_shape=(2, 2))
+    sector = tmp_path / "capture_6.bin"
+    raw = bytearray(sector.read_bytes())
+    at = _block_offset(2 * 4 + 1)  # frame 2, block 1 takes block 0's place
+    raw[at + 28 : at + 36] = raw[_block_offset(8) + 28 : _block_offset(8) + 36]
+    sector.write_bytes(bytes(raw))
+    np.testing.assert_array_equal(source.read_frames(0, 2), frames[:2])
+    with pytest.raises(CorruptChunkError, match=r"block 9 of .*capture_6\.bin.*frame 2.*elsewhere"):
+        source.read_frames(1, 4)
+
+
+def test_a_wrong_frame_id_inside_the_file_is_found_when_read(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    """Opening reads only a few headers; every header is checked when its frame is read."""
+    frames = _frames(rng, 6)
+    gtg = write_k2is(tmp_path, frames, block=(3, 2), lead=(0,) * 8, tail=0)
+    source = K2isSource(gtg, scan_shape=(2, 3))
+    sector = tmp_path / "capture_7.bin"
+    raw = bytearray(sector.read_bytes())
+    raw[_block_offset(6) + 27] ^= 0x01  # frame 3's first block (2 blocks a frame) names id 45
+    sector.write_bytes(bytes(raw))
+    with pytest.raises(CorruptChunkError, match=r"block 6 of .*capture_7\.bin.*frame 3.*frame id"):
+        source.read_frames(0, 6)
+
+
+def test_a_dropped_frame_anywhere_is_refused_on_opening(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    frames = _frames(rng, 40)
+    write_k2is(tmp_path, frames, block=(3, 2), lead=(0,) * 8, tail=0)
+    sector = tmp_path / "capture_2.bin"
+    raw = bytearray(sector.read_bytes())
+    del raw[_block_offset(2 * 29) : _block_offset(2 * 30)]  # frame id 41 + 29 lost whole
+    sector.write_bytes(bytes(raw))
+    with pytest.raises(CorruptChunkError, match=r"frame id 70 .*capture_2\.bin.*at most 29"):
+        K2isSource(tmp_path / "capture.gtg", scan_shape=(1, 1))
+
+
+def test_frames_left_at_the_end_are_noted(tmp_path: Path, rng: np.random.Generator) -> None:
+    frames = _frames(rng, 4)
+    gtg = write_k2is(tmp_path, frames, block=(3, 2), lead=(0,) * 8, tail=1)
+    source = K2isSource(gtg, scan_shape=(2, 2))
+    assert any("after frame id 44 left out" in n for n in source.notes)
+    np.testing.assert_array_equal(source.read_frames(0, 4), frames)
+
+
+def test_empty_and_short_sector_files(tmp_path: Path, rng: np.random.Generator) -> None:
+    write_k2is(tmp_path, _frames(rng, 2), block=(3, 2))
+    (tmp_path / "capture_5.bin").write_bytes(b"")
+    with pytest.raises(CorruptChunkError, match=r"capture_5\.bin.*no frame complete"):
+        K2isSource(tmp_path / "capture.gtg", scan_shape=(1, 2))
+    (tmp_path / "capture_1.bin").write_bytes(b"\xff\xff\x00")
+    with pytest.raises(FormatError, match="not a K2 IS sector file"):
+        K2isSource(tmp_path / "capture.gtg", scan_shape=(1, 2))
