@@ -30,7 +30,7 @@ def _npy_case(tmp_path: Path) -> ReaderCase:
 
 def test_a_conforming_reader_passes_every_check(tmp_path: Path) -> None:
     check_reader(_npy_case(tmp_path))
-    assert len(READER_CHECKS) == 7
+    assert len(READER_CHECKS) == 8
 
 
 def test_a_transposed_expectation_fails(tmp_path: Path) -> None:

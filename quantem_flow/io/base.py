@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import hashlib
 import math
 import os
@@ -513,8 +514,21 @@ class FrameSource(Source):
     """A source that stores frames in scan order (row-major over the scan).
 
     Subclasses call :meth:`_set_frames` once they know the frame count and
-    frame shape, and implement :meth:`read_frames`.
+    frame shape, and implement :meth:`read_frames`.  The ``out=`` contract is
+    kept here for every subclass (third-party readers included): each
+    subclass's ``read_frames`` is wrapped so that an ``out`` of another shape,
+    or of a dtype the frames would lose values in, is refused
+    (:func:`check_frames_out`), and the implementation only ever sees
+    ``out=None`` or a C-contiguous array of exactly the frames' shape and
+    :attr:`dtype`; any other accepted ``out`` (strided, or wider) is filled by
+    copying what it returns.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        impl = cls.__dict__.get("read_frames")
+        if impl is not None and not getattr(impl, "_keeps_out_contract", False):
+            cls.read_frames = _keeping_out_contract(impl)  # type: ignore[method-assign]
 
     _scan: ScanShapeChoice
     _frame_shape: tuple[int, int]
@@ -617,9 +631,9 @@ class FrameSource(Source):
     def _frames_target(self, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
         """Check stored frames ``[start, stop)`` exist; where to put them (``out`` if it fits).
 
-        ``out`` is used when it is a C-contiguous ``(stop - start, k_r, k_c)``
-        array of :attr:`dtype`; otherwise a new array is returned (and
-        :meth:`_delivered` copies it into ``out``).
+        ``out`` is checked by :func:`check_frames_out`; it is filled in place
+        when it is C-contiguous and of :attr:`dtype`, else a new array is
+        returned (and :meth:`_delivered` copies it into ``out``).
         """
         if not 0 <= start <= stop <= self._n_frames:
             raise ShapeError(
@@ -627,12 +641,8 @@ class FrameSource(Source):
                 f"{self.format} source; pass 0 <= start <= stop <= {self._n_frames}"
             )
         shape = (stop - start, *self._frame_shape)
-        if (
-            out is not None
-            and out.dtype == self._dtype
-            and out.flags.c_contiguous
-            and out.shape == shape
-        ):
+        check_frames_out(out, shape, self._dtype, what=f"this {self.format} source")
+        if out is not None and out.dtype == self._dtype and out.flags.c_contiguous:
             return out
         return np.empty(shape, dtype=self._dtype)
 
@@ -640,7 +650,7 @@ class FrameSource(Source):
     def _delivered(target: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         """``target``, copied into ``out`` when ``out`` was given and is another array."""
         if out is not None and target is not out:
-            out[...] = target
+            np.copyto(out, target, casting="safe")
             return out
         return target
 
@@ -681,6 +691,67 @@ class FrameSource(Source):
         for i, r in enumerate(range(r0, r1)):
             self.read_frames(off + r * C + c0, off + r * C + c1, out=out[i])
         return out
+
+
+def _keeping_out_contract(
+    impl: Callable[..., np.ndarray],
+) -> Callable[..., np.ndarray]:
+    """``impl`` (a ``read_frames``) behind :func:`check_frames_out` (see :class:`FrameSource`)."""
+
+    @functools.wraps(impl)
+    def read_frames(
+        self: FrameSource, start: int, stop: int, *, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        if out is None:
+            return impl(self, start, stop)
+        if not 0 <= start <= stop <= self._n_frames:
+            raise ShapeError(
+                f"frames [{start}, {stop}) lie outside the {self._n_frames} frames of this "
+                f"{self.format} source; pass 0 <= start <= stop <= {self._n_frames}"
+            )
+        check_frames_out(
+            out, (stop - start, *self._frame_shape), self._dtype, what=f"this {self.format} source"
+        )
+        if out.dtype == self._dtype and out.flags.c_contiguous:
+            got = impl(self, start, stop, out=out)
+        else:
+            got = impl(self, start, stop)
+        if got is not out:
+            np.copyto(out, got, casting="safe")
+        return out
+
+    read_frames._keeps_out_contract = True  # type: ignore[attr-defined]
+    return read_frames
+
+
+def check_frames_out(
+    out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype[Any], *, what: str
+) -> None:
+    """Refuse an ``out=`` for ``read_frames`` that the frames would not fit exactly.
+
+    ``out`` must have the frames' shape (never broadcast into) and a dtype
+    the frames' dtype casts to without loss (``numpy.can_cast(..., "safe")``:
+    a wider buffer is the caller's explicit choice, a narrower one would wrap
+    or round silently).
+
+    Raises
+    ------
+    ShapeError
+        ``out`` has another shape.
+    DtypeError
+        ``out``'s dtype cannot hold every value of ``dtype``.
+    """
+    if out is None:
+        return
+    if out.shape != shape:
+        raise ShapeError(
+            f"read_frames(out=) of shape {out.shape} for {what}; pass an array of shape {shape}"
+        )
+    if not np.can_cast(dtype, out.dtype, casting="safe"):
+        raise DtypeError(
+            f"read_frames(out=) of dtype {out.dtype} cannot hold {what}'s {dtype} values "
+            f"without loss; pass an array of dtype {dtype} (or one it casts to safely)"
+        )
 
 
 def calibration_choice(

@@ -54,8 +54,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import DtypeError, ShapeError
 from ..io import Source, open_source
+from ..io.base import FrameSource
 
 __all__ = [
     "DETECTOR",
@@ -240,6 +241,52 @@ def check_identity_and_metadata(case: ReaderCase) -> None:
     assert _open(case).identity == ident  # the same input opened twice
 
 
+def check_frames_into_out(case: ReaderCase) -> None:
+    """``read_frames(out=)`` fills an array of the frames' shape and dtype, refuses others.
+
+    Readers whose sources read frame by frame (:class:`~quantem_flow.io.base.FrameSource`)
+    fill a C-contiguous ``out`` in place or copy into a strided one (or a wider
+    dtype); an ``out`` of another shape, or of a dtype that would lose values, is
+    refused, never broadcast or narrowed into
+    (:func:`~quantem_flow.io.base.check_frames_out`).
+    """
+    src = _open(case)
+    if not isinstance(src, FrameSource):
+        return
+    rows, cols = src.shape[:2]
+    kr, kc = src.shape[2:]
+    first = src.scan_metadata().get("frame_offset", 0)
+    want = case.expected.reshape(rows * cols, kr, kc)[1:3]
+    out = np.zeros((2, kr, kc), dtype=src.dtype)
+    got = src.read_frames(first + 1, first + 3, out=out)
+    assert got is out, "read_frames(out=) returned another array than out"
+    np.testing.assert_array_equal(out, want)
+    strided = np.zeros((2, kr, 2 * kc), dtype=src.dtype)[:, :, ::2]
+    np.testing.assert_array_equal(src.read_frames(first + 1, first + 3, out=strided), want)
+    np.testing.assert_array_equal(strided, want)
+    if np.can_cast(src.dtype, np.float64, casting="safe"):
+        wide = np.zeros((2, kr, kc), dtype=np.float64)  # a wider buffer is the caller's choice
+        src.read_frames(first + 1, first + 3, out=wide)
+        np.testing.assert_array_equal(wide, want)
+    bad_outs: list[tuple[np.ndarray, type[Exception]]] = [
+        (np.zeros((3, kr, kc), dtype=src.dtype), ShapeError),
+        (np.zeros((1, kr, kc), dtype=src.dtype), ShapeError),
+    ]
+    narrow = [t for t in (np.bool_, np.int8, np.uint8) if not np.can_cast(src.dtype, t, "safe")]
+    if narrow:
+        bad_outs.append((np.zeros((2, kr, kc), dtype=narrow[0]), DtypeError))
+    for bad, error in bad_outs:
+        try:
+            src.read_frames(first + 1, first + 3, out=bad)
+        except error:
+            pass
+        else:
+            raise AssertionError(
+                f"read_frames(out=) of shape {bad.shape}, dtype {bad.dtype} was not refused "
+                f"with {error.__name__}"
+            )
+
+
 #: Every check, in the order :func:`check_reader` runs them.
 READER_CHECKS: tuple[Callable[[ReaderCase], None], ...] = (
     check_format_and_shape,
@@ -249,6 +296,7 @@ READER_CHECKS: tuple[Callable[[ReaderCase], None], ...] = (
     check_orientation,
     check_pickle_round_trip,
     check_identity_and_metadata,
+    check_frames_into_out,
 )
 
 
