@@ -4,7 +4,8 @@ The descriptor (``scan.toml``, any name)::
 
     [params]
     filetype = "raw_csr"
-    nav_shape = [R_r, R_c]          # the scan, rows then columns
+    nav_shape = [R_r, R_c]          # the scan, rows then columns ([n]: one row of n;
+                                    # more axes: pass scan_shape=)
     sig_shape = [k_r, k_c]          # the detector
 
     [raw_csr]
@@ -26,7 +27,8 @@ gives a paired dataset for unsigned-integer values, each chunk's pairs built
 from its own slice of the files (indices sorted within a frame, repeated
 pixels summed, zeros dropped: the paired representation's form; a sum that
 does not fit the values' dtype raises rather than wraps); signed or real
-values open dense.  Everything the format does not say is checked where it is
+values open dense (repeated pixels summed too: signed sums in 64 bits, refused
+outside the values' dtype).  Everything the format does not say is checked where it is
 read, and a damaged input raises the project's errors naming the file and
 the frame: a descriptor that is not TOML or misses a key, a file that is
 missing or not a whole number of its dtype, ``indptr`` decreasing, starting
@@ -36,6 +38,7 @@ lengths, a pixel index outside the detector.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -51,6 +54,7 @@ from ..errors import (
     DtypeError,
     FormatError,
     ParameterError,
+    ScanShapeError,
     SourceNotFoundError,
 )
 from ..representations.paired import (
@@ -98,6 +102,18 @@ def _descriptor(path: Path) -> dict[str, Any]:
     return {"params": params, "files": section}
 
 
+def _positive_ints(value: Any, key: str, path: Path) -> tuple[int, ...]:
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+    ):
+        raise FormatError(
+            f"{str(path)!r}: [params] {key} must be a list of positive integers, got {value!r}"
+        )
+    return tuple(int(v) for v in value)
+
+
 def _pair(value: Any, key: str, path: Path) -> tuple[int, int]:
     if (
         not isinstance(value, list)
@@ -139,7 +155,7 @@ class RawCsrSource(FrameSource):
         self._path = check_exists(path, what="raw_csr descriptor")
         conf = _descriptor(self._path)
         params, files = conf["params"], conf["files"]
-        nav = _pair(params.get("nav_shape"), "nav_shape", self._path)
+        nav = _positive_ints(params.get("nav_shape"), "nav_shape", self._path)
         self._sig = _pair(params.get("sig_shape"), "sig_shape", self._path)
         self._files: dict[str, Path] = {}
         self._dtypes: dict[str, np.dtype[Any]] = {}
@@ -206,14 +222,24 @@ class RawCsrSource(FrameSource):
             self.native_representation = "dense"  # type: ignore[misc]
             self.payload_representations = frozenset()  # type: ignore[misc]
         given = scan_shape is not None
+        if not given and len(nav) > 2:
+            raise ScanShapeError(
+                f"{str(self._path)!r}: nav_shape {list(nav)} has {len(nav)} axes; a 4D-STEM "
+                "scan is rows x cols: pass scan_shape=(rows, cols) covering its "
+                f"{math.prod(nav)} frames"
+            )
+        scan = nav if len(nav) == 2 else (1, nav[0])
+        how = f"the descriptor's nav_shape {list(nav)}" + (
+            " (one line: read as one row)" if len(nav) == 1 else ""
+        )
         self._set_frames(
             n_frames=len(indptr) - 1,
             frame_shape=self._sig,
             dtype=value_dtype,
-            scan_shape=scan_shape if given else nav,
+            scan_shape=scan_shape if given else scan,
             path=None,
             frame_offset=frame_offset,
-            scan_shape_from=None if given else f"the descriptor's nav_shape {list(nav)}",
+            scan_shape_from=None if given else how,
         )
         self._nav = nav
 
@@ -301,8 +327,17 @@ class RawCsrSource(FrameSource):
         out_ptr = np.empty_like(ptr)
         out_idx = np.empty(indices.shape[0], dtype=np.int64)
         out_val = np.empty(indices.shape[0], dtype=np.uint64)
-        peak = _merge_pairs(ptr, indices, values.astype(np.uint64), out_ptr, out_idx, out_val)
+        peak, wrapped = _merge_pairs(
+            ptr, indices, values.astype(np.uint64), out_ptr, out_idx, out_val
+        )
+        peak = int(peak)
         limit = int(np.iinfo(self._dtype).max)
+        if wrapped:
+            raise CorruptChunkError(
+                f"{str(self._path)!r}: a pixel's values sum beyond 2**64 - 1 within one frame "
+                f"(the {self._dtype} the data file declares holds at most {limit}); the file "
+                "is damaged"
+            )
         if peak > limit:
             raise CorruptChunkError(
                 f"{str(self._path)!r}: a pixel's values sum to {peak} within one frame, beyond "
@@ -332,8 +367,34 @@ class RawCsrSource(FrameSource):
                 _scatter(payload.indptr, payload.indices, payload.counts, flat)
         else:  # signed or real values: added where they are, repeated pixels summed
             frame = np.repeat(np.arange(stop - start), np.diff(ptr))
-            np.add.at(flat, (frame, indices), values.astype(self._dtype, copy=False))
+            if self._dtype.kind == "f":
+                np.add.at(flat, (frame, indices), values.astype(self._dtype, copy=False))
+            else:
+                flat[...] = self._signed_sums(frame, indices, values, flat.shape)
         return self._delivered(target, out)
+
+    def _signed_sums(
+        self, frame: np.ndarray, indices: np.ndarray, values: np.ndarray, shape: tuple[int, int]
+    ) -> np.ndarray:
+        """Signed values summed per pixel in 64 bits, refused when a sum leaves the dtype."""
+        wide = np.zeros(shape, dtype=np.int64)
+        np.add.at(wide, (frame, indices), values.astype(np.int64, copy=False))
+        check = np.zeros(shape, dtype=np.float64)  # a wrapped 64-bit sum is 2**64 away
+        np.add.at(check, (frame, indices), values.astype(np.float64, copy=False))
+        info = np.iinfo(self._dtype)
+        low, high = int(wide.min(initial=0)), int(wide.max(initial=0))
+        off = float(np.max(np.abs(check - wide), initial=0.0))
+        if low < info.min or high > info.max or off > 2.0**62:
+            shown: float = low if low < info.min else high
+            if off > 2.0**62:  # the 64-bit sum wrapped: show the real one, about
+                shown = float(check.flat[np.argmax(np.abs(check - wide))])
+            raise CorruptChunkError(
+                f"{str(self._path)!r}: a pixel's values sum to {shown:.6g} within one frame, "
+                f"beyond the {self._dtype} "
+                f"the data file declares ({info.min}..{info.max}); the file is damaged or "
+                "data_dtype too narrow"
+            )
+        return wide
 
     # -- description ----------------------------------------------------------------------
     @property
@@ -373,8 +434,9 @@ class RawCsrSource(FrameSource):
 
 @numba.njit(cache=True, nogil=True)
 def _merge_pairs(ptr, indices, values, out_ptr, out_idx, out_val):  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
-    """Per frame: sort by pixel, sum repeated pixels, drop zeros; the largest sum."""
+    """Per frame: sort by pixel, sum repeated pixels, drop zeros; the largest sum, and a wrap."""
     peak = np.uint64(0)
+    wrapped = False
     w = 0
     out_ptr[0] = 0
     for f in range(ptr.shape[0] - 1):
@@ -386,7 +448,10 @@ def _merge_pairs(ptr, indices, values, out_ptr, out_idx, out_val):  # type: igno
             pix = indices[j]
             v = values[j]
             if pix == last:
-                out_val[w - 1] += v
+                total = out_val[w - 1] + v
+                if total < v:  # the 64-bit sum wrapped
+                    wrapped = True
+                out_val[w - 1] = total
             else:
                 out_idx[w] = pix
                 out_val[w] = v
@@ -403,4 +468,4 @@ def _merge_pairs(ptr, indices, values, out_ptr, out_idx, out_val):  # type: igno
                 k += 1
         w = k
         out_ptr[f + 1] = w
-    return peak
+    return peak, wrapped

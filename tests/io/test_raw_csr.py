@@ -18,6 +18,7 @@ from quantem_flow.errors import (
     CorruptChunkError,
     DtypeError,
     FormatError,
+    ScanShapeError,
     SourceNotFoundError,
 )
 from quantem_flow.io import detect_format
@@ -128,7 +129,11 @@ def test_damaged_descriptors(tmp_path: Path, rng: np.random.Generator) -> None:
             "named by data_file",
         ),
         "bad dtype": (text.replace('data_dtype = "<u2"', 'data_dtype = "<c8"'), DtypeError, "c8"),
-        "bad shape": (text.replace("nav_shape = [6, 8]", "nav_shape = [6]"), FormatError, "nav"),
+        "bad shape": (
+            text.replace("nav_shape = [6, 8]", "nav_shape = [6, 0]"),
+            FormatError,
+            "nav_shape must be a list of positive integers",
+        ),
     }
     for body, error, words in cases.values():
         toml.write_text(body)
@@ -181,3 +186,66 @@ def test_a_sum_beyond_the_values_dtype_is_refused(tmp_path: Path) -> None:
     (ptr + np.where(np.arange(ptr.size) >= 1, 2, 0)).tofile(tmp_path / "scan_indptr.raw")
     with pytest.raises(CorruptChunkError, match="sum to 300"):
         RawCsrSource(toml).read_frames(0, 1)
+
+
+def _with_entries(
+    tmp_path: Path, dtype: str, entries: list[tuple[int, int, float]], n: int = 4
+) -> Path:
+    """A descriptor whose files hold exactly ``entries`` (frame, pixel, value), in that order."""
+    toml = write_raw_csr(tmp_path, np.zeros((n, *DET), dtype=dtype), nav_shape=(2, n // 2))
+    frames = np.asarray([f for f, _, _ in entries], dtype=np.int64)
+    ptr = np.searchsorted(frames, np.arange(n + 1), side="left").astype("<i8")
+    ptr.tofile(tmp_path / "scan_indptr.raw")
+    np.asarray([p for _, p, _ in entries], dtype="<u4").tofile(tmp_path / "scan_indices.raw")
+    np.asarray([v for _, _, v in entries]).astype(np.dtype(dtype).newbyteorder("<")).tofile(
+        tmp_path / "scan_values.raw"
+    )
+    return toml
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "float32"])
+def test_repeated_pixels_of_signed_and_real_values_are_summed(tmp_path: Path, dtype: str) -> None:
+    entries = [(0, 7, 100), (0, 7, -60), (0, 3, -5), (1, 0, 2), (1, 0, 2), (3, 119, -1)]
+    source = RawCsrSource(_with_entries(tmp_path, dtype, entries))
+    want = np.zeros((4, DET[0] * DET[1]), dtype=dtype)
+    for f, p, v in entries:
+        want[f, p] += v
+    np.testing.assert_array_equal(source.read_frames(0, 4).reshape(4, -1), want)
+
+
+def test_a_signed_sum_beyond_the_values_dtype_is_refused(tmp_path: Path) -> None:
+    toml = _with_entries(tmp_path, "int8", [(0, 5, 100), (1, 9, 100), (1, 9, 100)])
+    np.testing.assert_array_equal(RawCsrSource(toml).read_frames(0, 1).reshape(-1)[5], 100)
+    with pytest.raises(CorruptChunkError, match=r"sum to 200 .*int8 .*-128\.\.127"):
+        RawCsrSource(toml).read_frames(0, 2)  # it was read back as -56
+    low = _with_entries(tmp_path, "int16", [(2, 1, -20000), (2, 1, -20000)])
+    with pytest.raises(CorruptChunkError, match="sum to -40000"):
+        RawCsrSource(low).read_frames(2, 3)
+
+
+def test_a_64_bit_sum_that_wraps_is_refused(tmp_path: Path) -> None:
+    big = 2**63
+    toml = _with_entries(tmp_path, "uint64", [(0, 4, big), (0, 4, big + 5)])
+    with pytest.raises(CorruptChunkError, match=r"beyond 2\*\*64 - 1"):
+        RawCsrSource(toml).read_frames(0, 1)  # it was read back as 5
+    wide = _with_entries(tmp_path, "int64", [(0, 4, 2**62), (0, 4, 2**62), (0, 4, 2**62)])
+    with pytest.raises(CorruptChunkError, match=r"sum to 1\.38\d*e\+19 .*beyond the int64"):
+        RawCsrSource(wide).read_frames(0, 1)
+
+
+def test_line_and_many_axis_nav_shapes(tmp_path: Path, rng: np.random.Generator) -> None:
+    """A 1-D nav_shape is one row (recorded); more than two axes need scan_shape=."""
+    data = _counts(rng)
+    toml = write_raw_csr(tmp_path, data.reshape(-1, *DET), nav_shape=SCAN)
+    text = toml.read_text()
+    toml.write_text(text.replace("nav_shape = [6, 8]", "nav_shape = [48]"))
+    line = RawCsrSource(toml)
+    assert line.shape == (1, 48, *DET)
+    assert "one line: read as one row" in line.metadata["scan_shape_from"]
+    np.testing.assert_array_equal(line.read((0, 1), (0, 48))[0], data.reshape(48, *DET))
+    toml.write_text(text.replace("nav_shape = [6, 8]", "nav_shape = [2, 3, 8]"))
+    with pytest.raises(ScanShapeError, match=r"nav_shape \[2, 3, 8\] has 3 axes.*48 frames"):
+        RawCsrSource(toml)
+    given = RawCsrSource(toml, scan_shape=(8, 6))
+    assert given.shape == (8, 6, *DET)
+    np.testing.assert_array_equal(given.read((0, 8), (0, 6)), data.reshape(8, 6, *DET))
