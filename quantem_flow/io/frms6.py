@@ -23,6 +23,14 @@ stored row ``y``, left half; row ``h + j`` is stored row ``h - 1 - j``, right
 half read backwards.  A binned readout (``bin: N``) is returned as read, each
 row covering ``N`` detector rows (recorded; nothing is resampled).
 
+The files are exactly ``name_NNN.frms6`` (another acquisition ``name_2`` in the
+same folder is not mixed in), numbered from 000 without a gap (a missing file
+is refused: the frames after it would shift).  The ``.hdr``'s ``signalframes``
+must equal the frames the files hold unless ``scan_shape=`` is given (then
+noted); a ``darkframes`` that differs, bytes after a file's announced frames
+and a binned readout are noted; a file recording no frame count must hold
+whole frames.
+
 The scan shape is the ``.hdr``'s ``stemimagesize`` (``A x B`` read as ``A``
 rows of ``B`` columns, recorded), unless ``scan_shape=`` is given.
 
@@ -38,6 +46,7 @@ noted.
 from __future__ import annotations
 
 import configparser
+import glob
 import os
 import re
 from collections.abc import Sequence
@@ -75,6 +84,8 @@ _HEADER = np.dtype(
 _FRAME_HEADER = 64
 _READOUT = re.compile(r'^"?\s*bin:\s*(\d+)\s*,\s*windowing:\s*(\d+)\s*x\s*(\d+)\s*"?$')
 _CORRECTIONS = ("dark", "gain")
+#: Dark frames summed per piece when their mean is asked for (bounded memory).
+_DARK_PIECE_BYTES = 64 << 20
 
 
 def sniff(path: Path, head: bytes) -> bool:
@@ -107,7 +118,13 @@ def read_frms6_header(path: Path) -> dict[str, int]:
     frame = _FRAME_HEADER + out["width"] * out["height"] * 2
     body = path_size(path) - 1024
     if out["num_frames"] == 0:  # older files: from the size
+        if body % frame:
+            raise FormatError(
+                f"{str(path)!r} records no frame count and holds {body} bytes of frames, not a "
+                f"whole number of {frame}-byte frames: a partial last frame (truncated)"
+            )
         out["num_frames"] = body // frame
+    out["extra_bytes"] = max(0, body - out["num_frames"] * frame)
     if body < out["num_frames"] * frame:
         raise FormatError(
             f"{str(path)!r} holds {body} bytes of frames, fewer than the {out['num_frames']} "
@@ -124,6 +141,27 @@ def unfold(stored: np.ndarray) -> np.ndarray:
     out[:, :h] = stored[:, :, :half]
     out[:, h:] = stored[:, ::-1, half:][:, :, ::-1]
     return out
+
+
+def _acquisition_files(base: Path) -> list[Path]:
+    """``<base>_NNN.frms6`` beside ``base``, in order, numbered 000, 001... without a gap.
+
+    (Without a ``_000`` the list is returned as found: the caller names the missing darks.)
+    """
+    pattern = re.compile(re.escape(base.name) + r"_(\d{3,})")
+    numbered = sorted(
+        (int(m.group(1)), p)
+        for p in base.parent.glob(f"{glob.escape(base.name)}_*.frms6")
+        if (m := pattern.fullmatch(p.stem))
+    )
+    numbers = [n for n, _ in numbered]
+    if numbers and numbers[0] == 0 and numbers != list(range(len(numbers))):
+        raise SourceNotFoundError(
+            f"the files of the FRMS6 acquisition {str(base)!r} are numbered {numbers}: "
+            "they must run 000, 001, ... without a gap or a repeat (a file is missing, and "
+            "the frames after it would shift)"
+        )
+    return [p for _, p in numbered]
 
 
 def _base(path: Path) -> Path:
@@ -174,10 +212,7 @@ class Frms6Source(FrameSource):
                 f"{str(given)!r}; it holds the dark frame count and the scan shape"
             )
         self._hdr = self._read_hdr()
-        files = sorted(
-            (p for p in base.parent.glob(f"{base.name}_*.frms6") if re.search(r"_\d+$", p.stem)),
-            key=lambda p: int(p.stem.rsplit("_", 1)[1]),
-        )
+        files = _acquisition_files(base)
         if not files or not files[0].stem.endswith("_000"):
             raise SourceNotFoundError(
                 f"the FRMS6 acquisition {str(base)!r} has no {base.name}_000.frms6 (the dark "
@@ -205,10 +240,34 @@ class Frms6Source(FrameSource):
         announced = self._hdr.get("signalframes")
         self._open_notes: list[str] = []
         if announced is not None and announced != n_signal:
+            if scan_shape is None:
+                raise FormatError(
+                    f"the .hdr of {str(base)!r} announces {announced} signal frames; its "
+                    f"{len(self._files)} signal files hold {n_signal}: a file is missing, "
+                    "damaged or extra. Pass scan_shape= to open the frames the files hold"
+                )
             self._open_notes.append(
-                f"the .hdr announces {announced} signal frames; the files hold {n_signal}"
+                f"the .hdr announces {announced} signal frames; the files hold {n_signal} "
+                "(opened as the files hold them, with the scan_shape= given)"
+            )
+        if self._hdr.get("binning", 1) > 1:
+            self._open_notes.append(
+                f"read out binned (bin: {self._hdr['binning']}): each frame row covers "
+                f"{self._hdr['binning']} detector rows, returned as read (not resampled)"
             )
         self._dark_count = headers[0]["num_frames"]
+        dark_announced = self._hdr.get("darkframes")
+        if dark_announced is not None and dark_announced != self._dark_count:
+            self._open_notes.append(
+                f"the .hdr announces {dark_announced} dark frames; {self._dark_file.name!r} "
+                f"holds {self._dark_count}"
+            )
+        for p, h in zip(files, headers, strict=True):
+            if h["extra_bytes"]:
+                self._open_notes.append(
+                    f"{p.name!r} holds {h['extra_bytes']} bytes after the {h['num_frames']} "
+                    "frames its header announces; they are not read"
+                )
         asked = tuple(corrections)
         unknown = sorted(set(asked) - set(_CORRECTIONS))
         if unknown:
@@ -220,8 +279,7 @@ class Frms6Source(FrameSource):
         if "dark" in asked:
             if self._dark_count < 1:
                 raise ShapeError(f"{str(self._dark_file)!r} holds no dark frames to subtract")
-            darks = self._read_file(self._dark_file, 0, self._dark_count).astype(np.float64)
-            self._corrections["dark"] = darks.mean(axis=0).astype(np.float32)
+            self._corrections["dark"] = self._mean_dark(frame_shape)
         elif self._dark_count:
             self._open_notes.append(
                 f"{self._dark_count} dark frames in {self._dark_file.name!r} were not subtracted "
@@ -255,8 +313,17 @@ class Frms6Source(FrameSource):
             scan_shape_from=how,
         )
 
+    def _mean_dark(self, frame_shape: tuple[int, int]) -> np.ndarray:
+        """The mean of the dark frames, summed in float64 a bounded piece at a time."""
+        total = np.zeros(frame_shape, dtype=np.float64)
+        step = max(1, _DARK_PIECE_BYTES // (2 * frame_shape[0] * frame_shape[1]))
+        for a in range(0, self._dark_count, step):
+            b = min(self._dark_count, a + step)
+            total += self._read_file(self._dark_file, a, b).sum(axis=0, dtype=np.float64)
+        return (total / self._dark_count).astype(np.float32)
+
     def _read_hdr(self) -> dict[str, Any]:
-        config = configparser.ConfigParser()
+        config = configparser.ConfigParser(interpolation=None)
         try:
             config.read_string(self._path.read_text(errors="replace"))
         except configparser.Error as exc:

@@ -118,3 +118,89 @@ def test_damaged_acquisitions(tmp_path: Path, rng: np.random.Generator) -> None:
     hdr.unlink()
     with pytest.raises(SourceNotFoundError, match=r"acq\.hdr"):
         Frms6Source(signal)
+
+
+def test_unfold_pixel_by_pixel_from_the_documented_rule() -> None:
+    """Row y < h is stored row y, left half; row h + j is stored row h - 1 - j, right half
+    read backwards (an element-wise check, independent of the writer's ``fold``)."""
+    stored = np.arange(3 * 4 * 10, dtype=np.uint16).reshape(3, 4, 10)
+    got = unfold(stored)
+    n, h, w = stored.shape
+    half = w // 2
+    assert got.shape == (n, 2 * h, half)
+    for i in range(n):
+        for y in range(2 * h):
+            for x in range(half):
+                want = stored[i, y, x] if y < h else stored[i, 2 * h - 1 - y, w - 1 - x]
+                assert got[i, y, x] == want, (i, y, x)
+
+
+def test_files_of_one_acquisition_only_and_without_gaps(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    hdr, frames, _ = _acq(tmp_path, rng)
+    other = rng.integers(0, 9, size=(4, *DET)).astype(np.uint16)
+    write_frms6(tmp_path, other, other[:1], stem_image_size=(2, 2), name="acq_2", per_file=2)
+    source = Frms6Source(hdr)  # acq_2_000.frms6... are another acquisition's
+    assert len(source.metadata["files"]) == 4
+    np.testing.assert_array_equal(source.read_frames(0, len(frames)), frames)
+    np.testing.assert_array_equal(
+        Frms6Source(tmp_path / "acq_2_001.frms6").read_frames(0, 4), other
+    )
+    (tmp_path / "acq_002.frms6").unlink()
+    with pytest.raises(SourceNotFoundError, match=r"numbered \[0, 1, 3, 4\].*gap"):
+        Frms6Source(hdr, scan_shape=(1, 11))
+
+
+def test_the_hdrs_frame_counts_are_checked(tmp_path: Path, rng: np.random.Generator) -> None:
+    hdr, _, _ = _acq(tmp_path, rng)
+    text = hdr.read_text()
+    hdr.write_text(text.replace("signalframes=15", "signalframes=16"))
+    with pytest.raises(FormatError, match=r"announces 16 signal frames.*hold 15.*scan_shape="):
+        Frms6Source(hdr)
+    given = Frms6Source(hdr, scan_shape=(5, 3))
+    assert any("announces 16 signal frames" in n for n in given.notes)
+    hdr.write_text(text.replace("darkframes=5", "darkframes=7") + "comment=100% dark\n")
+    noted = Frms6Source(hdr)  # a % in a value is text, not interpolation
+    assert noted.metadata["measurement_info"]["comment"] == "100% dark"
+    assert any("announces 7 dark frames" in n and "holds 5" in n for n in noted.notes)
+    signal = tmp_path / "acq_004.frms6"
+    signal.write_bytes(signal.read_bytes() + b"\x00" * 100)
+    assert any("100 bytes after the 3 frames" in n for n in Frms6Source(hdr).notes)
+
+
+def test_a_partial_frame_in_a_file_without_a_count_is_refused(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    hdr, frames, _ = _acq(tmp_path, rng, count_in_header=False)
+    np.testing.assert_array_equal(Frms6Source(hdr).read_frames(0, len(frames)), frames)
+    signal = tmp_path / "acq_004.frms6"
+    signal.write_bytes(signal.read_bytes()[:-10])
+    with pytest.raises(FormatError, match=r"records no frame count.*partial last frame"):
+        Frms6Source(hdr)
+
+
+def test_a_binned_readout_is_returned_as_read_and_noted(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    hdr, frames, _ = _acq(tmp_path, rng, binning=4)
+    source = Frms6Source(hdr)
+    assert source.metadata["readout_binning"] == 4
+    assert any("bin: 4" in n and "not resampled" in n for n in source.notes)
+    assert source.shape == (*SCAN, *DET)
+    np.testing.assert_array_equal(source.read_frames(0, len(frames)), frames)
+
+
+def test_the_dark_mean_is_summed_in_pieces(
+    tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import quantem_flow.io.frms6 as frms6
+
+    hdr, _, darks = _acq(tmp_path, rng)
+    whole = Frms6Source(hdr, corrections=("dark",)).read_frames(0, 1)
+    monkeypatch.setattr(frms6, "_DARK_PIECE_BYTES", 2 * DET[0] * DET[1] * 2)  # two frames
+    pieces = Frms6Source(hdr, corrections=("dark",)).read_frames(0, 1)
+    np.testing.assert_array_equal(pieces, whole)
+    raw = Frms6Source(hdr).read_frames(0, 1).astype(np.float32)
+    mean = darks.astype(np.float64).mean(axis=0).astype(np.float32)
+    np.testing.assert_array_equal(pieces, raw - mean)
