@@ -17,15 +17,18 @@ fields this reader uses (byte offsets):
 620    u32      compression format (0: none; others are refused)
 ====== ======== =======================================================
 
-Frames are ``uint8/16/32`` images of ``height`` rows of ``width`` columns;
-the number of frames is what the file holds (whole strides after the image
-offset; a trailing partial frame is ignored and noted).  The header records
+Frames are monochrome (image format 100; colour and Bayer formats are refused)
+``uint8/16/32`` images of ``height`` rows of ``width`` columns; the number of
+frames is what the file holds (whole strides after the image offset; a
+trailing partial frame is ignored and noted, and so is a count that differs
+from the header's allocated frames).  The header records
 no scan shape: ``scan_shape=``, or a JSON sidecar, says it.
 
 Reference images beside the file, found by name: ``<file>.dark.mrc`` and
 ``<file>.gain.mrc`` (MRC images of the detector's shape).  They are applied
 only when asked (``corrections=("dark", "gain")``): the values become
-``float32`` ``(raw - dark) * gain``, and the metadata and notes record which
+``float32`` ``(raw - dark) * gain`` (``float64`` for 32-bit frames, which
+``float32`` would round above 2**24), and the metadata and notes record which
 references were applied, with their paths and SHA-256; references present
 but not asked for are noted, never applied.  A bad-pixel map
 (``<file>.Config.Metadata.xml``) is reported when present; it is not applied.
@@ -88,6 +91,10 @@ _HEADER = struct.Struct("<" + "".join(code for _, code in _FIELDS))
 _CORRECTIONS = ("dark", "gain")
 
 
+#: Norpix's image format of monochrome images (colour and Bayer formats are refused).
+_MONO = 100
+
+
 def sniff(path: Path, head: bytes) -> bool:
     """The magic ``0xFEED`` and the UTF-16 name ``Norpix seq`` at byte 4."""
     if len(head) < 28 or struct.unpack_from("<L", head)[0] != SEQ_MAGIC:
@@ -126,6 +133,11 @@ def parse_seq_header(raw: bytes, path: Path) -> dict[str, Any]:
             f"{where!r}: the header's image bytes ({values['image_size_bytes']}) and stride "
             f"({values['true_image_size']}) do not fit {height} x {width} x {depth} bits "
             f"({image} bytes); the header is damaged"
+        )
+    if values["image_format"] != _MONO:
+        raise UnsupportedOperationError(
+            f"{where!r} holds images of Norpix image format {values['image_format']} (colour "
+            f"or Bayer); this reader reads monochrome ({_MONO}) sequences, as detectors record"
         )
     if values["compression_format"] != 0:
         raise UnsupportedOperationError(
@@ -186,6 +198,12 @@ class SeqSource(FrameSource):
             self._open_notes.append(
                 f"{body % stride} bytes after the last whole frame (a partial frame) are ignored"
             )
+        if h["allocated_frames"] != n:
+            why = "stopped early or truncated" if n < h["allocated_frames"] else "more"
+            self._open_notes.append(
+                f"the header allocates {h['allocated_frames']} frames; the file holds {n} "
+                f"whole frames ({why}); the frames the file holds are read"
+            )
         asked = tuple(corrections)
         unknown = sorted(set(asked) - set(_CORRECTIONS))
         if unknown:
@@ -209,11 +227,15 @@ class SeqSource(FrameSource):
         self._set_frames(
             n_frames=n,
             frame_shape=(h["height"], h["width"]),
-            dtype=np.dtype(np.float32) if self._corrections else self._stored_dtype,
+            dtype=self._corrected_dtype() if self._corrections else self._stored_dtype,
             scan_shape=scan_shape,
             path=self._path,
             frame_offset=frame_offset,
         )
+
+    def _corrected_dtype(self) -> np.dtype[Any]:
+        """``float32`` for 8/16-bit frames; ``float64`` for 32-bit ones (exact to 2**53)."""
+        return np.dtype(np.float64 if self._stored_dtype.itemsize == 4 else np.float32)
 
     def _reference_path(self, kind: str) -> Path:
         return Path(f"{self._path}.{kind}.mrc")
@@ -241,7 +263,7 @@ class SeqSource(FrameSource):
             if not np.all(np.isfinite(image)):
                 raise DtypeError(f"the {kind} reference {str(ref)!r} holds non-finite values")
             digest = hashlib.sha256(ref.read_bytes()).hexdigest()
-            out[kind] = (image.astype(np.float32), str(ref), digest)
+            out[kind] = (image.astype(self._corrected_dtype()), str(ref), digest)
         return out
 
     # -- reading ------------------------------------------------------------------------

@@ -126,3 +126,39 @@ def test_damaged_files(tmp_path: Path, rng: np.random.Generator) -> None:
     not_seq.write_bytes(b"\x00" * 2048)
     with pytest.raises(FormatError, match="not a Norpix SEQ file"):
         SeqSource(not_seq, scan_shape=SCAN)
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_32_bit_frames_are_corrected_in_float64(
+    tmp_path: Path, rng: np.random.Generator, version: int
+) -> None:
+    """float32 would round 32-bit counts above 2**24; both header versions place the images."""
+    frames = rng.integers(2**25, 2**31, size=(6, *DET)).astype(np.uint32)
+    path = write_seq(tmp_path / "deep.seq", frames, version=version)
+    dark = rng.integers(1, 9, size=(1, *DET)).astype(np.float32)
+    write_mrc(Path(f"{path}.dark.mrc"), dark)
+    fixed = SeqSource(path, scan_shape=(2, 3), corrections=("dark",))
+    assert fixed.dtype == np.float64
+    assert fixed.metadata["image_offset"] == (8192 if version >= 5 else 1024)
+    want = frames.astype(np.float64) - dark[0].astype(np.float64)
+    np.testing.assert_array_equal(fixed.read_frames(0, 6), want)
+    assert np.any(want.astype(np.float32) != want)  # float32 would not have held them
+
+
+def test_colour_images_are_refused_and_counts_compared(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    frames = _frames(rng)
+    bgrx = write_seq(tmp_path / "colour.seq", frames, header_overrides={"image_format": 500})
+    with pytest.raises(UnsupportedOperationError, match=r"image format 500.*monochrome"):
+        SeqSource(bgrx, scan_shape=SCAN)
+    assert not any(
+        "allocates" in n
+        for n in SeqSource(write_seq(tmp_path / "movie.seq", frames), scan_shape=SCAN).notes
+    )
+    early = write_seq(
+        tmp_path / "early.seq", frames, header_overrides={"allocated_frames": len(frames) + 3}
+    )
+    source = SeqSource(early, scan_shape=SCAN)
+    assert any("allocates 27 frames; the file holds 24" in n for n in source.notes)
+    np.testing.assert_array_equal(source.read_frames(0, len(frames)), frames)

@@ -38,7 +38,7 @@ def write_seq(
         "bit_depth_real": depth,
         "image_size_bytes": image,
         "image_format": 100,
-        "allocated_frames": n + 3,
+        "allocated_frames": n,
         "origin": 0,
         "true_image_size": stride,
         "compression_format": 0,
