@@ -18,14 +18,19 @@ bytes: ``a = b0 | (b1 & 15) << 8``, ``b = b1 >> 4 | b2 << 4``).  Sector ``s``
 width`` of the frame: the frame is ``height x 8 * width`` (1860 x 2048).
 
 Recording starts in each sector wherever the camera was, so the sectors are
-synchronised here by frame id: a frame is used when every sector holds all of
-its blocks, one after the other; the frames before the first such frame and
-after the last (partial frames) are left out and noted; a frame id missing
-in between is refused (the scan would shift), naming it.  Every block used is
-checked (sync word, geometry, its place in its frame) and a damaged one
-raises :class:`~quantem_flow.errors.CorruptChunkError` naming the file, the
-block and the frame.  The geometry (sector size, block size) is read from the
-headers, not assumed.
+synchronised here by frame id: each sector's first whole frame is found in its
+first few frames of blocks, the latest of them is the first frame used, and
+the partial frames before it (and after the last frame whole in every sector)
+are left out and noted.  Opening reads O(log frames) headers, not the files
+(which can be hundreds of GB): per sector the first and last block of the last
+frame must name the frame ids the first frame leads to; when they do not (a
+block or frame lost or added), the first such frame is found by bisection and
+refused, naming it (the scan would shift).  The first frame's block positions
+must tile each sector once.  Every block read is checked (sync word, sector
+size, frame id, its place in its frame) and a damaged one raises
+:class:`~quantem_flow.errors.CorruptChunkError` naming the file, the block and
+the frame.  The geometry (sector size, block size) is read from the headers,
+not assumed.
 
 The ``.gtg`` (Gatan's metadata, a DigitalMicrograph tag file) is recorded when
 present, not interpreted: ``scan_shape=`` or a JSON sidecar gives the scan.
