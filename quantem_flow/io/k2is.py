@@ -48,6 +48,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numba
 import numpy as np
 
 from ..errors import CorruptChunkError, FormatError, ParameterError, SourceNotFoundError
@@ -335,10 +336,7 @@ class K2isSource(FrameSource):
             blocks = span.reshape(n, per_frame, block_bytes)
             if n:
                 self._check_blocks(s, blocks, start, first)
-            pixels = _unpack12(blocks[:, :, _HEADER_BYTES:]).reshape(n, per_frame, bh, bw)
-            x_base = s * sw
-            for b, (x0, y0) in enumerate(self._block_layout[s].tolist()):
-                target[:, y0 : y0 + bh, x_base + x0 : x_base + x0 + bw] = pixels[:, b]
+            _place_blocks(blocks, self._block_layout[s], s * sw, bh, bw, target)
         if "dark" in self._corrections:
             target -= self._corrections["dark"]
         if "gain" in self._corrections:
@@ -446,10 +444,43 @@ def _complete_frames(
     return ids, starts[whole][first]
 
 
-def _unpack12(packed: np.ndarray) -> np.ndarray:
-    """12-bit little-endian pixel pairs (three bytes each) to ``uint16``, in order."""
-    triples = np.ascontiguousarray(packed).reshape(-1, 3).astype(np.uint16)
-    out = np.empty((triples.shape[0], 2), dtype=np.uint16)
-    out[:, 0] = triples[:, 0] | ((triples[:, 1] & 0x0F) << 8)
-    out[:, 1] = (triples[:, 1] >> 4) | (triples[:, 2] << 4)
-    return out.reshape(-1)
+@numba.njit(cache=True, nogil=True)
+def _place_blocks(blocks, layout, x_base, bh, bw, target):  # type: ignore[no-untyped-def]  # pragma: no cover - jitted
+    """Unpack each block's 12-bit pixels (two in three bytes) into its place in ``target``.
+
+    ``blocks`` is ``(frames, blocks per frame, block bytes)`` of one sector,
+    ``layout`` the ``(x0, y0)`` of each block within the sector, ``x_base`` the
+    sector's first column in the frame; pixels run row-major within a block:
+    ``a = b0 | (b1 & 15) << 8``, ``b = b1 >> 4 | b2 << 4``.  Offsets are
+    computed flat: a view per block and row cost more than its 16 pixels
+    (measured: 1.39 against 0.82 GiB/s on the camera's geometry; writing frame
+    rows across the blocks beside one another was slower again, 0.96).
+    """
+    n, per_frame, block_bytes = blocks.shape
+    _, rows, cols = target.shape
+    src = blocks.reshape(-1)
+    dst = target.reshape(-1)
+    for f in range(n):
+        for b in range(per_frame):
+            x0 = x_base + layout[b, 0]
+            y0 = layout[b, 1]
+            p = (f * per_frame + b) * block_bytes + 40
+            if bw % 2 == 0:  # pairs never straddle a row
+                for y in range(bh):
+                    q = (f * rows + y0 + y) * cols + x0
+                    for _ in range(bw // 2):
+                        b0 = np.uint16(src[p])
+                        b1 = np.uint16(src[p + 1])
+                        b2 = np.uint16(src[p + 2])
+                        dst[q] = b0 | ((b1 & 15) << 8)
+                        dst[q + 1] = (b1 >> 4) | (b2 << 4)
+                        p += 3
+                        q += 2
+            else:
+                for i in range(bh * bw):
+                    at = p + (i // 2) * 3
+                    if i % 2 == 0:
+                        v = np.uint16(src[at]) | ((np.uint16(src[at + 1]) & 15) << 8)
+                    else:
+                        v = (np.uint16(src[at + 1]) >> 4) | (np.uint16(src[at + 2]) << 4)
+                    dst[(f * rows + y0 + i // bw) * cols + x0 + i % bw] = v

@@ -196,3 +196,13 @@ def test_empty_and_short_sector_files(tmp_path: Path, rng: np.random.Generator) 
     (tmp_path / "capture_1.bin").write_bytes(b"\xff\xff\x00")
     with pytest.raises(FormatError, match="not a K2 IS sector file"):
         K2isSource(tmp_path / "capture.gtg", scan_shape=(1, 2))
+
+
+def test_blocks_of_an_odd_width(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Pixel pairs straddle the block's rows when its width is odd (3 x 2 blocks here)."""
+    frames = _frames(rng, 4, (4, 48))
+    gtg = write_k2is(tmp_path, frames, block=(2, 3))
+    source = K2isSource(gtg, scan_shape=(2, 2))
+    assert source.metadata["block_shape"] == [2, 3]
+    np.testing.assert_array_equal(source.read_frames(0, 4), frames)
+    np.testing.assert_array_equal(source.read_frames(1, 3), frames[1:3])
