@@ -397,3 +397,42 @@ def test_example_pipelines_run_on_the_demo_data(tmp_path: Path) -> None:
         else:  # the demo data carry their calibration: phase in rad, SSB runs
             assert results["idpc"].units == "rad"
             assert results["ssb"].provenance.parameters["scan_step_from"].startswith("calibration")
+
+
+def test_reference_file_options_are_relative_to_the_pipeline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``gain_map``/``dark_map`` (options annotated as paths) resolve like ``input.path``."""
+    from tests.io.writers_k2is import write_k2is
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(5)
+    frames = rng.integers(0, 4096, size=(6, 6, 16)).astype(np.uint16)
+    write_k2is(data, frames, block=(3, 2))
+    gain = rng.uniform(0.9, 1.1, size=(6, 16)).astype(np.float32)
+    np.save(data / "gain.npy", gain)
+    sub = tmp_path / "pipelines"
+    sub.mkdir()
+    yml = sub / "k2.yaml"
+    doc = {
+        "version": 1,
+        "input": {
+            "path": "../data/capture.gtg",
+            "options": {
+                "scan_shape": [2, 3],
+                "corrections": ["gain"],
+                "gain_map": "../data/gain.npy",
+            },
+        },
+        "outputs": {"total": {"op": "sum_diffraction"}},
+    }
+    yml.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    pipe = load_pipeline(yml)
+    assert Path(pipe.input.options["gain_map"]).resolve() == data / "gain.npy"
+    (total,) = run_pipeline(pipe, client="synchronous").values()
+    want = (frames.astype(np.float32) * gain).sum(axis=0, dtype=np.float64)
+    np.testing.assert_allclose(np.asarray(total.data), want, rtol=1e-6)

@@ -30,7 +30,8 @@ Every output is computed by ONE call to :func:`quantem_flow.compute`, so
 the dataset is read once.  Validation is strict: an unknown key, a missing
 required key or a value of the wrong type raises
 :class:`~quantem_flow.errors.ParameterError` naming the key and the allowed
-keys.  Relative paths are relative to the folder of the YAML file (of the
+keys.  Relative paths (``input.path``, reader options naming a file such as
+``gain_map``, masks) are relative to the folder of the YAML file (of the
 current directory for a mapping), except that ``save`` paths are relative to
 ``output_dir`` when :func:`run_pipeline` is given one.
 

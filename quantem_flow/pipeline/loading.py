@@ -39,6 +39,7 @@ from .schema import (
     _describe,
     _reader_options,
     reader_options,
+    reader_path_options,
 )
 
 
@@ -243,7 +244,7 @@ def _parse_input(chk: _Checker, raw: Any, base: Path) -> InputSpec:
             raise chk.fail(
                 "input.format", f"unknown format {fmt!r}; known formats: {reader_names()}"
             )
-    options = _parse_options(chk, m.get("options"), fmt)
+    options = _parse_options(chk, m.get("options"), fmt, base)
     cal = None
     if m.get("calibration") is not None:
         cal_map = chk.mapping(m["calibration"], "input.calibration")
@@ -274,13 +275,17 @@ def _parse_input(chk: _Checker, raw: Any, base: Path) -> InputSpec:
     )
 
 
-def _parse_options(chk: _Checker, raw: Any, fmt: str | None) -> dict[str, Any]:
+def _parse_options(chk: _Checker, raw: Any, fmt: str | None, base: Path) -> dict[str, Any]:
     options = dict(chk.mapping(raw or {}, "input.options"))
     allowed = reader_options() if fmt is None else _reader_options(fmt)
     chk.keys(options, "input.options" + ("" if fmt is None else f" (format {fmt})"), allowed)
+    paths = reader_path_options(fmt) if options else frozenset()
     for key, value in options.items():
         where = f"input.options.{key}"
-        if key == "scan_shape":
+        if key in paths and value is not None:  # a reference file: beside the pipeline
+            named = Path(chk.text(value, where)).expanduser()
+            options[key] = str(named if named.is_absolute() else base / named)
+        elif key == "scan_shape":
             if value == "square":
                 continue
             rows_cols = chk.integers(value, where + " (or 'square')", 2)

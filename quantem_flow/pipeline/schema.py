@@ -429,6 +429,23 @@ def reader_options() -> tuple[str, ...]:
     return (*sorted(k for k in seen if k != "verify"), "verify")
 
 
+def reader_path_options(fmt: str | None = None) -> frozenset[str]:
+    """Options naming a file (annotated ``os.PathLike``), of ``fmt`` or of any reader.
+
+    A pipeline resolves these, like ``input.path``, against its folder.
+    """
+    import inspect
+
+    from ..io import reader_class, reader_names
+
+    found: set[str] = set()
+    for name in [fmt] if fmt is not None else [n for n in reader_names() if n != "memory"]:
+        for p in inspect.signature(reader_class(name).__init__).parameters.values():
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and "PathLike" in str(p.annotation):
+                found.add(p.name)
+    return frozenset(found)
+
+
 def _reader_options(fmt: str) -> tuple[str, ...]:
     """The keyword options of the reader ``fmt`` (from its signature), plus ``verify``."""
     import inspect
