@@ -75,7 +75,14 @@ from .base import (
 )
 from .fileio import PositionalFile
 
-__all__ = ["DM_IMAGE_DTYPES", "Dm4Source", "TagArray", "parse_dm4_tags", "sniff"]
+__all__ = [
+    "DM_IMAGE_DTYPES",
+    "Dm4Source",
+    "TagArray",
+    "parse_dm4_tags",
+    "parse_dm_tags",
+    "sniff",
+]
 
 #: Tag data type codes -> dtype character (byte order applied from the header).
 _TAG_TYPES: dict[int, str] = {
@@ -142,8 +149,12 @@ class TagArray:
 class _Reader:
     """Sequential reads of the tag tree, every one checked against the file's end."""
 
-    def __init__(self, f: BinaryIO, path: Path, size: int, order: str):
+    def __init__(self, f: BinaryIO, path: Path, size: int, order: str, *, version: int = 4):
         self.f, self.path, self.size, self.order = f, path, size, order
+        # DM4 counts, sizes and type descriptions in uint64s, DM3 in uint32s; DM3 tags carry
+        # no size of their own
+        self.wide = "Q" if version == 4 else "I"
+        self.sized = version == 4
 
     def take(self, n: int, where: str) -> bytes:
         pos = self.f.tell()
@@ -166,7 +177,7 @@ class _Reader:
                 "tag tree is damaged"
             )
         self.take(2, f"the sorted/open flags of group {where!r}")
-        n = self.big("Q", f"the tag count of group {where!r}")
+        n = self.big(self.wide, f"the tag count of group {where!r}")
         if n > self.size:
             raise FormatError(
                 f"{str(self.path)!r}: group {where!r} declares {n} tags, more than the file's "
@@ -181,7 +192,7 @@ class _Reader:
             if label in out:
                 label = f"{label}[{i}]"
             here = f"{where}/{label}" if where else label
-            tag_size = self.big("Q", f"the size of tag {here!r}")
+            tag_size = self.big("Q", f"the size of tag {here!r}") if self.sized else 0
             start = self.f.tell()
             if kind == 21 and start + tag_size > self.size:  # groups: their tags tell where
                 raise FormatError(
@@ -217,13 +228,13 @@ class _Reader:
                 f"{str(self.path)!r}: data tag {where!r} starts with {magic!r}; expected '%%%%'. "
                 "The tag tree is damaged"
             )
-        n = self.big("Q", f"the type description length of {where!r}")
+        n = self.big(self.wide, f"the type description length of {where!r}")
         if not 1 <= n <= 1 << 16:
             raise FormatError(
                 f"{str(self.path)!r}: tag {where!r} declares a type description of {n} entries; "
                 "the tag tree is damaged"
             )
-        info = [self.big("Q", f"the type description of {where!r}") for _ in range(n)]
+        info = [self.big(self.wide, f"the type description of {where!r}") for _ in range(n)]
         code = info[0]
         if code == 15:  # struct: 15, name length, n fields, (name length, type) * n
             return tuple(self.simple(t, where) for t in info[4::2])
@@ -305,6 +316,54 @@ def parse_dm4_tags(path: Path) -> tuple[dict[str, Any], str]:
         order = "<" if flag == 1 else ">"
         tags = _Reader(f, path, size, order).group("", 0)
     return tags, order
+
+
+def parse_dm_tags(path: Path) -> tuple[dict[str, Any], str, int]:
+    """Parse the tag tree of a DM3 or DM4 tag file (``.dm3``, ``.dm4``, a K2 ``.gtg``).
+
+    DM3 differs from DM4 (see the module docstring) in its 12-byte header
+    (version 3, the root length and the byte-order flag as big-endian
+    uint32s), its tag counts and type descriptions in big-endian uint32s and
+    its tags carrying no size of their own.
+
+    Returns
+    -------
+    tuple of (dict, str, int)
+        The tags (as :func:`parse_dm4_tags`), the byte order of the data and
+        the version (3 or 4).
+
+    Raises
+    ------
+    FormatError
+        Neither version, or a damaged or truncated tag tree (naming the tag).
+    """
+    with open(path, "rb") as f:
+        head = f.read(4)
+    version = struct.unpack(">I", head)[0] if len(head) == 4 else None
+    if version == 4:
+        tags, order = parse_dm4_tags(path)
+        return tags, order, 4
+    if version != 3:
+        raise FormatError(
+            f"{str(path)!r} starts with version {version}; expected a DigitalMicrograph tag "
+            "file (3 or 4)"
+        )
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(12)
+        if len(head) < 12:
+            raise FormatError(
+                f"{str(path)!r} holds {len(head)} bytes; a DM3 file starts with a 12-byte header"
+            )
+        flag = struct.unpack(">I", head[8:12])[0]
+        if flag not in (0, 1):
+            raise FormatError(
+                f"{str(path)!r}: the DM3 byte-order flag is {flag}; expected 1 (little-endian) or "
+                "0 (big-endian)"
+            )
+        order = "<" if flag == 1 else ">"
+        tags = _Reader(f, path, size, order, version=3).group("", 0)
+    return tags, order, 3
 
 
 def _text(value: Any) -> str:

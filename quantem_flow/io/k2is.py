@@ -32,8 +32,22 @@ size, frame id, its place in its frame) and a damaged one raises
 the frame.  The geometry (sector size, block size) is read from the headers,
 not assumed.
 
-The ``.gtg`` (Gatan's metadata, a DigitalMicrograph tag file) is recorded when
-present, not interpreted: ``scan_shape=`` or a JSON sidecar gives the scan.
+The ``.gtg`` (Gatan's metadata: a DigitalMicrograph 3 or 4 tag file) gives the
+scan shape when it records one: ``SI Dimensions``, ``Size Y`` rows of ``Size
+X`` columns (recorded); ``scan_shape=`` or a JSON sidecar otherwise.  No
+calibration is read from it (none is known to be recorded there): give one
+with a sidecar.
+
+Bit 0 of a block header's flags byte (byte 9) is set while the shutter is
+open.  By default (``frame_offset="shutter"``) the scan starts at the first
+frame flagged so (found by bisection; the frames before it, recorded while
+the camera ran before the acquisition, are left out and noted), and one frame
+earlier for a scan the ``.gtg`` describes: on recorded K2 IS scans the flag
+is set one frame late (as LiberTEM's authors found on real data).  An
+integer ``frame_offset`` counts whole synchronised frames instead.  The camera
+runs on after a scan: frames after the scan's ``rows x cols`` are left out,
+noted with their count (too few frames for the scan raise).
+
 Dark and gain references are applied only when asked (``corrections=``, with
 ``dark_map=``/``gain_map=``: ``.npy`` or ``.mat`` of the frame's shape), the
 values then ``float32`` ``(raw - dark) * gain``, each reference's path and
@@ -56,7 +70,7 @@ from .base import FrameSource, SourceIdentity, check_exists, header_digest, path
 from .fileio import PositionalFile
 from .references import load_reference
 
-__all__ = ["K2_SECTORS", "K2_SYNC", "K2isSource", "sniff"]
+__all__ = ["K2_SECTORS", "K2_SYNC", "SHUTTER_ACTIVE", "K2isSource", "gtg_scan_shape", "sniff"]
 
 #: The sync word that starts every block.
 K2_SYNC = 0xFFFF0055
@@ -65,13 +79,26 @@ K2_SECTORS = 8
 _HEADER_BYTES = 40
 _HEADER = np.dtype(
     {
-        "names": ["sync", "block_count", "width", "height", "frame_id", "x0", "y0", "x1", "y1"],
-        "formats": [">u4", ">u4", ">u2", ">u2", ">u4", ">u2", ">u2", ">u2", ">u2"],
-        "offsets": [0, 16, 20, 22, 24, 28, 30, 32, 34],
+        "names": [
+            "sync",
+            "flags",
+            "block_count",
+            "width",
+            "height",
+            "frame_id",
+            "x0",
+            "y0",
+            "x1",
+            "y1",
+        ],
+        "formats": [">u4", "u1", ">u4", ">u2", ">u2", ">u4", ">u2", ">u2", ">u2", ">u2"],
+        "offsets": [0, 9, 16, 20, 22, 24, 28, 30, 32, 34],
         "itemsize": _HEADER_BYTES,
     }
 )
 _CORRECTIONS = ("dark", "gain")
+#: Bit of a block header's flags byte set while the shutter is open (the acquisition runs).
+SHUTTER_ACTIVE = 0x1
 #: Frames of blocks read at the start of each sector to find where its first whole frame starts.
 _SYNC_WINDOW_FRAMES = 4
 
@@ -113,9 +140,14 @@ class K2isSource(FrameSource):
     path
         The ``.gtg`` or any of the eight ``.bin`` sector files.
     scan_shape
-        ``(rows, cols)``, ``"square"`` or ``None`` for a JSON sidecar.
+        ``(rows, cols)``, ``"square"``, or ``None``: the ``.gtg``'s
+        ``SI Dimensions`` (``Size Y`` rows of ``Size X`` columns), else a
+        JSON sidecar.
     frame_offset
-        Leading (synchronised) frames to skip.
+        ``"shutter"`` (default): the scan starts at the first frame whose
+        blocks are flagged shutter-active, one frame earlier for a scan the
+        ``.gtg`` describes (see the module docstring); or the number of whole,
+        synchronised frames to skip (the flag then ignored, noted).
     corrections
         Among ``"dark"`` and ``"gain"``, with ``dark_map=``/``gain_map=``.
     dark_map, gain_map
@@ -129,7 +161,7 @@ class K2isSource(FrameSource):
         path: str | os.PathLike[str],
         *,
         scan_shape: Sequence[int] | str | None = None,
-        frame_offset: int = 0,
+        frame_offset: int | str = "shutter",
         corrections: Sequence[str] = (),
         dark_map: str | os.PathLike[str] | None = None,
         gain_map: str | os.PathLike[str] | None = None,
@@ -164,15 +196,45 @@ class K2isSource(FrameSource):
                 raise ParameterError(
                     f"{kind}_map= was given without corrections=({kind!r},); pass both to apply it"
                 )
+        self._si_shape: tuple[int, int] | None = None
         if self._gtg is None:
             self._open_notes.append("no .gtg beside the sector files (Gatan's metadata)")
+        else:
+            try:
+                self._si_shape = gtg_scan_shape(self._gtg)
+            except FormatError as exc:
+                if scan_shape is None:
+                    raise FormatError(
+                        f"{exc}; it records the scan shape: pass scan_shape=(rows, cols) to "
+                        "open the sector files without it"
+                    ) from exc
+                self._open_notes.append(f"the .gtg could not be read ({exc}); scan_shape= used")
+        how = None
+        scan: Sequence[int] | str | None = scan_shape
+        if scan_shape is None and self._si_shape is not None:
+            scan = self._si_shape
+            how = (
+                f"the .gtg's SI Dimensions: Size Y {self._si_shape[0]} rows x Size X "
+                f"{self._si_shape[1]} cols"
+            )
+        self._shutter_frame = self._first_shutter_frame(n)
+        offset = self._frame_offset(frame_offset, n)
+        if not isinstance(scan, str) and scan is not None and len(scan) == 2:
+            wanted = int(scan[0]) * int(scan[1])
+            if n - offset > wanted:  # the camera runs on after the scan
+                self._open_notes.append(
+                    f"{n - offset - wanted} frame(s) after the {scan[0]} x {scan[1]} scan (from "
+                    f"frame {offset + wanted} on) are left out"
+                )
+                n = offset + wanted
         self._set_frames(
             n_frames=n,
             frame_shape=frame_shape,
             dtype=np.dtype(np.float32) if self._corrections else np.dtype(np.uint16),
-            scan_shape=scan_shape,
+            scan_shape=scan,
             path=self._path,
-            frame_offset=frame_offset,
+            frame_offset=offset,
+            scan_shape_from=how,
         )
 
     # -- opening ------------------------------------------------------------------------
@@ -278,6 +340,67 @@ class K2isSource(FrameSource):
             )
         return self._geometry, firsts, n
 
+    def _first_shutter_frame(self, n: int) -> int | None:
+        """The first frame whose blocks are flagged shutter-active in every sector (bisection).
+
+        The flag, once set, stays set; frames are counted from the first
+        synchronised frame.  ``None`` when no frame is flagged.
+        """
+        block_bytes = self._geometry[4]
+
+        def flagged(s: int, k: int) -> bool:
+            h = self._headers(s, block_bytes, self._first_blocks[s] + k * self._per_frame, 1)
+            return bool(h.size) and bool(int(h["flags"][0]) & SHUTTER_ACTIVE)
+
+        found = []
+        for s in range(K2_SECTORS):
+            if not flagged(s, n - 1):
+                return None
+            lo, hi = -1, n - 1  # frame lo not flagged (or before the first), frame hi flagged
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if flagged(s, mid) else (mid, hi)
+            found.append(hi)
+        if len(set(found)) > 1:
+            self._open_notes.append(
+                f"the sectors flag the shutter open from different frames {found}; the latest, "
+                f"{max(found)}, is taken"
+            )
+        return max(found)
+
+    def _frame_offset(self, asked: int | str, n: int) -> int:
+        """The frames skipped before the scan (see ``frame_offset``), with its note."""
+        if not isinstance(asked, str):
+            if self._shutter_frame not in (None, 0):
+                self._open_notes.append(
+                    f"frame_offset={asked} given: the first frame flagged shutter-active "
+                    f"({self._shutter_frame}) is not used"
+                )
+            return int(asked)
+        if asked != "shutter":
+            raise ParameterError(
+                f"frame_offset={asked!r}; pass 'shutter' (the default) or a number of frames"
+            )
+        if self._shutter_frame is None:
+            self._open_notes.append(
+                "no block is flagged shutter-active; the scan starts at the first whole frame"
+            )
+            return 0
+        start = self._shutter_frame
+        if self._si_shape is not None and start > 0:
+            start -= 1
+            self._open_notes.append(
+                f"the scan starts at frame {start}, one before the first frame flagged "
+                f"shutter-active ({self._shutter_frame}): on recorded K2 IS scans the flag "
+                "comes one frame late (pass frame_offset= to choose another start)"
+            )
+        elif start:
+            self._open_notes.append(
+                f"the acquisition starts at frame {start}, the first flagged shutter-active; "
+                f"the {start} frame(s) before it are left out"
+            )
+        return start
+
     def _frame_layout(self, s: int, h: np.ndarray) -> np.ndarray:
         """The (x0, y0) of each block of the first frame, checked to tile the sector once."""
         sw, sh, bw, bh, _ = self._geometry
@@ -346,7 +469,9 @@ class K2isSource(FrameSource):
     def _check_blocks(self, s: int, blocks: np.ndarray, start: int, first: int) -> None:
         """Every block read: its sync word, sector size, frame id and place in its frame."""
         sw, sh = self._geometry[:2]
-        h = np.ascontiguousarray(blocks[:, :, :_HEADER_BYTES]).view(_HEADER)[..., 0]
+        h = np.ascontiguousarray(blocks[:, :, :_HEADER_BYTES]).view(_HEADER)[
+            ..., 0
+        ]  # flags unchecked
         n = h.shape[0]
         layout = self._block_layout[s]
         faults = [
@@ -397,7 +522,10 @@ class K2isSource(FrameSource):
             paths=tuple(paths),
             file_sizes=tuple(path_size(p) for p in paths),
             header_sha256=header_digest(
-                self._geometry, self._first_blocks, [r["sha256"] for r in self._records]
+                self._geometry,
+                self._first_blocks,
+                self._shutter_frame,
+                [r["sha256"] for r in self._records],
             ),
         )
 
@@ -412,6 +540,8 @@ class K2isSource(FrameSource):
             "sector_files": [str(p) for p in self._files],
             "gtg": None if self._gtg is None else str(self._gtg),
             "first_blocks": list(self._first_blocks),
+            "si_dimensions": None if self._si_shape is None else list(self._si_shape),
+            "shutter_first_frame": self._shutter_frame,
             "corrections": list(self._records),
             **self.scan_metadata(),
         }
@@ -421,6 +551,32 @@ class K2isSource(FrameSource):
         for f in (self._handle_files or {}).values():
             f.close()
         self._handle_files = None
+
+
+def gtg_scan_shape(gtg: Path) -> tuple[int, int] | None:
+    """The scan ``(rows, cols)`` a ``.gtg`` records (``SI Dimensions``: ``Size Y``, ``Size X``).
+
+    ``None`` when the tags are absent (a time series, or not a scan).
+
+    Raises
+    ------
+    FormatError
+        The ``.gtg`` is not a DigitalMicrograph tag file, or the sizes are not
+        positive integers.
+    """
+    from .dm4 import parse_dm_tags
+
+    tags, _, _ = parse_dm_tags(gtg)
+    si = tags.get("SI Dimensions")
+    if not isinstance(si, dict) or "Size X" not in si or "Size Y" not in si:
+        return None
+    rows, cols = si["Size Y"], si["Size X"]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (rows, cols)):
+        raise FormatError(
+            f"{str(gtg)!r}: SI Dimensions Size Y {rows!r}, Size X {cols!r}; expected positive "
+            "integers"
+        )
+    return int(rows), int(cols)
 
 
 def _complete_frames(

@@ -234,3 +234,33 @@ def test_a_file_without_4d_data_is_described_for_what_it_holds(tmp_path: Path) -
     assert "an image" in text and "a stack or spectrum image" in text  # thumbnail, 3-D stack
     assert "image_index" not in text  # choosing an entry cannot help
     assert "qf.open(frames, scan_shape=(rows, cols))" in text
+
+
+def test_dm3_and_dm4_tag_files_parse_alike(tmp_path: Path) -> None:
+    """``parse_dm_tags`` reads both tag layouts (a K2 ``.gtg`` may be either)."""
+    from quantem_flow.io.dm4 import parse_dm_tags
+
+    from .writers_dm4 import dm3_bytes, dm4_bytes, text
+
+    root = {
+        "SI Dimensions": {"Size X": 35, "Size Y": 34},
+        "Name": text("Capture"),
+        "Steps": [0.5, 1.25],
+        "Deep": {"A": {"B": {"C": np.float32(2.5)}}},
+    }
+    for version, raw in ((3, dm3_bytes(root)), (4, dm4_bytes(root))):
+        path = tmp_path / f"tags.dm{version}"
+        path.write_bytes(raw)
+        tags, order, got_version = parse_dm_tags(path)
+        assert (order, got_version) == ("<", version)
+        assert tags["SI Dimensions"] == {"Size X": 35, "Size Y": 34}
+        assert tags["Steps"] == {"[0]": 0.5, "[1]": 1.25}
+        assert tags["Deep"]["A"]["B"]["C"] == 2.5
+        assert "".join(map(chr, tags["Name"])) == "Capture"
+        path.write_bytes(raw[: len(raw) // 2])
+        with pytest.raises(FormatError, match="truncated"):
+            parse_dm_tags(path)
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"\x00\x00\x00\x07" + bytes(20))
+    with pytest.raises(FormatError, match="version 7"):
+        parse_dm_tags(other)

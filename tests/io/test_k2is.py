@@ -206,3 +206,56 @@ def test_blocks_of_an_odd_width(tmp_path: Path, rng: np.random.Generator) -> Non
     assert source.metadata["block_shape"] == [2, 3]
     np.testing.assert_array_equal(source.read_frames(0, 4), frames)
     np.testing.assert_array_equal(source.read_frames(1, 3), frames[1:3])
+
+
+@pytest.mark.parametrize("version", [3, 4])
+def test_the_scan_shape_from_the_gtg(
+    tmp_path: Path, rng: np.random.Generator, version: int
+) -> None:
+    frames = _frames(rng, 6)
+    gtg = write_k2is(tmp_path, frames, block=(3, 2), si_dimensions=(2, 3), gtg_version=version)
+    source = K2isSource(gtg)
+    assert source.shape[:2] == (2, 3)
+    assert "SI Dimensions: Size Y 2 rows x Size X 3 cols" in source.metadata["scan_shape_from"]
+    assert source.metadata["si_dimensions"] == [2, 3]
+    np.testing.assert_array_equal(source.read((0, 2), (0, 3)), frames.reshape(2, 3, *FRAME))
+    assert K2isSource(gtg, scan_shape=(3, 2)).shape[:2] == (3, 2)  # given wins
+
+
+def test_the_scan_starts_where_the_shutter_opens(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Frames recorded before the shutter flag are left out; a .gtg scan starts one earlier."""
+    frames = _frames(rng, 10)
+    gtg = write_k2is(tmp_path, frames, block=(3, 2), shutter_from=4, si_dimensions=(2, 3))
+    scan = K2isSource(gtg)
+    assert scan.metadata["shutter_first_frame"] == 4
+    assert scan.metadata["frame_offset"] == 3
+    assert any("one before the first frame flagged shutter-active (4)" in n for n in scan.notes)
+    np.testing.assert_array_equal(scan.read((0, 2), (0, 3)), frames[3:9].reshape(2, 3, *FRAME))
+    assert any(
+        "1 frame(s) after the 2 x 3 scan (from frame 9 on) are left out" in n for n in scan.notes
+    )
+    (tmp_path / "ts").mkdir()
+    series_gtg = write_k2is(tmp_path / "ts", frames, block=(3, 2), shutter_from=4)
+    series = K2isSource(series_gtg, scan_shape=(2, 3))
+    assert series.metadata["frame_offset"] == 4  # no SI Dimensions: from the flagged frame
+    assert any("the 4 frame(s) before it are left out" in n for n in series.notes)
+    np.testing.assert_array_equal(series.read((0, 2), (0, 3)), frames[4:10].reshape(2, 3, *FRAME))
+    given = K2isSource(gtg, frame_offset=1, scan_shape=(1, 6))
+    assert any("frame_offset=1 given" in n for n in given.notes)
+    np.testing.assert_array_equal(given.read((0, 1), (0, 6))[0], frames[1:7])
+    with pytest.raises(ParameterError, match="'later'"):
+        K2isSource(gtg, frame_offset="later")
+
+
+def test_no_shutter_flag_and_a_damaged_gtg(tmp_path: Path, rng: np.random.Generator) -> None:
+    frames = _frames(rng, 4)
+    gtg = write_k2is(tmp_path, frames, block=(3, 2), shutter_from=99)
+    source = K2isSource(gtg, scan_shape=(2, 2))
+    assert source.metadata["shutter_first_frame"] is None
+    assert any("no block is flagged shutter-active" in n for n in source.notes)
+    np.testing.assert_array_equal(source.read_frames(0, 4), frames)
+    gtg.write_bytes(b"\x00\x00\x00\x04" + bytes(10))  # cut short
+    with pytest.raises(FormatError, match="pass scan_shape="):
+        K2isSource(gtg)
+    opened = K2isSource(gtg, scan_shape=(2, 2))
+    assert any("the .gtg could not be read" in n for n in opened.notes)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DM_TYPE", "dm4_bytes", "write_dm4_4d"]
+__all__ = ["DM_TYPE", "dm3_bytes", "dm4_bytes", "write_dm4_4d"]
 
 #: NumPy dtype -> DM tag type code.
 DM_TYPE = {
@@ -60,6 +60,7 @@ def text(s: str) -> Array:
 
 
 _ORDER = ["<"]  # byte order of tag values while a file is built
+_DM3 = [False]  # DM3: uint32 counts and type descriptions, no tag sizes
 
 
 def _info_and_bytes(value: Any) -> tuple[list[int], bytes]:
@@ -89,15 +90,17 @@ def _tag(name: str, value: Any) -> bytes:
         kind = 20
     else:
         info, payload = _info_and_bytes(value)
-        body = b"%%%%" + struct.pack(">Q", len(info)) + struct.pack(f">{len(info)}Q", *info)
+        w = "I" if _DM3[0] else "Q"
+        body = b"%%%%" + struct.pack(">" + w, len(info)) + struct.pack(f">{len(info)}{w}", *info)
         body += payload
         kind = 21
-    return struct.pack(">BH", kind, len(label)) + label + struct.pack(">Q", len(body)) + body
+    size = b"" if _DM3[0] else struct.pack(">Q", len(body))
+    return struct.pack(">BH", kind, len(label)) + label + size + body
 
 
 def _group(tags: dict[str, Any] | list[Any]) -> bytes:
     items = list(tags.items()) if isinstance(tags, dict) else [("", v) for v in tags]
-    out = struct.pack(">BBQ", 0, 1, len(items))
+    out = struct.pack(">BBI" if _DM3[0] else ">BBQ", 0, 1, len(items))
     for name, value in items:
         out += _tag(name, value)
     return out
@@ -114,6 +117,21 @@ def dm4_bytes(root: dict[str, Any], *, big_endian: bool = False) -> bytes:
     finally:
         _ORDER[0] = "<"
     return struct.pack(">IQI", 4, len(body) + 8, 0 if big_endian else 1) + body + bytes(8)
+
+
+def dm3_bytes(root: dict[str, Any]) -> bytes:
+    """The bytes of a DM3 tag file holding ``root`` (little-endian values).
+
+    DM3: a 12-byte header (version 3, root length, byte-order flag: big-endian
+    uint32s), tag counts and type descriptions as big-endian uint32s, and no
+    size field in the tags.
+    """
+    _DM3[0] = True
+    try:
+        body = _group(root)
+    finally:
+        _DM3[0] = False
+    return struct.pack(">III", 3, len(body), 1) + body + bytes(8)
 
 
 def write_dm4_4d(

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .writers_dm4 import dm3_bytes, dm4_bytes
+
 SYNC = 0xFFFF0055
 
 
@@ -38,8 +40,17 @@ def write_k2is(
     lead: tuple[int, ...] = (0, 3, 1, 0, 2, 0, 5, 1),
     tail: int = 2,
     gtg: bool = True,
+    si_dimensions: tuple[int, int] | None = None,
+    shutter_from: int = 0,
+    gtg_version: int = 4,
 ) -> Path:
-    """Write ``frames`` (``(n, H, 8 * W)`` uint16 < 4096); return the ``.gtg`` (or sector 1)."""
+    """Write ``frames`` (``(n, H, 8 * W)`` uint16 < 4096); return the ``.gtg`` (or sector 1).
+
+    Blocks of frames ``shutter_from`` on (and the partial frame after them) have
+    the shutter-active flag (bit 0 of byte 9) set.  The ``.gtg`` is a DM tag
+    file (``gtg_version`` 3 or 4) holding ``SI Dimensions`` (``Size Y`` rows,
+    ``Size X`` columns) when ``si_dimensions`` is given.
+    """
     n, sh, width = frames.shape
     sw = width // 8
     bh, bw = block
@@ -54,6 +65,7 @@ def write_k2is(
                 head = bytearray(40)
                 struct.pack_into(">I", head, 0, SYNC)
                 head[8] = 2
+                head[9] = 1 if fid >= first_id + shutter_from else 0
                 struct.pack_into(">IHHI", head, 16, count, sw, sh, fid)
                 struct.pack_into(">HHHH", head, 28, x, y, x + bw - 1, y + bh - 1)
                 struct.pack_into(">I", head, 36, 3 * bw * bh // 2 + 40)
@@ -70,7 +82,10 @@ def write_k2is(
             for y, x in order[: min(tail, len(order) - 1)]:  # a frame never finished
                 put(first_id + n, y, x, np.full((bh, bw), 9, np.uint16))
     if gtg:
+        root: dict[str, object] = {"Acquisition": {"Frame Rate (fps)": 400.0}}
+        if si_dimensions is not None:
+            root["SI Dimensions"] = {"Size X": si_dimensions[1], "Size Y": si_dimensions[0]}
         path = folder / f"{name}.gtg"
-        path.write_bytes(b"\x00\x00\x00\x04" + bytes(60))  # a DM4 tag file's first bytes
+        path.write_bytes(dm3_bytes(root) if gtg_version == 3 else dm4_bytes(root))
         return path
     return folder / f"{name}_1.bin"
