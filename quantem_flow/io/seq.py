@@ -30,8 +30,14 @@ only when asked (``corrections=("dark", "gain")``): the values become
 ``float32`` ``(raw - dark) * gain`` (``float64`` for 32-bit frames, which
 ``float32`` would round above 2**24), and the metadata and notes record which
 references were applied, with their paths and SHA-256; references present
-but not asked for are noted, never applied.  A bad-pixel map
-(``<file>.Config.Metadata.xml``) is reported when present; it is not applied.
+but not asked for are noted, never applied.  The DE bad-pixel map
+(``<file>.Config.Metadata.xml``, see :mod:`quantem_flow.io.bad_pixels`) is
+applied only when asked too (``"bad_pixels"``: each bad pixel replaced by the
+mean of its good 3 x 3 neighbours, after dark and gain; the map of the frames'
+size is used, a cropped or binned readout's is refused), recorded with its
+path, SHA-256 and pixel count.  DE's binary ``<file>.metadata`` is recorded
+(path and SHA-256) and not interpreted: its layout differs between DE
+software versions and is not published, and the scan shape is not in it.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from ..errors import (
     SourceNotFoundError,
     UnsupportedOperationError,
 )
+from .bad_pixels import BadPixelPatch, load_bad_pixel_map
 from .base import FrameSource, SourceIdentity, check_exists, header_digest, path_size
 from .fileio import PositionalFile
 
@@ -88,7 +95,9 @@ _FIELDS = (
     ("compression_format", "L"),
 )
 _HEADER = struct.Struct("<" + "".join(code for _, code in _FIELDS))
-_CORRECTIONS = ("dark", "gain")
+#: References beside the file, applied (in this order) only when asked.
+_REFERENCES = ("dark", "gain")
+_CORRECTIONS = (*_REFERENCES, "bad_pixels")
 
 
 #: Norpix's image format of monochrome images (colour and Bayer formats are refused).
@@ -149,6 +158,10 @@ def parse_seq_header(raw: bytes, path: Path) -> dict[str, Any]:
     return values
 
 
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 class SeqSource(FrameSource):
     """A Norpix ``.seq`` file (see the module docstring).
 
@@ -161,9 +174,10 @@ class SeqSource(FrameSource):
     frame_offset
         Leading frames to skip.
     corrections
-        References to apply, among ``"dark"`` and ``"gain"`` (found beside
-        the file as ``<file>.dark.mrc``, ``<file>.gain.mrc``); the values
-        become ``float32``.  Default: none applied.
+        Corrections to apply, among ``"dark"`` and ``"gain"`` (found beside
+        the file as ``<file>.dark.mrc``, ``<file>.gain.mrc``) and
+        ``"bad_pixels"`` (``<file>.Config.Metadata.xml``); the values become
+        ``float32`` (``float64`` for 32-bit frames).  Default: none applied.
     """
 
     format: ClassVar[str] = "seq"
@@ -208,10 +222,10 @@ class SeqSource(FrameSource):
         unknown = sorted(set(asked) - set(_CORRECTIONS))
         if unknown:
             raise ParameterError(
-                f"corrections={asked!r}: unknown {unknown}; SEQ references are {_CORRECTIONS}"
+                f"corrections={asked!r}: unknown {unknown}; SEQ corrections are {_CORRECTIONS}"
             )
         self._corrections = self._load_references(asked)
-        for kind in _CORRECTIONS:
+        for kind in _REFERENCES:
             found = self._reference_path(kind)
             if kind not in asked and found.is_file():
                 self._open_notes.append(
@@ -220,14 +234,37 @@ class SeqSource(FrameSource):
                 )
         bad_pixels = Path(f"{self._path}.Config.Metadata.xml")
         self._bad_pixels = str(bad_pixels) if bad_pixels.is_file() else None
-        if self._bad_pixels:
+        self._patch: BadPixelPatch | None = None
+        if "bad_pixels" in asked:
+            if self._bad_pixels is None:
+                raise SourceNotFoundError(
+                    f"corrections asks for 'bad_pixels', but {str(bad_pixels)!r} does not exist; "
+                    f"put the DE bad-pixel map beside {str(self._path)!r} or leave it out"
+                )
+            self._patch = load_bad_pixel_map(bad_pixels, (h["height"], h["width"]))
+        elif self._bad_pixels:
             self._open_notes.append(
-                f"a bad-pixel map {self._bad_pixels!r} is beside the file; it is not applied"
+                f"a bad-pixel map {self._bad_pixels!r} is beside the file and was not applied "
+                "(pass corrections=('bad_pixels',) to patch those pixels from their neighbours)"
+            )
+        de_metadata = Path(f"{self._path}.metadata")
+        self._de_metadata = (
+            {"path": str(de_metadata), "sha256": _sha256(de_metadata)}
+            if de_metadata.is_file()
+            else None
+        )
+        if self._de_metadata is not None:
+            self._open_notes.append(
+                f"the DE metadata {str(de_metadata)!r} is recorded (path and SHA-256), not "
+                "interpreted: its binary layout differs between DE software versions and is "
+                "not published"
             )
         self._set_frames(
             n_frames=n,
             frame_shape=(h["height"], h["width"]),
-            dtype=self._corrected_dtype() if self._corrections else self._stored_dtype,
+            dtype=self._corrected_dtype()
+            if self._corrections or self._patch
+            else self._stored_dtype,
             scan_shape=scan_shape,
             path=self._path,
             frame_offset=frame_offset,
@@ -245,7 +282,7 @@ class SeqSource(FrameSource):
 
         out: dict[str, tuple[np.ndarray, str, str]] = {}
         shape = (self._header["height"], self._header["width"])
-        for kind in _CORRECTIONS:
+        for kind in _REFERENCES:
             if kind not in asked:
                 continue
             ref = self._reference_path(kind)
@@ -262,8 +299,7 @@ class SeqSource(FrameSource):
                 )
             if not np.all(np.isfinite(image)):
                 raise DtypeError(f"the {kind} reference {str(ref)!r} holds non-finite values")
-            digest = hashlib.sha256(ref.read_bytes()).hexdigest()
-            out[kind] = (image.astype(self._corrected_dtype()), str(ref), digest)
+            out[kind] = (image.astype(self._corrected_dtype()), str(ref), _sha256(ref))
         return out
 
     # -- reading ------------------------------------------------------------------------
@@ -280,7 +316,7 @@ class SeqSource(FrameSource):
     def frame_bytes(self, start: int, stop: int) -> tuple[Path, int] | None:
         """Frames lie back to back (no timestamps between) only when the stride is the image."""
         h = self._header
-        if self._corrections or h["true_image_size"] != h["image_size_bytes"]:
+        if self._corrections or self._patch or h["true_image_size"] != h["image_size_bytes"]:
             return None
         if not self._stored_dtype.isnative and self._stored_dtype.itemsize > 1:
             return None
@@ -304,6 +340,8 @@ class SeqSource(FrameSource):
             target -= self._corrections["dark"][0]
         if "gain" in self._corrections:
             target *= self._corrections["gain"][0]
+        if self._patch is not None:
+            self._patch.apply(target)
         return self._delivered(target, out)
 
     # -- description ----------------------------------------------------------------------
@@ -321,12 +359,16 @@ class SeqSource(FrameSource):
     def identity(self) -> SourceIdentity:
         """The file (and the references applied), sizes, a digest of the header."""
         paths = [str(self._path), *(ref for _, ref, _ in self._corrections.values())]
+        if self._patch is not None:
+            paths.append(self._patch.path)
         return SourceIdentity(
             format=self.format,
             paths=tuple(paths),
             file_sizes=tuple(path_size(p) for p in paths),
             header_sha256=header_digest(
-                self._raw_header, sorted((k, v[2]) for k, v in self._corrections.items())
+                self._raw_header,
+                sorted((k, v[2]) for k, v in self._corrections.items()),
+                None if self._patch is None else self._patch.sha256,
             ),
         )
 
@@ -346,10 +388,26 @@ class SeqSource(FrameSource):
             "suggested_frame_rate": h["suggested_frame_rate"],
             "stored_dtype": self._stored_dtype.str,
             "corrections": [
-                {"kind": k, "path": v[1], "sha256": v[2], "formula": "(raw - dark) * gain"}
-                for k, v in self._corrections.items()
+                *(
+                    {"kind": k, "path": v[1], "sha256": v[2], "formula": "(raw - dark) * gain"}
+                    for k, v in self._corrections.items()
+                ),
+                *(
+                    []
+                    if self._patch is None
+                    else [
+                        {
+                            "kind": "bad_pixels",
+                            "path": self._patch.path,
+                            "sha256": self._patch.sha256,
+                            "pixels": self._patch.count,
+                            "formula": "mean of the good neighbours in the 3 x 3 window",
+                        }
+                    ]
+                ),
             ],
             "bad_pixel_map": self._bad_pixels,
+            "de_metadata": self._de_metadata,
             **self.scan_metadata(),
         }
 

@@ -162,3 +162,96 @@ def test_colour_images_are_refused_and_counts_compared(
     source = SeqSource(early, scan_shape=SCAN)
     assert any("allocates 27 frames; the file holds 24" in n for n in source.notes)
     np.testing.assert_array_equal(source.read_frames(0, len(frames)), frames)
+
+
+_MAP = """<?xml version="1.0" encoding="utf-8"?>
+<Configuration>
+  <BadPixels>
+    <BadPixelMap Rows="20" Columns="24" Binning="2">
+      <Defect Row="1" Column="1"/>
+    </BadPixelMap>
+    <BadPixelMap Rows="{rows}" Columns="{cols}">
+      <Defect Row="2" Column="3"/>
+      <Defect Row="2" Column="4"/>
+      <Defect Rows="7-8"/>
+      <Defect Column="11"/>
+      <Defect Row="0" Column="0"/>
+    </BadPixelMap>
+  </BadPixels>
+</Configuration>
+"""
+
+
+def _patched_by_hand(frames: np.ndarray, bad: np.ndarray) -> np.ndarray:
+    """Each bad pixel: the mean of its good neighbours in the 3 x 3 window (a plain loop)."""
+    out = frames.astype(np.float32)
+    rows, cols = bad.shape
+    for r, c in zip(*np.nonzero(bad), strict=True):
+        near = [
+            (i, j)
+            for i in range(max(r - 1, 0), min(r + 2, rows))
+            for j in range(max(c - 1, 0), min(c + 2, cols))
+            if not bad[i, j]
+        ]
+        out[:, r, c] = np.mean([frames[:, i, j].astype(np.float64) for i, j in near], axis=0)
+    return out
+
+
+def test_the_bad_pixel_map_is_applied_only_when_asked(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    frames = _frames(rng)
+    path = write_seq(tmp_path / "movie.seq", frames)
+    Path(f"{path}.Config.Metadata.xml").write_text(_MAP.format(rows=DET[0], cols=DET[1]))
+    plain = SeqSource(path, scan_shape=SCAN)
+    assert plain.dtype == np.uint16
+    assert any("bad-pixel map" in n and "not applied" in n for n in plain.notes)
+    patched = SeqSource(path, scan_shape=SCAN, corrections=("bad_pixels",))
+    assert patched.dtype == np.float32
+    bad = np.zeros(DET, dtype=bool)
+    bad[2, 3] = bad[2, 4] = bad[0, 0] = True
+    bad[7:9, :] = True
+    bad[:, 11] = True
+    np.testing.assert_allclose(
+        patched.read_frames(0, len(frames)), _patched_by_hand(frames, bad), rtol=1e-6
+    )
+    (record,) = patched.metadata["corrections"]
+    assert record["kind"] == "bad_pixels" and record["pixels"] == int(bad.sum())
+    assert record["path"] in patched.identity.paths
+    assert patched.identity.header_sha256 != plain.identity.header_sha256
+    assert patched.frame_bytes(0, 1) is None  # patched values are not the stored bytes
+
+
+def test_bad_pixel_maps_that_cannot_be_applied(tmp_path: Path, rng: np.random.Generator) -> None:
+    frames = _frames(rng)
+    path = write_seq(tmp_path / "movie.seq", frames)
+    with pytest.raises(SourceNotFoundError, match=r"Config\.Metadata\.xml"):
+        SeqSource(path, scan_shape=SCAN, corrections=("bad_pixels",))
+    xml = Path(f"{path}.Config.Metadata.xml")
+    xml.write_text(_MAP.format(rows=DET[0] + 2, cols=DET[1]))
+    with pytest.raises(ShapeError, match=r"\[\(20, 24\), \(12, 12\)\].*\(10, 12\)"):
+        SeqSource(path, scan_shape=SCAN, corrections=("bad_pixels",))
+    xml.write_text(_MAP.format(rows=DET[0], cols=DET[1]).replace('Column="11"', 'Column="12"'))
+    with pytest.raises(FormatError, match=r"Column='12'.*0\.\.11"):
+        SeqSource(path, scan_shape=SCAN, corrections=("bad_pixels",))
+    lonely = _MAP.format(rows=DET[0], cols=DET[1]).replace(
+        '<Defect Row="0" Column="0"/>',
+        ('<Defect Rows="0-2" Column="0"/><Defect Row="0" Column="1"/><Defect Row="1" Column="1"/>'),
+    )
+    xml.write_text(lonely.replace('<Defect Column="11"/>', '<Defect Row="2" Column="1"/>'))
+    with pytest.raises(ShapeError, match=r"\(row 0, col 0\) has no good neighbour"):
+        SeqSource(path, scan_shape=SCAN, corrections=("bad_pixels",))
+    xml.write_text("<Configuration><BadPixels>")
+    with pytest.raises(FormatError, match="not an XML bad-pixel map"):
+        SeqSource(path, scan_shape=SCAN, corrections=("bad_pixels",))
+
+
+def test_the_de_metadata_is_recorded_not_interpreted(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    path = write_seq(tmp_path / "movie.seq", _frames(rng))
+    Path(f"{path}.metadata").write_bytes(bytes(range(256)) * 2)
+    source = SeqSource(path, scan_shape=SCAN)
+    assert source.metadata["de_metadata"]["path"].endswith("movie.seq.metadata")
+    assert len(source.metadata["de_metadata"]["sha256"]) == 64
+    assert any("not interpreted" in n for n in source.notes)
