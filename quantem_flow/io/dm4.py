@@ -307,15 +307,20 @@ def parse_dm4_tags(path: Path) -> tuple[dict[str, Any], str]:
             raise FormatError(
                 f"{str(path)!r} starts with version {version}; expected 4 (a Gatan .dm4 file)"
             )
-        flag = struct.unpack(">I", head[12:16])[0]
-        if flag not in (0, 1):
-            raise FormatError(
-                f"{str(path)!r}: the DM4 byte-order flag is {flag}; expected 1 (little-endian) or "
-                "0 (big-endian)"
-            )
-        order = "<" if flag == 1 else ">"
+        order = _byte_order(path, head[12:16], 4)
         tags = _Reader(f, path, size, order).group("", 0)
     return tags, order
+
+
+def _byte_order(path: Path, raw: bytes, version: int) -> str:
+    """The data's byte order from a DM header's flag (big-endian uint32: 1 little, 0 big)."""
+    flag = struct.unpack(">I", raw)[0]
+    if flag not in (0, 1):
+        raise FormatError(
+            f"{str(path)!r}: the DM{version} byte-order flag is {flag}; expected 1 "
+            "(little-endian) or 0 (big-endian)"
+        )
+    return "<" if flag == 1 else ">"
 
 
 def parse_dm_tags(path: Path) -> tuple[dict[str, Any], str, int]:
@@ -355,13 +360,7 @@ def parse_dm_tags(path: Path) -> tuple[dict[str, Any], str, int]:
             raise FormatError(
                 f"{str(path)!r} holds {len(head)} bytes; a DM3 file starts with a 12-byte header"
             )
-        flag = struct.unpack(">I", head[8:12])[0]
-        if flag not in (0, 1):
-            raise FormatError(
-                f"{str(path)!r}: the DM3 byte-order flag is {flag}; expected 1 (little-endian) or "
-                "0 (big-endian)"
-            )
-        order = "<" if flag == 1 else ">"
+        order = _byte_order(path, head[8:12], 3)
         tags = _Reader(f, path, size, order, version=3).group("", 0)
     return tags, order, 3
 
