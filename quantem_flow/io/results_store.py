@@ -36,6 +36,7 @@ path needs ``overwrite=True``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import functools
@@ -273,11 +274,34 @@ def _fsync(path: Path) -> None:
         os.fsync(fh.fileno())
 
 
-def _remove(path: Path, *, tries: int = 5) -> bool:
+def _drain_zarr_writes(timeout_s: float = 5.0) -> None:
+    """Wait (at most ``timeout_s``) for writes still running on Zarr's event loop.
+
+    When one chunk write fails, Zarr raises while the others run on; they would
+    recreate the temporary store after it is removed.  Best effort: Zarr's loop is
+    its own (``zarr.core.sync``); any failure here leaves :func:`_remove`'s retries.
+    """
+
+    async def drain() -> None:
+        me = asyncio.current_task()
+        pending = [t for t in asyncio.all_tasks() if t is not me]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout_s)
+
+    with contextlib.suppress(Exception):
+        from zarr.core.sync import sync
+
+        sync(drain())
+
+
+def _remove(path: Path, *, tries: int = 10, settle_s: float = 0.1) -> bool:
     """Remove a file or directory tree; ``False`` if it is still there after ``tries``.
 
-    Zarr writes chunks concurrently: a write that failed may leave others finishing
-    after a first removal, so the removal is retried until the path is gone.
+    Zarr writes chunks concurrently on its own event loop: when one write fails, the
+    others may still be finishing (and creating their folders again) after a first
+    removal.  So a removal counts only once the path has stayed gone for ``settle_s``;
+    until then it is retried (seen on a loaded 2-core machine: one straggler recreated
+    the store after a removal that had succeeded).
     """
     for attempt in range(tries):
         with contextlib.suppress(OSError):
@@ -286,7 +310,10 @@ def _remove(path: Path, *, tries: int = 5) -> bool:
             else:
                 path.unlink()
         if not (path.exists() or path.is_symlink()):
-            return True
+            time.sleep(settle_s)
+            if not (path.exists() or path.is_symlink()):
+                return True
+            continue
         time.sleep(0.05 * (attempt + 1))
     return False
 
@@ -621,6 +648,8 @@ def save_results(
         raise
     except (OSError, RuntimeError) as exc:  # a full or read-only disk (h5py: RuntimeError)
         error = _storage_error(exc, target, needed)
+        if fmt == "zarr":
+            _drain_zarr_writes()
         if (tmp.exists() or tmp.is_symlink()) and not _remove(tmp):
             error = StorageError(
                 f"{error} The temporary {str(tmp)!r} could not be removed: remove it by hand",
