@@ -294,7 +294,7 @@ def _parse_options(chk: _Checker, raw: Any, fmt: str | None, base: Path) -> dict
         elif key in ("frame_shape", "shape"):
             chk.integers(value, where, 2 if key == "frame_shape" else 4)
         elif key == "frame_offset" and isinstance(value, str):
-            continue  # a reader's named rule (tvips: 'rotidx'); the reader checks it
+            continue  # a reader's named rule (tvips 'rotidx', k2is 'shutter'); the reader checks it
         elif key in ("frame_offset", "offset", "frame_header_bytes", "frame_footer_bytes"):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise chk.fail(where, f"expected an integer >= 0, got {_describe(value)}")

@@ -237,7 +237,8 @@ READER_OPTION_HELP: dict[str, str] = {
     "assume a square scan (recorded); a 4-D array's own shape is used, and a different one "
     "is refused. Without it, a JSON sidecar `<file>.json` with `scan_shape` is read.",
     "frame_offset": "Leading frames to skip (e.g. flyback frames), integer >= 0 (tvips also "
-    "`rotidx`: start at rotator index 1).",
+    "`rotidx`: start at rotator index 1; k2is also `shutter`, its default: start where the "
+    "blocks flag the shutter open).",
     "dtype": "Value type as stored, e.g. `<u2`, `>u2`, `float32` (raw: required); counted: "
     "the type of the counts.",
     "frame_shape": "`[k_r, k_c]` of one frame.",
