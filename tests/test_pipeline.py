@@ -436,3 +436,18 @@ def test_reference_file_options_are_relative_to_the_pipeline(
     (total,) = run_pipeline(pipe, client="synchronous").values()
     want = (frames.astype(np.float32) * gain).sum(axis=0, dtype=np.float64)
     np.testing.assert_allclose(np.asarray(total.data), want, rtol=1e-6)
+
+
+def test_path_options_that_are_not_paths_pass_through(tmp_path: Path) -> None:
+    """``info_file: false`` (mrc: ignore the DE info file) is not a path to resolve."""
+    doc = {
+        "version": 1,
+        "input": {"path": "movie.mrc", "format": "mrc", "options": {"info_file": False}},
+        "outputs": {"total": {"op": "sum_diffraction"}},
+    }
+    pipe = load_pipeline(doc, base_dir=tmp_path)
+    assert pipe.input.options["info_file"] is False
+    doc["input"]["options"] = {"info_file": "notes/movie_info.txt"}
+    assert load_pipeline(doc, base_dir=tmp_path).input.options["info_file"] == str(
+        tmp_path / "notes/movie_info.txt"
+    )

@@ -44,6 +44,19 @@ def _span(text: str | None, limit: int, what: str, path: Path) -> range | None:
     return range(a, b + 1)
 
 
+def _span_of(
+    attrib: dict[str, str], names: tuple[str, str], limit: int, path: Path
+) -> range | None:
+    """The span named by whichever of ``names`` a ``Defect`` carries (both: refused)."""
+    given = [n for n in names if n in attrib]
+    if len(given) > 1:
+        raise FormatError(
+            f"{str(path)!r}: a Defect gives both {names[0]} and {names[1]} ({attrib}); it must "
+            "give one"
+        )
+    return _span(attrib[given[0]], limit, given[0], path) if given else None
+
+
 def _read_mask(path: Path, shape: tuple[int, int]) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """The bad pixels of the map sized ``shape`` (and the sizes of every map found)."""
     try:
@@ -73,8 +86,8 @@ def _read_mask(path: Path, shape: tuple[int, int]) -> tuple[np.ndarray, list[tup
     rows, cols = shape
     mask = np.zeros(shape, dtype=bool)
     for d in chosen.iter("Defect"):
-        r = _span(d.get("Row") or d.get("Rows"), rows, "Row", path)
-        c = _span(d.get("Column") or d.get("Columns"), cols, "Column", path)
+        r = _span_of(d.attrib, ("Row", "Rows"), rows, path)
+        c = _span_of(d.attrib, ("Column", "Columns"), cols, path)
         if r is None and c is None:
             raise FormatError(f"{str(path)!r}: a Defect names neither a row nor a column")
         mask[
@@ -104,7 +117,7 @@ class BadPixelPatch:
 
     def apply(self, frames: np.ndarray) -> None:
         """Patch ``(n, rows, cols)`` real-valued ``frames`` in place."""
-        if not self.bad.size:
+        if not self.bad.size or not frames.shape[0]:
             return
         flat = frames.reshape(frames.shape[0], -1)
         values = (flat[:, self.neighbours] * self.weights).sum(axis=-1)

@@ -388,7 +388,20 @@ class ScanShapeChoice:
 
 def _sidecar_candidates(path: Path) -> list[Path]:
     stem = path.name
-    for suffix in (".h5", ".hdf5", ".nxs", ".mib", ".raw", ".xml", ".npy", ".bin", ".zarr"):
+    for suffix in (
+        ".h5",
+        ".hdf5",
+        ".nxs",
+        ".mib",
+        ".raw",
+        ".xml",
+        ".npy",
+        ".bin",
+        ".zarr",
+        ".gtg",
+        ".hdr",
+        ".seq",
+    ):
         if stem.lower().endswith(suffix):
             stem = stem[: -len(suffix)]
             break

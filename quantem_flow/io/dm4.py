@@ -236,6 +236,11 @@ class _Reader:
             )
         info = [self.big(self.wide, f"the type description of {where!r}") for _ in range(n)]
         code = info[0]
+        if (code == 18 and n < 2) or (code == 20 and n < 3) or (code == 15 and n < 3):
+            raise FormatError(
+                f"{str(self.path)!r}: tag {where!r} has type {code} with a description of "
+                f"{n} entries, too short for its kind; the tag tree is damaged"
+            )
         if code == 15:  # struct: 15, name length, n fields, (name length, type) * n
             return tuple(self.simple(t, where) for t in info[4::2])
         if code == 18:  # string of info[1] UTF-16 characters

@@ -21,13 +21,14 @@ Recording starts in each sector wherever the camera was, so the sectors are
 synchronised here by frame id: each sector's first whole frame is found in its
 first few frames of blocks, the latest of them is the first frame used, and
 the partial frames before it (and after the last frame whole in every sector)
-are left out and noted.  Opening reads O(log frames) headers, not the files
-(which can be hundreds of GB): per sector the first and last block of the last
-frame must name the frame ids the first frame leads to; when they do not (a
-block or frame lost or added), the first such frame is found by bisection and
-refused, naming it (the scan would shift).  The first frame's block positions
-must tile each sector once.  Every block read is checked (sync word, sector
-size, frame id, its place in its frame) and a damaged one raises
+are left out and noted.  Opening reads a few headers, not the files (which can
+be hundreds of GB): once the scan is known, per sector the first and last
+block of the scan's last frame must name the frame id the first frame leads
+to; when they do not (a block or frame lost or added), the first such frame is
+found by bisection and refused, naming it (the scan would shift).  Damage
+after the scan does not stop the scan opening.  The first frame's block
+positions must tile each sector once.  Every block read is checked (sync
+word, sector size, frame id, its place in its frame) and a damaged one raises
 :class:`~quantem_flow.errors.CorruptChunkError` naming the file, the block and
 the frame.  The geometry (sector size, block size) is read from the headers,
 not assumed.
@@ -39,14 +40,16 @@ calibration is read from it (none is known to be recorded there): give one
 with a sidecar.
 
 Bit 0 of a block header's flags byte (byte 9) is set while the shutter is
-open.  By default (``frame_offset="shutter"``) the scan starts at the first
-frame flagged so (found by bisection; the frames before it, recorded while
+open, and cleared again when it closes (the camera runs on).  By default
+(``frame_offset="shutter"``) the scan starts at the first frame flagged so
+(every 16th frame read, then bisected; the frames before it, recorded while
 the camera ran before the acquisition, are left out and noted), and one frame
 earlier for a scan the ``.gtg`` describes: on recorded K2 IS scans the flag
-is set one frame late (as LiberTEM's authors found on real data).  An
-integer ``frame_offset`` counts whole synchronised frames instead.  The camera
-runs on after a scan: frames after the scan's ``rows x cols`` are left out,
-noted with their count (too few frames for the scan raise).
+is set one frame late (as LiberTEM's authors found on real data).  The
+scan's last frame must still be flagged (a longer scan is refused).  An
+integer ``frame_offset`` counts whole synchronised frames instead, the flags
+unused.  Frames after the scan's ``rows x cols`` (given, from the ``.gtg`` or
+a sidecar) are left out, noted with their count; too few frames raise.
 
 Dark and gain references are applied only when asked (``corrections=``, with
 ``dark_map=``/``gain_map=``: ``.npy`` or ``.mat`` of the frame's shape), the
@@ -65,8 +68,21 @@ from typing import Any, ClassVar
 import numba
 import numpy as np
 
-from ..errors import CorruptChunkError, FormatError, ParameterError, SourceNotFoundError
-from .base import FrameSource, SourceIdentity, check_exists, header_digest, path_size
+from ..errors import (
+    CorruptChunkError,
+    FormatError,
+    ParameterError,
+    ScanShapeError,
+    SourceNotFoundError,
+)
+from .base import (
+    FrameSource,
+    SourceIdentity,
+    check_exists,
+    header_digest,
+    path_size,
+    read_sidecar,
+)
 from .fileio import PositionalFile
 from .references import load_reference
 
@@ -99,6 +115,8 @@ _HEADER = np.dtype(
 _CORRECTIONS = ("dark", "gain")
 #: Bit of a block header's flags byte set while the shutter is open (the acquisition runs).
 SHUTTER_ACTIVE = 0x1
+#: Every this many frames, sector 1's flags are read to find the shutter opening.
+_SHUTTER_STEP = 16
 #: Frames of blocks read at the start of each sector to find where its first whole frame starts.
 _SYNC_WINDOW_FRAMES = 4
 
@@ -218,15 +236,19 @@ class K2isSource(FrameSource):
                 f"{self._si_shape[1]} cols"
             )
         self._shutter_frame = self._first_shutter_frame(n)
-        offset = self._frame_offset(frame_offset, n)
-        if not isinstance(scan, str) and scan is not None and len(scan) == 2:
-            wanted = int(scan[0]) * int(scan[1])
-            if n - offset > wanted:  # the camera runs on after the scan
-                self._open_notes.append(
-                    f"{n - offset - wanted} frame(s) after the {scan[0]} x {scan[1]} scan (from "
-                    f"frame {offset + wanted} on) are left out"
-                )
-                n = offset + wanted
+        offset = self._frame_offset(frame_offset)
+        wanted = _scan_frames(scan) if scan is not None else _sidecar_scan_frames(self._path)
+        last = n if wanted is None else min(n, offset + wanted)
+        if last > 0:
+            self._check_in_place(last, offset)
+        if wanted is not None and n - offset > wanted:  # the camera runs on after the scan
+            self._open_notes.append(
+                f"{n - offset - wanted} frame(s) after the scan's {wanted} (from frame "
+                f"{offset + wanted} on) are left out"
+            )
+            n = offset + wanted
+        if frame_offset == "shutter" and self._shutter_frame is not None and wanted is not None:
+            self._check_shutter_open(offset + wanted - 1)
         self._set_frames(
             n_frames=n,
             frame_shape=frame_shape,
@@ -305,24 +327,10 @@ class K2isSource(FrameSource):
                 )
             counts.append((path_size(self._files[s]) // block_bytes - firsts[s]) // per_frame)
         n = min(counts)
-        for s in range(K2_SECTORS):  # frames follow one another in every sector
-            if not self._frame_in_place(s, firsts[s], n - 1):
-                lo, hi = 0, n - 1  # frame lo in place, frame hi not
-                while hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    lo, hi = (mid, hi) if self._frame_in_place(s, firsts[s], mid) else (lo, mid)
-                missing = first_id + hi
-                raise CorruptChunkError(
-                    f"frame id {missing} is not where frames {first_id}..{missing - 1} place it in "
-                    f"{str(self._files[s])!r} (a block or frame lost or added): a dropped frame "
-                    f"would shift the scan. Open the frames before it with scan_shape= covering "
-                    f"at most {hi} frames"
-                )
-        skipped = max(firsts) // per_frame
         if any(firsts):
             self._open_notes.append(
-                f"sectors synchronised at frame id {first_id}: the blocks before it (partial "
-                f"frames, up to {skipped} frame(s) of blocks) are left out"
+                f"sectors synchronised at frame id {first_id}: the blocks before it are left "
+                f"out (partial frames; per sector file {dict(enumerate(firsts, start=1))})"
             )
         self._block_layout = [
             self._frame_layout(s, self._headers(s, block_bytes, firsts[s], per_frame))
@@ -340,27 +348,66 @@ class K2isSource(FrameSource):
             )
         return self._geometry, firsts, n
 
-    def _first_shutter_frame(self, n: int) -> int | None:
-        """The first frame whose blocks are flagged shutter-active in every sector (bisection).
+    def _check_in_place(self, last: int, offset: int) -> None:
+        """Frames ``[0, last)`` follow one another block after block in every sector.
 
-        The flag, once set, stays set; frames are counted from the first
-        synchronised frame.  ``None`` when no frame is flagged.
+        Frame 0 was checked when synchronising; frame ``last - 1`` is checked
+        in each sector, and where it is out of place the first frame out of
+        place is found by bisection and refused (a lost or added block or
+        frame would shift the scan).  Damage after ``last`` (after the scan)
+        does not matter.
         """
-        block_bytes = self._geometry[4]
-
-        def flagged(s: int, k: int) -> bool:
-            h = self._headers(s, block_bytes, self._first_blocks[s] + k * self._per_frame, 1)
-            return bool(h.size) and bool(int(h["flags"][0]) & SHUTTER_ACTIVE)
-
-        found = []
         for s in range(K2_SECTORS):
-            if not flagged(s, n - 1):
-                return None
-            lo, hi = -1, n - 1  # frame lo not flagged (or before the first), frame hi flagged
+            if self._frame_in_place(s, self._first_blocks[s], last - 1):
+                continue
+            first = self._first_blocks[s]
+            lo, hi = 0, last - 1  # frame lo in place, frame hi not
             while hi - lo > 1:
                 mid = (lo + hi) // 2
-                lo, hi = (lo, mid) if flagged(s, mid) else (mid, hi)
-            found.append(hi)
+                lo, hi = (mid, hi) if self._frame_in_place(s, first, mid) else (lo, mid)
+            missing = self._first_id + hi
+            raise CorruptChunkError(
+                f"frame id {missing} is not where frames {self._first_id}..{missing - 1} place "
+                f"it in {str(self._files[s])!r} (a block or frame lost or added): a dropped "
+                f"frame would shift the scan. Open the frames before it: scan_shape= covering "
+                f"at most {max(hi - offset, 0)} frames from frame_offset={offset}"
+            )
+
+    def _flagged(self, s: int, k: int) -> bool:
+        """Whether the first block of frame ``k`` of sector ``s`` flags the shutter open."""
+        at = self._first_blocks[s] + k * self._per_frame
+        h = self._headers(s, self._geometry[4], at, 1)
+        return bool(h.size) and bool(int(h["flags"][0]) & SHUTTER_ACTIVE)
+
+    def _first_shutter_frame(self, n: int) -> int | None:
+        """The first frame flagged shutter-active (the latest over the sectors), or ``None``.
+
+        The flag is set while the shutter is open and cleared after it closes
+        (the camera runs on), so it is not monotone over the file: every
+        ``_SHUTTER_STEP``-th frame of sector 1 (every frame of a short file) is
+        read until one is flagged,
+        then the frames since the previous sample are bisected, in each sector.
+        An acquisition shorter than ``_SHUTTER_STEP`` frames may be missed (noted
+        as no flag found).
+        """
+        step = self._shutter_step = max(1, min(_SHUTTER_STEP, n // 16))
+        hit = next((k for k in range(0, n, step) if self._flagged(0, k)), None)
+        if hit is None:
+            return None
+        lo = hit - step if hit else -1  # not flagged (or before the first frame)
+        found = []
+        for s in range(K2_SECTORS):
+            if not self._flagged(s, hit):
+                self._open_notes.append(
+                    f"{str(self._files[s])!r} does not flag frame {hit} shutter-active while "
+                    "sector 1 does; that sector's flags are not used"
+                )
+                continue
+            a, b = lo, hit
+            while b - a > 1:
+                mid = (a + b) // 2
+                a, b = (a, mid) if self._flagged(s, mid) else (mid, b)
+            found.append(b)
         if len(set(found)) > 1:
             self._open_notes.append(
                 f"the sectors flag the shutter open from different frames {found}; the latest, "
@@ -368,9 +415,24 @@ class K2isSource(FrameSource):
             )
         return max(found)
 
-    def _frame_offset(self, asked: int | str, n: int) -> int:
+    def _check_shutter_open(self, last: int) -> None:
+        """The scan's last frame is still flagged shutter-active (else the scan is too long)."""
+        if not self._flagged(0, last):
+            raise ScanShapeError(
+                f"the scan would end at frame {last} of {str(self._path)!r}, after the shutter "
+                f"closed (its blocks are not flagged shutter-active; the scan starts at frame "
+                f"{self._shutter_frame}): check scan_shape=, or pass an integer frame_offset= to "
+                "open these frames anyway"
+            )
+
+    def _frame_offset(self, asked: int | str) -> int:
         """The frames skipped before the scan (see ``frame_offset``), with its note."""
         if not isinstance(asked, str):
+            if isinstance(asked, bool) or int(asked) < 0:
+                raise ParameterError(
+                    f"frame_offset={asked!r}; pass 'shutter' (the default) or a number of "
+                    "frames >= 0"
+                )
             if self._shutter_frame not in (None, 0):
                 self._open_notes.append(
                     f"frame_offset={asked} given: the first frame flagged shutter-active "
@@ -383,7 +445,8 @@ class K2isSource(FrameSource):
             )
         if self._shutter_frame is None:
             self._open_notes.append(
-                "no block is flagged shutter-active; the scan starts at the first whole frame"
+                "no block is flagged shutter-active (the first block of every "
+                f"{self._shutter_step} frame(s) read); the scan starts at the first whole frame"
             )
             return 0
         start = self._shutter_frame
@@ -393,6 +456,13 @@ class K2isSource(FrameSource):
                 f"the scan starts at frame {start}, one before the first frame flagged "
                 f"shutter-active ({self._shutter_frame}): on recorded K2 IS scans the flag "
                 "comes one frame late (pass frame_offset= to choose another start)"
+            )
+        elif self._si_shape is not None:
+            self._open_notes.append(
+                "the first whole frame is already flagged shutter-active: the frame before it, "
+                "where a K2 IS scan would start (the flag comes one frame late), is not in the "
+                "files whole; the scan starts at frame 0. Check the first row, or pass "
+                "frame_offset="
             )
         elif start:
             self._open_notes.append(
@@ -551,6 +621,27 @@ class K2isSource(FrameSource):
         for f in (self._handle_files or {}).values():
             f.close()
         self._handle_files = None
+
+
+def _scan_frames(scan: Sequence[int] | str) -> int | None:
+    """Frames a ``(rows, cols)`` scan holds; ``None`` for a rule (``"square"``)."""
+    if isinstance(scan, str) or len(scan) != 2:
+        return None
+    rows, cols = scan
+    return int(rows) * int(cols) if int(rows) > 0 and int(cols) > 0 else None
+
+
+def _sidecar_scan_frames(path: Path) -> int | None:
+    """Frames of the scan a JSON sidecar gives (``None``: none, or malformed: checked later)."""
+    found = read_sidecar(path)
+    shape = None if found is None else found[1].get("scan_shape")
+    if (
+        isinstance(shape, list)
+        and len(shape) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)
+    ):
+        return int(shape[0]) * int(shape[1])
+    return None
 
 
 def gtg_scan_shape(gtg: Path) -> tuple[int, int] | None:

@@ -282,7 +282,7 @@ def _parse_options(chk: _Checker, raw: Any, fmt: str | None, base: Path) -> dict
     paths = reader_path_options(fmt) if options else frozenset()
     for key, value in options.items():
         where = f"input.options.{key}"
-        if key in paths and value is not None:  # a reference file: beside the pipeline
+        if key in paths and isinstance(value, str):  # a reference file: beside the pipeline
             named = Path(chk.text(value, where)).expanduser()
             options[key] = str(named if named.is_absolute() else base / named)
         elif key == "scan_shape":

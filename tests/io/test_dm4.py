@@ -264,3 +264,20 @@ def test_dm3_and_dm4_tag_files_parse_alike(tmp_path: Path) -> None:
     other.write_bytes(b"\x00\x00\x00\x07" + bytes(20))
     with pytest.raises(FormatError, match="version 7"):
         parse_dm_tags(other)
+
+
+def test_a_type_description_too_short_is_a_format_error(tmp_path: Path) -> None:
+    from quantem_flow.io.dm4 import parse_dm_tags
+
+    from .writers_dm4 import dm3_bytes
+
+    raw = bytearray(dm3_bytes({"Name": {"Size X": 3}}))
+    # the data tag "Size X": '%%%%', then the description length (uint32): make it 1 entry
+    # of type 20 (an array), which needs 3
+    at = raw.index(b"%%%%")
+    raw[at + 4 : at + 8] = (1).to_bytes(4, "big")
+    raw[at + 8 : at + 12] = (20).to_bytes(4, "big")
+    path = tmp_path / "short.dm3"
+    path.write_bytes(bytes(raw))
+    with pytest.raises(FormatError, match="too short for its kind"):
+        parse_dm_tags(path)

@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 
 import quantem_flow as qf
-from quantem_flow.errors import CorruptChunkError, FormatError, ParameterError, SourceNotFoundError
+from quantem_flow.errors import (
+    CorruptChunkError,
+    FormatError,
+    ParameterError,
+    ScanShapeError,
+    SourceNotFoundError,
+)
 from quantem_flow.io import detect_format
 from quantem_flow.io.k2is import K2isSource
 
@@ -57,7 +63,10 @@ def test_a_dropped_frame_is_refused(tmp_path: Path, rng: np.random.Generator) ->
     del raw[(2 * 2 + 1) * block : (2 * 2 + 2) * block]
     sector.write_bytes(bytes(raw))
     with pytest.raises(CorruptChunkError, match="frame id 43"):
-        K2isSource(tmp_path / "capture.gtg", scan_shape=(1, 2))
+        K2isSource(tmp_path / "capture.gtg", scan_shape=(1, 5))
+    # damage after the scan does not matter: the frames before it open
+    early = K2isSource(tmp_path / "capture.gtg", scan_shape=(1, 2))
+    np.testing.assert_array_equal(early.read_frames(0, 2), frames[:2])
 
 
 def test_damage_found_when_read(tmp_path: Path, rng: np.random.Generator) -> None:
@@ -177,7 +186,9 @@ def test_a_dropped_frame_anywhere_is_refused_on_opening(
     del raw[_block_offset(2 * 29) : _block_offset(2 * 30)]  # frame id 41 + 29 lost whole
     sector.write_bytes(bytes(raw))
     with pytest.raises(CorruptChunkError, match=r"frame id 70 .*capture_2\.bin.*at most 29"):
-        K2isSource(tmp_path / "capture.gtg", scan_shape=(1, 1))
+        K2isSource(tmp_path / "capture.gtg", scan_shape=(5, 8))
+    with pytest.raises(CorruptChunkError, match=r"at most 27 frames from frame_offset=2"):
+        K2isSource(tmp_path / "capture.gtg", scan_shape=(2, 19), frame_offset=2)
 
 
 def test_frames_left_at_the_end_are_noted(tmp_path: Path, rng: np.random.Generator) -> None:
@@ -232,7 +243,7 @@ def test_the_scan_starts_where_the_shutter_opens(tmp_path: Path, rng: np.random.
     assert any("one before the first frame flagged shutter-active (4)" in n for n in scan.notes)
     np.testing.assert_array_equal(scan.read((0, 2), (0, 3)), frames[3:9].reshape(2, 3, *FRAME))
     assert any(
-        "1 frame(s) after the 2 x 3 scan (from frame 9 on) are left out" in n for n in scan.notes
+        "1 frame(s) after the scan's 6 (from frame 9 on) are left out" in n for n in scan.notes
     )
     (tmp_path / "ts").mkdir()
     series_gtg = write_k2is(tmp_path / "ts", frames, block=(3, 2), shutter_from=4)
@@ -259,3 +270,40 @@ def test_no_shutter_flag_and_a_damaged_gtg(tmp_path: Path, rng: np.random.Genera
         K2isSource(gtg)
     opened = K2isSource(gtg, scan_shape=(2, 2))
     assert any("the .gtg could not be read" in n for n in opened.notes)
+
+
+def test_the_shutter_closing_after_the_scan(tmp_path: Path, rng: np.random.Generator) -> None:
+    """The flag is cleared again when the shutter closes while the camera runs on."""
+    frames = _frames(rng, 40)
+    gtg = write_k2is(
+        tmp_path, frames, block=(3, 2), shutter_from=21, shutter_until=27, si_dimensions=(2, 3)
+    )
+    scan = K2isSource(gtg)
+    assert scan.metadata["shutter_first_frame"] == 21 and scan.metadata["frame_offset"] == 20
+    np.testing.assert_array_equal(scan.read((0, 2), (0, 3)), frames[20:26].reshape(2, 3, *FRAME))
+    with pytest.raises(ScanShapeError, match="after the shutter closed"):
+        K2isSource(gtg, scan_shape=(2, 4))  # ends at frame 27: not flagged
+    anyway = K2isSource(gtg, scan_shape=(2, 4), frame_offset=20)
+    np.testing.assert_array_equal(anyway.read_frames(20, 28), frames[20:28])
+
+
+def test_a_gtg_scan_flagged_from_its_first_whole_frame_is_noted(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    frames = _frames(rng, 6)
+    gtg = write_k2is(tmp_path, frames, block=(3, 2), shutter_from=0, si_dimensions=(2, 3))
+    source = K2isSource(gtg)
+    assert source.metadata["frame_offset"] == 0
+    assert any("already flagged shutter-active" in n for n in source.notes)
+    with pytest.raises(ParameterError, match="frame_offset=-1"):
+        K2isSource(gtg, frame_offset=-1)
+
+
+def test_frames_after_a_sidecar_scan_are_left_out(tmp_path: Path, rng: np.random.Generator) -> None:
+    frames = _frames(rng, 8)
+    gtg = write_k2is(tmp_path, frames, block=(3, 2))
+    (tmp_path / "capture.json").write_text('{"scan_shape": [2, 3]}')
+    source = K2isSource(gtg)
+    assert source.shape[:2] == (2, 3)
+    assert any("2 frame(s) after the scan's 6" in n for n in source.notes)
+    np.testing.assert_array_equal(source.read((0, 2), (0, 3)), frames[:6].reshape(2, 3, *FRAME))

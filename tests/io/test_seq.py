@@ -255,3 +255,21 @@ def test_the_de_metadata_is_recorded_not_interpreted(
     assert source.metadata["de_metadata"]["path"].endswith("movie.seq.metadata")
     assert len(source.metadata["de_metadata"]["sha256"]) == 64
     assert any("not interpreted" in n for n in source.notes)
+
+
+def test_bad_pixel_defects_are_read_strictly(tmp_path: Path, rng: np.random.Generator) -> None:
+    frames = _frames(rng)
+    path = write_seq(tmp_path / "movie.seq", frames)
+    xml = Path(f"{path}.Config.Metadata.xml")
+    good = _MAP.format(rows=DET[0], cols=DET[1])
+    xml.write_text(good)
+    patched = SeqSource(path, scan_shape=SCAN, corrections=("bad_pixels",))
+    assert patched.read_frames(3, 3).shape == (0, *DET)  # no frames: nothing to patch
+    for bad, says in (
+        ('<Defect Row="" Column="2"/>', "Row=''"),
+        ('<Defect Rows="3-12"/>', "Rows='3-12'"),
+        ('<Defect Row="2" Rows="3-4"/>', "both Row and Rows"),
+    ):
+        xml.write_text(good.replace('<Defect Row="0" Column="0"/>', bad))
+        with pytest.raises(FormatError, match=says):
+            SeqSource(path, scan_shape=SCAN, corrections=("bad_pixels",))

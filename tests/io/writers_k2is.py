@@ -42,12 +42,14 @@ def write_k2is(
     gtg: bool = True,
     si_dimensions: tuple[int, int] | None = None,
     shutter_from: int = 0,
+    shutter_until: int | None = None,
     gtg_version: int = 4,
 ) -> Path:
     """Write ``frames`` (``(n, H, 8 * W)`` uint16 < 4096); return the ``.gtg`` (or sector 1).
 
-    Blocks of frames ``shutter_from`` on (and the partial frame after them) have
-    the shutter-active flag (bit 0 of byte 9) set.  The ``.gtg`` is a DM tag
+    Blocks of frames ``shutter_from`` on (and the partial frame after them), up to
+    ``shutter_until`` (exclusive) when given, have the shutter-active flag (bit 0
+    of byte 9) set.  The ``.gtg`` is a DM tag
     file (``gtg_version`` 3 or 4) holding ``SI Dimensions`` (``Size Y`` rows,
     ``Size X`` columns) when ``si_dimensions`` is given.
     """
@@ -65,7 +67,10 @@ def write_k2is(
                 head = bytearray(40)
                 struct.pack_into(">I", head, 0, SYNC)
                 head[8] = 2
-                head[9] = 1 if fid >= first_id + shutter_from else 0
+                open_ = fid >= first_id + shutter_from
+                if shutter_until is not None:
+                    open_ = open_ and fid < first_id + shutter_until
+                head[9] = 1 if open_ else 0
                 struct.pack_into(">IHHI", head, 16, count, sw, sh, fid)
                 struct.pack_into(">HHHH", head, 28, x, y, x + bw - 1, y + bh - 1)
                 struct.pack_into(">I", head, 36, 3 * bw * bh // 2 + 40)
