@@ -15,7 +15,6 @@ refused (the map leaves nothing to estimate it from).
 
 from __future__ import annotations
 
-import hashlib
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FormatError, ShapeError
+from .references import file_sha256
 
 __all__ = ["BadPixelPatch", "load_bad_pixel_map"]
 
@@ -156,7 +156,7 @@ def load_bad_pixel_map(path: Path, shape: tuple[int, int]) -> BadPixelPatch:
     weights = np.where(good, 1.0 / np.maximum(counts, 1)[:, None], 0.0)
     return BadPixelPatch(
         path=str(path),
-        sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+        sha256=file_sha256(path),
         bad=(bad_rc[:, 0] * cols + bad_rc[:, 1]).astype(np.int64),
         neighbours=(r * cols + c).astype(np.int64),
         weights=weights,

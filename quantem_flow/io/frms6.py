@@ -64,7 +64,7 @@ from ..errors import (
 )
 from .base import FrameSource, SourceIdentity, check_exists, header_digest, path_size
 from .fileio import PositionalFile
-from .references import load_reference
+from .references import apply_dark_gain, asked_corrections, load_reference
 
 __all__ = ["Frms6Source", "read_frms6_header", "sniff", "unfold"]
 
@@ -268,12 +268,7 @@ class Frms6Source(FrameSource):
                     f"{p.name!r} holds {h['extra_bytes']} bytes after the {h['num_frames']} "
                     "frames its header announces; they are not read"
                 )
-        asked = tuple(corrections)
-        unknown = sorted(set(asked) - set(_CORRECTIONS))
-        if unknown:
-            raise ParameterError(
-                f"corrections={asked!r}: unknown {unknown}; FRMS6 corrections are {_CORRECTIONS}"
-            )
+        asked = asked_corrections(corrections, _CORRECTIONS, fmt="FRMS6")
         frame_shape = (2 * first["height"], first["width"] // 2)
         self._corrections: dict[str, Any] = {}
         if "dark" in asked:
@@ -400,10 +395,7 @@ class Frms6Source(FrameSource):
                 self._files[i], pos - first, end - first
             )
             pos = end
-        if "dark" in self._corrections:
-            target -= self._corrections["dark"]
-        if "gain" in self._corrections:
-            target *= self._corrections["gain"]
+        apply_dark_gain(target, self._corrections)
         return self._delivered(target, out)
 
     # -- description ----------------------------------------------------------------------

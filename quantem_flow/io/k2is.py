@@ -84,7 +84,7 @@ from .base import (
     read_sidecar,
 )
 from .fileio import PositionalFile
-from .references import load_reference
+from .references import apply_dark_gain, asked_corrections, load_reference
 
 __all__ = ["K2_SECTORS", "K2_SYNC", "SHUTTER_ACTIVE", "K2isSource", "gtg_scan_shape", "sniff"]
 
@@ -197,12 +197,7 @@ class K2isSource(FrameSource):
         self._geometry, self._first_blocks, n = self._synchronise()
         sw, sh = self._geometry[:2]
         frame_shape = (sh, K2_SECTORS * sw)
-        asked = tuple(corrections)
-        unknown = sorted(set(asked) - set(_CORRECTIONS))
-        if unknown:
-            raise ParameterError(
-                f"corrections={asked!r}: unknown {unknown}; K2 IS corrections are {_CORRECTIONS}"
-            )
+        asked = asked_corrections(corrections, _CORRECTIONS, fmt="K2 IS")
         self._corrections: dict[str, np.ndarray] = {}
         self._records: list[dict[str, str]] = []
         for kind, given_map in (("dark", dark_map), ("gain", gain_map)):
@@ -530,10 +525,7 @@ class K2isSource(FrameSource):
             if n:
                 self._check_blocks(s, blocks, start, first)
             _place_blocks(blocks, self._block_layout[s], s * sw, bh, bw, target)
-        if "dark" in self._corrections:
-            target -= self._corrections["dark"]
-        if "gain" in self._corrections:
-            target *= self._corrections["gain"]
+        apply_dark_gain(target, self._corrections)
         return self._delivered(target, out)
 
     def _check_blocks(self, s: int, blocks: np.ndarray, start: int, first: int) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,39 @@ import numpy as np
 from ..errors import FormatError, ParameterError, ShapeError
 from .base import check_exists
 
-__all__ = ["load_reference"]
+__all__ = ["apply_dark_gain", "asked_corrections", "file_sha256", "load_reference"]
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """SHA-256 of a reference file's bytes (recorded with what a reader applied)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def asked_corrections(
+    corrections: Iterable[str], known: tuple[str, ...], *, fmt: str
+) -> tuple[str, ...]:
+    """``corrections=`` as a tuple, every name among the reader's ``known`` ones.
+
+    Raises
+    ------
+    ParameterError
+        A name the reader (``fmt``, for the message) does not know.
+    """
+    asked = tuple(corrections)
+    unknown = sorted(set(asked) - set(known))
+    if unknown:
+        raise ParameterError(
+            f"corrections={asked!r}: unknown {unknown}; {fmt} corrections are {known}"
+        )
+    return asked
+
+
+def apply_dark_gain(target: np.ndarray, references: Mapping[str, np.ndarray]) -> None:
+    """``target = (target - dark) * gain`` in place, with whichever of the two is present."""
+    if "dark" in references:
+        target -= references["dark"]
+    if "gain" in references:
+        target *= references["gain"]
 
 
 def load_reference(
@@ -65,5 +98,4 @@ def load_reference(
         raise ShapeError(f"the {kind} map {str(p)!r} is {image.shape}; the frames are {shape}")
     if image.dtype.kind not in "uif" or not np.all(np.isfinite(image)):
         raise FormatError(f"the {kind} map {str(p)!r} must hold finite real values")
-    digest = hashlib.sha256(Path(p).read_bytes()).hexdigest()
-    return image.astype(np.float32), {"kind": kind, "path": str(p), "sha256": digest}
+    return image.astype(np.float32), {"kind": kind, "path": str(p), "sha256": file_sha256(p)}

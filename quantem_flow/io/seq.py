@@ -42,7 +42,6 @@ software versions and is not published, and the scan shape is not in it.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 from collections.abc import Sequence
@@ -54,7 +53,6 @@ import numpy as np
 from ..errors import (
     DtypeError,
     FormatError,
-    ParameterError,
     ShapeError,
     SourceNotFoundError,
     UnsupportedOperationError,
@@ -62,6 +60,7 @@ from ..errors import (
 from .bad_pixels import BadPixelPatch, load_bad_pixel_map
 from .base import FrameSource, SourceIdentity, check_exists, header_digest, path_size
 from .fileio import PositionalFile
+from .references import apply_dark_gain, asked_corrections, file_sha256
 
 __all__ = ["SEQ_MAGIC", "SeqSource", "parse_seq_header", "sniff"]
 
@@ -158,10 +157,6 @@ def parse_seq_header(raw: bytes, path: Path) -> dict[str, Any]:
     return values
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 class SeqSource(FrameSource):
     """A Norpix ``.seq`` file (see the module docstring).
 
@@ -218,12 +213,7 @@ class SeqSource(FrameSource):
                 f"the header allocates {h['allocated_frames']} frames; the file holds {n} "
                 f"whole frames ({why}); the frames the file holds are read"
             )
-        asked = tuple(corrections)
-        unknown = sorted(set(asked) - set(_CORRECTIONS))
-        if unknown:
-            raise ParameterError(
-                f"corrections={asked!r}: unknown {unknown}; SEQ corrections are {_CORRECTIONS}"
-            )
+        asked = asked_corrections(corrections, _CORRECTIONS, fmt="SEQ")
         self._corrections = self._load_references(asked)
         for kind in _REFERENCES:
             found = self._reference_path(kind)
@@ -249,7 +239,7 @@ class SeqSource(FrameSource):
             )
         de_metadata = Path(f"{self._path}.metadata")
         self._de_metadata = (
-            {"path": str(de_metadata), "sha256": _sha256(de_metadata)}
+            {"path": str(de_metadata), "sha256": file_sha256(de_metadata)}
             if de_metadata.is_file()
             else None
         )
@@ -299,7 +289,7 @@ class SeqSource(FrameSource):
                 )
             if not np.all(np.isfinite(image)):
                 raise DtypeError(f"the {kind} reference {str(ref)!r} holds non-finite values")
-            out[kind] = (image.astype(self._corrected_dtype()), str(ref), _sha256(ref))
+            out[kind] = (image.astype(self._corrected_dtype()), str(ref), file_sha256(ref))
         return out
 
     # -- reading ------------------------------------------------------------------------
@@ -336,10 +326,7 @@ class SeqSource(FrameSource):
             )
         raw = span.reshape(n, stride)[:, :image].view(self._stored_dtype).reshape(n, kr, kc)
         target[...] = raw
-        if "dark" in self._corrections:
-            target -= self._corrections["dark"][0]
-        if "gain" in self._corrections:
-            target *= self._corrections["gain"][0]
+        apply_dark_gain(target, {k: image for k, (image, _, _) in self._corrections.items()})
         if self._patch is not None:
             self._patch.apply(target)
         return self._delivered(target, out)
