@@ -590,8 +590,13 @@ class FrameSource(Source):
 
     @property
     def notes(self) -> list[str]:
-        """Explicit choices made while opening."""
-        return [self._scan.note] if self._scan.note else []
+        """Explicit choices made while opening: the scan shape's, then the reader's own.
+
+        A reader records its own choices (references not applied, frames left
+        out...) by appending to ``self._open_notes`` while it opens.
+        """
+        own: list[str] = getattr(self, "_open_notes", [])
+        return [*([self._scan.note] if self._scan.note else []), *own]
 
     def scan_metadata(self) -> dict[str, Any]:
         """Return the scan-shape part of :attr:`metadata`."""

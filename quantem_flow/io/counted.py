@@ -456,11 +456,6 @@ class CountedSource(FrameSource):
         return self._path
 
     @property
-    def notes(self) -> list[str]:
-        """Explicit choices made while opening (missing, repeated, unordered positions)."""
-        return [*super().notes, *self._open_notes]
-
-    @property
     def identity(self) -> SourceIdentity:
         """Path, size and a digest of the layout, attributes and scan positions."""
         return SourceIdentity(

@@ -405,11 +405,6 @@ class Frms6Source(FrameSource):
         return self._path
 
     @property
-    def notes(self) -> list[str]:
-        """Choices made while opening (corrections not applied, frame counts)."""
-        return [*super().notes, *self._open_notes]
-
-    @property
     def identity(self) -> SourceIdentity:
         """The ``.hdr``, the ``.frms6`` files (and a gain map applied), sizes, header digest."""
         paths = [self._path, self._dark_file, *self._files]

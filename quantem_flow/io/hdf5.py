@@ -428,11 +428,6 @@ class Hdf5Source(FrameSource):
         return self._path
 
     @property
-    def notes(self) -> list[str]:
-        """Explicit choices made while opening."""
-        return [*super().notes, *self._open_notes]
-
-    @property
     def identity(self) -> SourceIdentity:
         """Path, size and a digest of shape, dtype, chunks, filters and attributes."""
         return SourceIdentity(

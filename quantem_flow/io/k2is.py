@@ -568,11 +568,6 @@ class K2isSource(FrameSource):
         return self._path
 
     @property
-    def notes(self) -> list[str]:
-        """Choices made while opening: synchronisation, the references (not) applied."""
-        return [*super().notes, *self._open_notes]
-
-    @property
     def identity(self) -> SourceIdentity:
         """The sector files (the .gtg and references applied), sizes, a digest of the layout."""
         paths = [*(str(p) for p in self._files)]

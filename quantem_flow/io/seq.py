@@ -338,11 +338,6 @@ class SeqSource(FrameSource):
         return self._path
 
     @property
-    def notes(self) -> list[str]:
-        """Choices made while opening: references (not) applied, a partial last frame."""
-        return [*super().notes, *self._open_notes]
-
-    @property
     def identity(self) -> SourceIdentity:
         """The file (and the references applied), sizes, a digest of the header."""
         paths = [str(self._path), *(ref for _, ref, _ in self._corrections.values())]
