@@ -646,6 +646,14 @@ class FrameSource(Source):
             [self.stored_frames(off + r * C + c0, off + r * C + c1) for r in range(r0, r1)]
         )
 
+    def _check_frame_range(self, start: int, stop: int) -> None:
+        """Refuse frames ``[start, stop)`` outside the stored frames."""
+        if not 0 <= start <= stop <= self._n_frames:
+            raise ShapeError(
+                f"frames [{start}, {stop}) lie outside the {self._n_frames} frames of this "
+                f"{self.format} source; pass 0 <= start <= stop <= {self._n_frames}"
+            )
+
     def _frames_target(self, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
         """Check stored frames ``[start, stop)`` exist; where to put them (``out`` if it fits).
 
@@ -653,11 +661,7 @@ class FrameSource(Source):
         when it is C-contiguous and of :attr:`dtype`, else a new array is
         returned (and :meth:`_delivered` copies it into ``out``).
         """
-        if not 0 <= start <= stop <= self._n_frames:
-            raise ShapeError(
-                f"frames [{start}, {stop}) lie outside the {self._n_frames} frames of this "
-                f"{self.format} source; pass 0 <= start <= stop <= {self._n_frames}"
-            )
+        self._check_frame_range(start, stop)
         shape = (stop - start, *self._frame_shape)
         check_frames_out(out, shape, self._dtype, what=f"this {self.format} source")
         if out is not None and out.dtype == self._dtype and out.flags.c_contiguous:
@@ -722,11 +726,7 @@ def _keeping_out_contract(
     ) -> np.ndarray:
         if out is None:
             return impl(self, start, stop)
-        if not 0 <= start <= stop <= self._n_frames:
-            raise ShapeError(
-                f"frames [{start}, {stop}) lie outside the {self._n_frames} frames of this "
-                f"{self.format} source; pass 0 <= start <= stop <= {self._n_frames}"
-            )
+        self._check_frame_range(start, stop)
         check_frames_out(
             out, (stop - start, *self._frame_shape), self._dtype, what=f"this {self.format} source"
         )
