@@ -379,11 +379,13 @@ class RawCsrSource(FrameSource):
         """Signed values summed per pixel in 64 bits, refused when a sum leaves the dtype."""
         wide = np.zeros(shape, dtype=np.int64)
         np.add.at(wide, (frame, indices), values.astype(np.int64, copy=False))
-        check = np.zeros(shape, dtype=np.float64)  # a wrapped 64-bit sum is 2**64 away
-        np.add.at(check, (frame, indices), values.astype(np.float64, copy=False))
         info = np.iinfo(self._dtype)
         low, high = int(wide.min(initial=0)), int(wide.max(initial=0))
-        off = float(np.max(np.abs(check - wide), initial=0.0))
+        off = 0.0
+        if self._dtype.itemsize == 8:  # only int64 values can wrap the 64-bit sums
+            check = np.zeros(shape, dtype=np.float64)  # a wrapped sum is 2**64 away
+            np.add.at(check, (frame, indices), values.astype(np.float64, copy=False))
+            off = float(np.max(np.abs(check - wide), initial=0.0))
         if low < info.min or high > info.max or off > 2.0**62:
             shown: float = low if low < info.min else high
             if off > 2.0**62:  # the 64-bit sum wrapped: show the real one, about
