@@ -257,17 +257,17 @@ class K2isSource(FrameSource):
     # -- opening ------------------------------------------------------------------------
     def _headers(self, s: int, block_bytes: int, first: int, count: int) -> np.ndarray:
         """The headers of blocks ``[first, first + count)`` of sector ``s`` (fewer at its end)."""
-        path = self._files[s]
-        count = max(0, min(count, path_size(path) // block_bytes - first))
-        layout = np.dtype({"names": ["h"], "formats": [_HEADER], "itemsize": block_bytes})
+        f = self._file(s)
+        count = max(0, min(count, f.size() // block_bytes - first))
         if not count:
             return np.empty(0, dtype=_HEADER)
-        with open(path, "rb") as f:
-            if count == 1:
-                raw = os.pread(f.fileno(), _HEADER_BYTES, first * block_bytes)
-                return np.frombuffer(raw, dtype=_HEADER, count=1).copy()
-            raw = os.pread(f.fileno(), count * block_bytes, first * block_bytes)
-        return np.frombuffer(raw, dtype=layout, count=count)["h"].copy()
+        what = f"block headers [{first}, {first + count}) of sector {s + 1}"
+        if count == 1:
+            raw = f.readinto(first * block_bytes, np.empty(_HEADER_BYTES, np.uint8), what=what)
+            return raw.view(_HEADER).copy()
+        raw = f.readinto(first * block_bytes, np.empty(count * block_bytes, np.uint8), what=what)
+        layout = np.dtype({"names": ["h"], "formats": [_HEADER], "itemsize": block_bytes})
+        return raw.view(layout)["h"].copy()
 
     def _synchronise(self) -> tuple[tuple[int, int, int, int, int], list[int], int]:
         """The geometry, each sector's first block of the first common frame, the frame count.
