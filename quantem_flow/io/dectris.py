@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -257,25 +258,18 @@ class DectrisSource(FrameSource):
             decodes_whole_frames(layout, (1, *self._frame_shape)) for layout in self._layouts
         )
 
-    @property
+    @functools.cached_property
     def stored_frames_codec(self) -> str | None:
         """``"bitshuffle-lz4"`` when every data file stores integer frames one LZ4 chunk each.
 
         Read directly (io/bslz4_read.py ``stored_readable``); decided once per source.
         """
-        cached: tuple[str | None] | None = self.__dict__.get("_stored_codec")
-        if cached is None:
-            from .bslz4_read import stored_readable
+        from .bslz4_read import stored_readable
 
-            found = (
-                STORED_CODEC
-                if self.streams_blocks
-                and all(stored_readable(self._dset(i)) for i in range(len(self._parts)))
-                else None
-            )
-            cached = (found,)
-            self.__dict__["_stored_codec"] = cached
-        return cached[0]
+        readable = self.streams_blocks and all(
+            stored_readable(self._dset(i)) for i in range(len(self._parts))
+        )
+        return STORED_CODEC if readable else None
 
     def stored_frames(
         self, start: int, stop: int, *, buffer: np.ndarray | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Sequence
@@ -578,26 +579,21 @@ class Hdf5Source(FrameSource):
                 "corrupt; results computed so far are kept"
             ) from exc
 
-    @property
+    @functools.cached_property
     def stored_frames_codec(self) -> str | None:
         """``"bitshuffle-lz4"`` for integer frames stored one bitshuffle + LZ4 chunk each.
 
         Those read directly (``sec2`` driver; io/bslz4_read.py ``stored_readable``).
         Decided once per source, so every pass over the dataset hashes the same bytes.
         """
-        cached: tuple[str | None] | None = self.__dict__.get("_stored_codec")
-        if cached is None:
-            found = None
-            if self._layout.get("filters"):
-                from .bslz4_read import decodes_whole_frames, stored_readable
+        if not self._layout.get("filters"):
+            return None
+        from .bslz4_read import decodes_whole_frames, stored_readable
 
-                if decodes_whole_frames(self._layout, self._stored_shape) and stored_readable(
-                    self._dset()
-                ):
-                    found = STORED_CODEC
-            cached = (found,)
-            self.__dict__["_stored_codec"] = cached
-        return cached[0]
+        readable = decodes_whole_frames(self._layout, self._stored_shape) and stored_readable(
+            self._dset()
+        )
+        return STORED_CODEC if readable else None
 
     def stored_frames(
         self, start: int, stop: int, *, buffer: np.ndarray | None = None
