@@ -15,7 +15,8 @@ baseline and this checkout interleaved, ``--repeat`` times each:
 The interpreters run in the code's folder (the worker programs, started
 with ``python -m``, import from there).
 
-* ``ssb``: ``qf.compute(ssb(...), client="synchronous")`` from the file: the
+* ``ssb``: ``qf.compute(ssb(...), client="synchronous")`` (``--ssb-client
+  threads``: this process on a thread per CPU) from the file: the
   first compute of the process (``cold``: includes Numba's start-up and the
   first imports), then the same compute again (``warm``).  The stage
   timings come from the result's provenance; the two objects are compared.
@@ -44,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _ssb_child(root: Path, out: Path) -> dict[str, Any]:
+    client = os.environ.get("QF_BENCH_SSB_CLIENT", "synchronous")
     import numpy as np
 
     sys.path.insert(0, str(root / "benchmarks"))
@@ -54,12 +56,12 @@ def _ssb_child(root: Path, out: Path) -> dict[str, Any]:
 
     npy, truth = b.generate(256, 128)
     ds = qf.open(npy, calibration=b.calibration(128))
-    rows: dict[str, Any] = {"code": str(qf.__file__)}
+    rows: dict[str, Any] = {"code": str(qf.__file__), "client": client}
     for label in ("cold", "warm"):
         lazy = ssb(ds, voltage_kV=b.KV, semiangle_mrad=b.ALPHA_MRAD, defocus_A=b.C10, backend="cpu")
         t = time.perf_counter()
         with qf.config.set(progress=False):
-            (res,) = qf.compute(lazy, client="synchronous")
+            (res,) = qf.compute(lazy, client=client)
         total = time.perf_counter() - t
         tm = res.provenance.timings
         rows[label] = {
@@ -127,10 +129,17 @@ def _ring_child(root: Path, out: Path, queries: int) -> dict[str, Any]:
 
 
 def _run(
-    code: Path, part: str, out: Path, queries: int, workers: int, threads: int
+    code: Path,
+    part: str,
+    out: Path,
+    queries: int,
+    workers: int,
+    threads: int,
+    ssb_client: str = "synchronous",
 ) -> dict[str, Any]:
     env = {
         **os.environ,
+        "QF_BENCH_SSB_CLIENT": ssb_client,
         "PYTHONPATH": str(code),
         "QUANTEM_FLOW_LOCAL_WORKERS": str(workers),
         "QUANTEM_FLOW_LOCAL_THREADS": str(threads),
@@ -163,6 +172,17 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=1, help="embedded worker programs")
     ap.add_argument("--threads", type=int, default=2, help="threads per embedded worker")
     ap.add_argument("--parts", default="ssb,ring")
+    ap.add_argument(
+        "--ssb-client",
+        default="synchronous",
+        help="client of this checkout's SSB computes: synchronous (one thread) or threads",
+    )
+    ap.add_argument(
+        "--baseline-ssb-client",
+        default="synchronous",
+        help="client of the baseline's SSB computes (--baseline . --ssb-client threads compares "
+        "the two clients on this checkout)",
+    )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--code", type=Path, default=ROOT, help=argparse.SUPPRESS)
@@ -179,6 +199,7 @@ def main() -> int:
     import numpy as np
 
     codes = {"after": ROOT}
+    clients = {"after": args.ssb_client, "before": args.baseline_ssb_client}
     if args.baseline is not None:
         codes["before"] = args.baseline.resolve()
     tmp = ROOT / "bench-data" / "issue14"
@@ -199,11 +220,14 @@ def main() -> int:
                     args.queries,
                     args.workers,
                     args.threads,
+                    clients[label],
                 )
         for _ in range(args.repeat):
             for label, code in codes.items():
                 out = tmp / f"{part}_{label}.npy"
-                runs[label].append(_run(code, part, out, args.queries, args.workers, args.threads))
+                runs[label].append(
+                    _run(code, part, out, args.queries, args.workers, args.threads, clients[label])
+                )
         diff = None
         if len(codes) == 2:
             a, b = (np.load(tmp / f"{part}_{k}.npy") for k in ("after", "before"))
@@ -225,7 +249,8 @@ def main() -> int:
                     print(f"{'':5s} before/after total: {ratio:.2f}x")
             for label, rs in runs.items():
                 print(
-                    f"{label}: correlation {rs[-1]['correlation']:.4f}, loss {rs[-1]['loss']:.4f}"
+                    f"{label} ({rs[-1].get('client', 'synchronous')}): correlation "
+                    f"{rs[-1]['correlation']:.4f}, loss {rs[-1]['loss']:.4f}"
                 )
         else:
             keys = ["query_s", "p95_s", "pass_s", "kernel_s_total", "persist_s"]

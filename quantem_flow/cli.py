@@ -460,6 +460,10 @@ def _start_client(scheduler: str | None) -> tuple[Any, str]:
     """Return ``(client, description)`` for ``--scheduler``."""
     if scheduler == "synchronous":
         return "synchronous", "synchronous (this process, no workers)"
+    if scheduler == "threads":
+        from .graphs.runner import in_process_threads
+
+        return "threads", f"threads (this process on {in_process_threads()} threads, no workers)"
     if scheduler is None:
         from .graphs import embedded_client
 
@@ -468,8 +472,8 @@ def _start_client(scheduler: str | None) -> tuple[Any, str]:
     else:
         if "://" not in scheduler:
             raise ParameterError(
-                f"a scheduler address such as tcp://127.0.0.1:8786 or 'synchronous' is needed, "
-                f"got {scheduler!r}"
+                "a scheduler address such as tcp://127.0.0.1:8786, 'threads' or 'synchronous' "
+                f"is needed, got {scheduler!r}"
             )
         from distributed import Client
 
@@ -1135,7 +1139,10 @@ def _parser() -> argparse.ArgumentParser:
         help="analyse a series with missing frames (they read as 0; every result says so)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace earlier outputs")
-    p.add_argument("--scheduler", help="scheduler address or 'synchronous' (default: embedded)")
+    p.add_argument(
+        "--scheduler",
+        help="scheduler address, 'threads' or 'synchronous' (this process; default: embedded)",
+    )
     p.set_defaults(func=_live)
 
     p = sub.add_parser(
@@ -1178,9 +1185,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_input_options(p)
     p.add_argument(
         "--scheduler",
-        metavar="ADDRESS|synchronous",
-        help="tcp://host:port of a running Dask scheduler, or 'synchronous'; "
-        "default: an embedded local cluster on 127.0.0.1",
+        metavar="ADDRESS|threads|synchronous",
+        help="tcp://host:port of a running Dask scheduler, or 'threads' or 'synchronous' (this "
+        "process); default: an embedded local cluster on 127.0.0.1",
     )
     p.add_argument(
         "--host",
@@ -1212,9 +1219,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--scheduler",
-        metavar="ADDRESS|synchronous",
-        help="tcp://host:port of a running Dask scheduler, or 'synchronous'; "
-        "default: an embedded local cluster on 127.0.0.1",
+        metavar="ADDRESS|threads|synchronous",
+        help="tcp://host:port of a running Dask scheduler, or 'threads' or 'synchronous' (this "
+        "process); default: an embedded local cluster on 127.0.0.1",
     )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")

@@ -357,8 +357,9 @@ class Dataset4D:
         ----------
         client
             As for :func:`quantem_flow.compute`: ``None`` (embedded local
-            cluster), a ``distributed.Client``, or ``"synchronous"`` (chunks
-            kept in this process).
+            cluster), a ``distributed.Client``, or ``"synchronous"`` or
+            ``"threads"`` (chunks kept in this process; either may compute
+            them).
         backend
             Runtime the chunks are resident for (``"auto"`` or a name): the
             payload lives where that runtime computes (host for ``cpu``).

@@ -240,8 +240,8 @@ def explore(
         images fill in; rows not yet received are blank), and the exported
         pipeline reads the HDF5 the series is kept in (``keep_hdf5=``).
     client
-        ``None`` (the embedded local cluster), a ``distributed.Client`` or
-        ``"synchronous"``.
+        ``None`` (the embedded local cluster), a ``distributed.Client``,
+        ``"threads"`` or ``"synchronous"`` (this process).
     host
         Interface to serve on; anything but ``127.0.0.1``/``localhost``
         exposes the explorer to other machines (the token still guards it).

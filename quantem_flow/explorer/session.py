@@ -87,7 +87,7 @@ class ExplorerSession:
         The dataset; persisted here unless it is already.
     client
         As for :func:`quantem_flow.compute`: ``None`` (the embedded local
-        cluster), a ``distributed.Client``, or ``"synchronous"``.
+        cluster), a ``distributed.Client``, ``"threads"`` or ``"synchronous"``.
     """
 
     def __init__(

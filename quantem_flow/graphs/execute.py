@@ -33,7 +33,7 @@ from ..runtimes import BackendChoice, resolve_backend, runtimes_supporting
 from .digest import dataset_digest
 from .lowering import LoweredPass, lower_pass
 from .nonfinite import record_pass, report_result
-from .runner import Runner, progress_default
+from .runner import Runner, in_process, progress_default
 from .tasks import ChunkPartial
 
 __all__ = ["compute"]
@@ -83,12 +83,13 @@ def _choose_client(client: Any, datasets: list[Dataset4D]) -> Any:
         raise ParameterError("datasets persisted on different clusters cannot compute together")
     res = next(iter(holders.values()))
     if res.client is None:
-        if client not in (None, "synchronous"):
+        if client is not None and not in_process(client):
             raise ParameterError(
-                "the dataset was persisted in-process (client='synchronous'); compute it with "
-                "client='synchronous' or persist it on this client"
+                "the dataset was persisted in-process (client='synchronous' or 'threads'); "
+                f"compute it with client='synchronous' or 'threads' (got {client!r}), or persist "
+                "it on this client"
             )
-        return "synchronous"
+        return client if in_process(client) else "synchronous"
     if client is None or client is res.client or client == res.scheduler:
         return res.client
     if isinstance(client, str) or str(client.scheduler.address) != res.scheduler:
@@ -254,8 +255,10 @@ def compute(
         A ``distributed.Client`` (any cluster), or its scheduler's address
         (``"tcp://host:port"``, as ``quantem-flow run --scheduler`` takes;
         connected once per process); ``None`` for the embedded local cluster
-        on 127.0.0.1 (started once per process); or ``"synchronous"`` to run
-        in this process without workers (debugging).
+        on 127.0.0.1 (started once per process); ``"threads"`` to run in this
+        process on a thread per CPU (no cluster to start: Dask's threaded
+        scheduler); or ``"synchronous"`` to run in this process on one thread
+        (debugging).
     backend
         ``"auto"`` (best available runtime, recorded) or a runtime name.
     progress

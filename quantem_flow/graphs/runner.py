@@ -1,4 +1,4 @@
-"""Running lowered graphs on a distributed client or synchronously in this process."""
+"""Running lowered graphs on a distributed client, or in this process (one thread or a pool)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def client_for_address(address: str, *, timeout_s: float = 10.0) -> Any:
     if "://" not in address:
         raise ParameterError(
             f"client must be None, a distributed.Client, a scheduler address such as "
-            f"'tcp://127.0.0.1:8786', or 'synchronous'; got {address!r}"
+            f"'tcp://127.0.0.1:8786', 'synchronous' or 'threads'; got {address!r}"
         )
     with _BY_ADDRESS_LOCK:
         known = _BY_ADDRESS.get(address)
@@ -117,15 +117,40 @@ def progress_bar_class() -> Any:
     return text_tqdm
 
 
+#: Clients that run in this process, without workers: one thread, or a thread pool.
+IN_PROCESS_CLIENTS = ("synchronous", "threads")
+
+
+def in_process(client: Any) -> bool:
+    """Whether ``client`` names an in-process run (:data:`IN_PROCESS_CLIENTS`)."""
+    return isinstance(client, str) and client in IN_PROCESS_CLIENTS
+
+
+def in_process_threads() -> int:
+    """Threads of a ``client="threads"`` run: the CPUs this process may use.
+
+    As Dask's threaded scheduler counts them (``local_threads`` and
+    ``local_workers`` shape the embedded cluster, not this).
+    """
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 class Runner:
-    """Runs graphs on a distributed client or synchronously in this process.
+    """Runs graphs on a distributed client or in this process (one thread or a pool).
 
     Parameters
     ----------
     client
         ``None`` (the embedded local cluster), a ``distributed.Client``, a
         scheduler address (``"tcp://host:port"``, connected once per process
-        by :func:`client_for_address`) or ``"synchronous"``.  On a distributed
+        by :func:`client_for_address`), ``"synchronous"`` (this process, one
+        thread) or ``"threads"`` (this process, a thread per CPU it may use:
+        Dask's threaded scheduler; no cluster to start).  On a distributed
         client the placement plugin is installed on the scheduler once.
 
     Attributes
@@ -144,12 +169,18 @@ class Runner:
         self.routes: list[dict[str, Any] | None] = []
         self._temp: list[str] = []
         self.departures: list[dict[str, Any]] = []
-        self.synchronous = isinstance(client, str) and client == "synchronous"
-        if isinstance(client, str) and not self.synchronous:
+        self.in_process = in_process(client)
+        #: Threads an in-process run uses (1: ``"synchronous"``).
+        self.threads = in_process_threads() if client == "threads" else 1
+        if isinstance(client, str) and not self.in_process:
             client = client_for_address(client)
-        if self.synchronous:
+        if self.in_process:
             self.client = None
-            self._where = "synchronous (in this process, no workers)"
+            self._where = (
+                f"threads (in this process on {self.threads} threads, no workers)"
+                if client == "threads"
+                else "synchronous (in this process, no workers)"
+            )
             return
         if client is None:
             from .cluster import embedded_client
@@ -208,7 +239,7 @@ class Runner:
 
     @property
     def scheduler_address(self) -> str | None:
-        """Address of the scheduler, ``None`` when synchronous."""
+        """Address of the scheduler, ``None`` in this process."""
         return None if self.client is None else str(self.client.scheduler.address)
 
     def call(self, fn: Any, *args: Any) -> Any:
@@ -221,13 +252,10 @@ class Runner:
         """Run load tasks and return what keeps them resident.
 
         Returns futures on a cluster (held: the chunks stay on the workers)
-        or the chunks themselves when synchronous.
+        or the chunks themselves when in this process.
         """
         if self.client is None:
-            from dask.local import get_sync
-
-            dsk = dict(lowered.graph)
-            return list(get_sync(dsk, lowered.keys))
+            return list(self._get(dict(lowered.graph), lowered.keys))
         from distributed import wait
 
         cursor = self._begin([_load_info(lowered)])
@@ -255,11 +283,9 @@ class Runner:
         self.departures = []
         passes = list(passes)
         if self.client is None:
-            from dask.local import get_sync
-
             out = []
             for i, p in enumerate(passes):
-                values = get_sync(dict(p.graph), [p.output_key, *p.chunk_keys])
+                values = self._get(dict(p.graph), [p.output_key, *p.chunk_keys])
                 for part in values[1:]:
                     self._store(i, part)
                 out.append(values[0])
@@ -276,6 +302,16 @@ class Runner:
             parts = self._run_graph([(i, passes[i]) for i in rest], progress)
             results.update(zip(rest, parts, strict=True))
         return [results[i] for i in range(len(passes))]
+
+    def _get(self, graph: dict[Any, Any], keys: list[Any]) -> Any:
+        """Run ``graph`` in this process: one thread, or a pool of :attr:`threads`."""
+        if self.threads > 1:
+            from dask.threaded import get
+
+            return get(graph, keys, num_workers=self.threads)
+        from dask.local import get_sync
+
+        return get_sync(graph, keys)
 
     def _direct(self, i: int, lowered: LoweredPass) -> ChunkPartial | LoweredPass | None:
         """Run a resident query by the direct route (:mod:`.query_service`), if it can.

@@ -14,6 +14,7 @@ import functools
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -120,19 +121,26 @@ def running_on(where: dict[str, str]) -> Iterator[None]:
         _RUNNING_ON.reset(token)
 
 
+def _in_process() -> dict[str, Any]:
+    thread = threading.current_thread()
+    if thread is threading.main_thread():
+        return {"worker": "in-process (synchronous)", "worker_name": ""}
+    return {"worker": f"in-process (thread {thread.name})", "worker_name": ""}
+
+
 def _where() -> dict[str, Any]:
     named = _RUNNING_ON.get()
     if named is not None:
         return dict(named)
     if "distributed" not in sys.modules:  # not loaded: not on a Dask worker (and not imported)
-        return {"worker": "in-process (synchronous)", "worker_name": ""}
+        return _in_process()
     try:
         from distributed import get_worker
 
         w = get_worker()
         return {"worker": str(w.address), "worker_name": str(w.name)}
     except (ImportError, ValueError):
-        return {"worker": "in-process (synchronous)", "worker_name": ""}
+        return _in_process()
 
 
 def _kernels(

@@ -26,10 +26,10 @@ from .schema import SaveTargets
 
 def _connect(client: Any) -> tuple[Any, bool]:
     """Return a client for ``compute`` and whether this module must close it."""
-    if isinstance(client, str) and client != "synchronous":
+    if isinstance(client, str) and client not in ("synchronous", "threads"):
         if not client.startswith(("tcp://", "tls://", "inproc://", "ucx://", "ws://", "wss://")):
             raise ParameterError(
-                f"client must be None (embedded local cluster), 'synchronous', a "
+                f"client must be None (embedded local cluster), 'synchronous', 'threads', a "
                 f"distributed.Client or a scheduler address such as tcp://127.0.0.1:8786; got "
                 f"{client!r}"
             )
@@ -222,7 +222,8 @@ def run_pipeline(
         A :class:`PreparedRun` from :func:`prepare_pipeline`, a
         :class:`Pipeline`, or a YAML file or mapping for :func:`load_pipeline`.
     client
-        ``None`` (the embedded local cluster on 127.0.0.1), ``"synchronous"``,
+        ``None`` (the embedded local cluster on 127.0.0.1), ``"synchronous"`` or
+        ``"threads"`` (this process, one thread or one per CPU),
         a ``distributed.Client``, or a scheduler address ``"tcp://host:port"``
         (connected for this run and closed after).
     output_dir

@@ -447,7 +447,7 @@ class LiveResults:
         self, results: Sequence[Any], update: dict[str, Any], *, final: bool
     ) -> None:
         client = self._client
-        if client == "synchronous":
+        if client in ("synchronous", "threads"):  # this process: no scheduler to tell
             return
         if client is None:
             from ..graphs.cluster import embedded_client
