@@ -455,7 +455,9 @@ class Runner:
         dtype = spec.dataset.dtype
         nbytes = int(np.prod(shape)) * dtype.itemsize
         if nbytes <= float(config.get("gather_memory_mib")) * 2**20:
-            return np.zeros(shape, dtype=dtype)
+            from .gathered import GatheredPixels
+
+            return GatheredPixels(shape[0], (R, C), dtype)  # the chunks' blocks, not copied
         folder = tempfile.mkdtemp(prefix="quantem-flow-gather-")
         self._temp.append(folder)
         path = os.path.join(folder, "gathered.dat")
@@ -465,8 +467,13 @@ class Runner:
         sink = self.gathered[i]
         if sink is None:
             return
+        from .gathered import GatheredPixels
+
         for (r0, r1), values in part.gathered:
-            sink[:, r0:r1, :] = values
+            if not isinstance(sink, GatheredPixels):  # a disk-backed array
+                sink[:, r0:r1, :] = values
+            else:
+                sink.add((r0, r1), values)
 
     def cleanup(self) -> None:
         """Delete disk-backed gathered arrays (after the results are finished)."""

@@ -10,6 +10,7 @@ from ... import config
 from ...representations.base import gather_columns
 from ...representations.stored import StoredFrames
 from ..base import FramePassResult, FramePassStream
+from ..host_arrays import fresh_zeros
 from .prepared import PreparedFramePass
 
 __all__ = ["CpuFramePassStream"]
@@ -41,7 +42,7 @@ class CpuFramePassStream(FramePassStream):
         self._gathered = (
             None
             if self._gather is None
-            else np.empty((self._gather.size, self._n), dtype=np.dtype(dtype))
+            else fresh_zeros((self._gather.size, self._n), np.dtype(dtype))
         )
         skip = self._gather is not None and not (weights.shape[0] or want_sum or want_max)
         self._pass = (
