@@ -8,7 +8,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..base import FramePassKernel, FramePassResult, FramePassStream, Runtime, _frames_of
-from .kernels import frame_pass_variant
 
 __all__ = ["CpuRuntime"]
 
@@ -43,6 +42,7 @@ class CpuRuntime(Runtime):
         :mod:`~quantem_flow.runtimes.cpu.warmup`).
         """
         from ... import config
+        from .kernels import frame_pass_variant  # Numba: loaded by the first frame pass
 
         per_frame, s, m, variant = frame_pass_variant(
             frames,
@@ -107,8 +107,8 @@ class CpuRuntime(Runtime):
         }
 
     def describe(self) -> dict[str, Any]:
-        """Kernel, precision and versions, for provenance."""
-        import numba
+        """Kernel, precision and versions, for provenance (Numba's version without importing it)."""
+        from importlib.metadata import version
 
         return {
             "runtime": self.name,
@@ -124,5 +124,5 @@ class CpuRuntime(Runtime):
             ),
             "sum_accumulation": "int64 for integer data, float64 otherwise",
             "fastmath": "reassociation and contraction only (IEEE NaN/inf kept)",
-            "numba": numba.__version__,
+            "numba": version("numba"),
         }

@@ -11,7 +11,6 @@ from ...representations.base import gather_columns
 from ...representations.stored import StoredFrames
 from ..base import FramePassResult, FramePassStream
 from ..host_arrays import fresh_zeros
-from .prepared import PreparedFramePass
 
 __all__ = ["CpuFramePassStream"]
 
@@ -45,6 +44,8 @@ class CpuFramePassStream(FramePassStream):
             else fresh_zeros((self._gather.size, self._n), np.dtype(dtype))
         )
         skip = self._gather is not None and not (weights.shape[0] or want_sum or want_max)
+        if not skip:
+            from .prepared import PreparedFramePass  # Numba: not for a gather alone (SSB)
         self._pass = (
             None
             if skip
