@@ -182,6 +182,8 @@ def test_a_first_compute_on_an_empty_numba_cache_runs_exact_numpy_then_compiled(
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["first"] == ["exact-numpy"], out
-    assert out["compile_s"] == 0.0  # nothing compiled in the compute's own thread
+    # nothing compiled in the compute's own thread (a compile there takes seconds); importing
+    # the kernels' module, which the first frame pass does, holds Numba's lock for ~2 ms
+    assert out["compile_s"] < 0.1
     assert out["warmed"] and out["again"] == ["structured"], out
     assert out["same"], out  # identical values, BF and CoM, before and after compiling
