@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from ..runtimes.host_arrays import fresh_zeros
+
 __all__ = ["GatheredPixels"]
 
 
@@ -86,7 +88,7 @@ class GatheredPixels:
                 f"gathered pixels read before scan rows {missing[:8].tolist()}"
                 f"{'...' if missing.size > 8 else ''} arrived"
             )
-        out = np.empty((pick.size, *self.shape[1:]), dtype=self.dtype)
+        out = fresh_zeros((pick.size, *self.shape[1:]), self.dtype)  # huge pages when large
         contiguous = pick.size > 0 and int(pick[-1]) - int(pick[0]) + 1 == pick.size
         sel: Any = slice(int(pick[0]), int(pick[-1]) + 1) if contiguous else pick
         for r0, r1, values in self._blocks:

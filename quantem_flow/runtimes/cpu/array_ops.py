@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..array_ops import Aberrations, ArrayOps, PartialSums
+from ..host_arrays import fresh_zeros
 from .trotter_ir import trotter_kernel
 
 __all__ = ["SPECTRA_SUB_BLOCK", "NumpyOps"]
@@ -148,7 +149,7 @@ class NumpyOps(ArrayOps):
         rows = np.asarray(grid.rows)
         cols = np.asarray(grid.cols)
         nr, nc = int(rows.size), int(cols.size)
-        out = np.empty((n, nr, nc), dtype=np.complex128)
+        out = fresh_zeros((n, nr, nc), np.complex128)  # huge pages: fewer first-touch faults
         if n == 0 or nr == 0 or nc == 0:
             return out
         padded = (Rp, Cp) != (R, C)
