@@ -386,6 +386,38 @@ def test_on_a_local_cluster(sim: Any, cluster_client: Any, tmp_path: Any) -> Non
             client=cluster_client,
         )
     np.testing.assert_allclose(res.data, ref.data, rtol=0, atol=1e-12)
+    # in memory from workers: the chunks' blocks kept (GatheredPixels), assembled as read
+    with qf.config.set(stream_piece_mib=0.05):  # pieces small enough to stream these chunks
+        (kept,) = qf.compute(
+            ssb(ds, voltage_kV=KV, semiangle_mrad=ALPHA_MRAD, center=CENTER, **ABERR),
+            client=cluster_client,
+        )
+    assert kept.data.tobytes() == res.data.tobytes()
+    streamed = [c["streamed"] for c in kept.provenance.execution["chunks"]]
+    assert all(s.get("gathered") == "returned with the chunk" for s in streamed), streamed
+
+
+@pytest.mark.parametrize("client", ["synchronous", "threads"])
+def test_in_process_gathers_write_in_place(sim: Any, tmp_path: Any, client: str) -> None:
+    data, _, info = sim
+    np.save(tmp_path / "sim.npy", data)
+    ds = qf.open(tmp_path / "sim.npy", calibration=calibration(info), chunk_rows=8)
+    options = {"voltage_kV": KV, "semiangle_mrad": ALPHA_MRAD, "center": CENTER, **ABERR}
+    results = []
+    for memory_mib in (1024.0, 0.0):  # an array in memory, then a disk-backed one
+        with qf.config.set(gather_memory_mib=memory_mib, stream_piece_mib=0.05):
+            (res,) = qf.compute(ssb(ds, **options), client=client)
+        chunks = res.provenance.execution["chunks"]
+        gathered = [c["streamed"].get("gathered") for c in chunks]
+        assert gathered and set(gathered) == {"written into the pass's array in this process"}, (
+            gathered
+        )
+        results.append(res)
+    with qf.config.set(stream_piece_mib=0):  # whole chunks: values copied into the array
+        (whole,) = qf.compute(ssb(ds, **options), client=client)
+    assert all(c["streamed"]["used"] is False for c in whole.provenance.execution["chunks"])
+    assert results[0].data.tobytes() == results[1].data.tobytes() == whole.data.tobytes()
+    assert results[1].provenance.parameters["gathered"]["storage"] == "disk-backed memory map"
 
 
 # -- aberration fit -----------------------------------------------------------------------

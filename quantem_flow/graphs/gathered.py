@@ -1,26 +1,71 @@
-"""A pass's gathered pixels kept as the chunks delivered them, read as one array.
+"""A pass's gathered pixels: written in place in this process, else kept as chunks deliver them.
 
 A pass that gathers pixels (SSB's bright field) gets ``(n_pixels, rows,
 cols)`` values from every chunk.  Copying each into one ``(n_pixels, R, C)``
-array as it arrives touched a second array as large as all of them: 165 MB
+array as it arrived touched a second array as large as all of them: 165 MB
 for a 256 x 256 scan's bright field, 0.2-0.27 s of first-touch page faults in
 a fresh process on this project's VM, on top of the copy (benchmarks/RESULTS.md,
-"SSB in a fresh interpreter").  :class:`GatheredPixels` keeps the chunks'
-blocks instead and assembles the pixels a reader asks for: every value is
-copied once, when it is read, a block of pixels at a time.  Gathers beyond
-``gather_memory_mib`` still go to a disk-backed array as they arrive (they do
-not fit in memory twice or once).
-"""
+"SSB in a fresh interpreter").  Now:
 
+- in this process (``client="threads"`` or ``"synchronous"``) the runner
+  makes the ``(n_pixels, R, C)`` array first (2 MiB pages) and each streamed
+  chunk's stream writes its pixels straight into its rows
+  (:func:`gathered_in_place`): no per-chunk array, no copy;
+- from workers the values arrive with each chunk, and
+  :class:`GatheredPixels` keeps the chunks' blocks and assembles the pixels
+  a reader asks for: every value is copied once, when it is read, a block
+  of pixels at a time.
+
+Gathers beyond ``gather_memory_mib`` go to a disk-backed array either way.
+"""
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from ..runtimes.host_arrays import fresh_zeros
 
-__all__ = ["GatheredPixels"]
+__all__ = ["GatheredPixels", "gathered_in_place", "in_place_sink"]
+
+_IN_PLACE: dict[int, np.ndarray] = {}
+_IN_PLACE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def gathered_in_place(sinks: Mapping[int, np.ndarray]) -> Iterator[None]:
+    """While the block runs, tasks of these passes in this process gather into these arrays.
+
+    Parameters
+    ----------
+    sinks
+        ``id(pass spec) -> (n_pixels, R, C)`` array.  The tasks of a pass
+        run in this process hold the very spec object (Dask's local
+        schedulers do not copy task arguments); on workers nothing is found
+        and the values travel with the chunk.
+    """
+    with _IN_PLACE_LOCK:
+        _IN_PLACE.update(sinks)
+    try:
+        yield
+    finally:
+        with _IN_PLACE_LOCK:
+            for key in sinks:
+                _IN_PLACE.pop(key, None)
+
+
+def in_place_sink(spec: object, rows: tuple[int, int]) -> np.ndarray | None:
+    """The ``(n_pixels, n_frames)`` view of scan rows ``rows`` to gather into, or ``None``."""
+    with _IN_PLACE_LOCK:
+        sink = _IN_PLACE.get(id(spec))
+    if sink is None:
+        return None
+    into = sink[:, rows[0] : rows[1], :]
+    flat = into.reshape(into.shape[0], -1)  # rows x cols of one pixel are contiguous: a view
+    return flat if np.shares_memory(flat, sink) else None
 
 
 class GatheredPixels:

@@ -283,9 +283,15 @@ class Runner:
         self.departures = []
         passes = list(passes)
         if self.client is None:
+            from .gathered import gathered_in_place
+
             out = []
             for i, p in enumerate(passes):
-                values = self._get(dict(p.graph), [p.output_key, *p.chunk_keys])
+                sink = self.gathered[i]
+                # in this process the tasks write their pixels straight into the array
+                here = {} if sink is None else {id(p.spec): sink}
+                with gathered_in_place(here):
+                    values = self._get(dict(p.graph), [p.output_key, *p.chunk_keys])
                 for part in values[1:]:
                     self._store(i, part)
                 out.append(values[0])
@@ -455,6 +461,10 @@ class Runner:
         dtype = spec.dataset.dtype
         nbytes = int(np.prod(shape)) * dtype.itemsize
         if nbytes <= float(config.get("gather_memory_mib")) * 2**20:
+            if self.client is None:  # tasks in this process write into it (huge pages)
+                from ..runtimes.host_arrays import fresh_zeros
+
+                return fresh_zeros(shape, dtype)
             from .gathered import GatheredPixels
 
             return GatheredPixels(shape[0], (R, C), dtype)  # the chunks' blocks, not copied

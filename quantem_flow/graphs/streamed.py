@@ -145,6 +145,7 @@ def run_streamed_chunk(
     gather: np.ndarray | None,
     piece_bytes: int,
     read_method: str = "auto",
+    gather_into: np.ndarray | None = None,
 ) -> StreamedChunk | str:
     """Read scan rows ``rows`` of ``ds`` piece by piece and run ``runtime``'s stream on them.
 
@@ -152,6 +153,10 @@ def run_streamed_chunk(
     frames are read: ``pread`` into a reused buffer, or viewed in place through
     a map whose pages are dropped after each piece (:mod:`quantem_flow.io.read_method`);
     the chunk's record says which was used and why.
+
+    ``gather_into`` (a ``(n_pixels, n_frames)`` host view, in-process runs)
+    receives the gathered pixels where the runtime's stream writes them in
+    place; :attr:`StreamedChunk.gathered` is then ``None``.
 
     Returns
     -------
@@ -177,6 +182,7 @@ def run_streamed_chunk(
         want_sum=want_sum,
         want_max=want_max,
         gather=gather,
+        gather_into=gather_into,
     )
     if stream is None:
         return f"the {runtime.name} runtime runs its kernels on whole resident chunks"

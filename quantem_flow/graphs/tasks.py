@@ -28,6 +28,7 @@ from ..runtimes.base import FramePassResult
 from ..runtimes.staging import staged
 from .complement_query import plan_complement
 from .digest import Units, chunk_digest, hashes_stored, payload_digests, stored_row_units
+from .gathered import in_place_sink
 from .radial_query import plan_radial
 from .streamed import run_streamed_chunk
 
@@ -373,6 +374,7 @@ def _run_streamed(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial 
     """The chunk read and run piece by piece (:mod:`.streamed`), or why it was not."""
     ds = spec.dataset
     runtime = get_runtime(spec.runtime)
+    into = None if spec.gather is None else in_place_sink(spec, (r0, r1))
     done = run_streamed_chunk(
         ds,
         runtime,
@@ -383,9 +385,16 @@ def _run_streamed(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial 
         gather=spec.gather,
         piece_bytes=spec.stream_piece_bytes,
         read_method=spec.read_method,
+        gather_into=into,
     )
     if isinstance(done, str):
         return done
+    if spec.gather is not None:
+        done.made.setdefault("streamed", {})["gathered"] = (
+            "written into the pass's array in this process"
+            if done.gathered is None
+            else "returned with the chunk"
+        )
     return _package(
         spec,
         runtime,

@@ -501,6 +501,7 @@ class Runtime(abc.ABC):
         want_sum: bool,
         want_max: bool,
         gather: np.ndarray | None = None,
+        gather_into: np.ndarray | None = None,
     ) -> FramePassStream | None:
         """A pass over ``n_frames`` dense host frames fed in pieces, or ``None``.
 
@@ -518,6 +519,11 @@ class Runtime(abc.ABC):
             Also accumulate the sum / maximum pattern.
         gather
             Sorted flat detector pixels to gather from every frame, or ``None``.
+        gather_into
+            A host ``(n_pixels, n_frames)`` array (a strided view is allowed)
+            to write the gathered values into, or ``None``.  A stream that
+            does so gives ``None`` for them from ``finish``; one that returns
+            its own values instead is copied by the caller (either is right).
 
         Returns
         -------

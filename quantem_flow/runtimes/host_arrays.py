@@ -26,7 +26,7 @@ __all__ = ["HUGE_PAGE_MIN_BYTES", "fresh_zeros"]
 HUGE_PAGE_MIN_BYTES = 8 << 20
 
 
-def fresh_zeros(shape: tuple[int, ...], dtype: np.dtype[Any] | str) -> np.ndarray:
+def fresh_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """A zeroed, writable C-ordered array of ``shape``; large ones in huge-page memory.
 
     Parameters

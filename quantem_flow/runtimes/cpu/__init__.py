@@ -79,6 +79,7 @@ class CpuRuntime(Runtime):
         want_sum: bool,
         want_max: bool,
         gather: np.ndarray | None = None,
+        gather_into: np.ndarray | None = None,
     ) -> FramePassStream:
         """The Numba pass prepared once and fed host frames piece by piece (in place)."""
         from .stream import CpuFramePassStream
@@ -91,6 +92,7 @@ class CpuRuntime(Runtime):
             want_sum=want_sum,
             want_max=want_max,
             gather=gather,
+            gather_into=gather_into,
         )
 
     def frame_pass_kernels(self) -> Mapping[str, FramePassKernel]:

@@ -32,15 +32,27 @@ class CpuFramePassStream(FramePassStream):
         want_sum: bool,
         want_max: bool,
         gather: np.ndarray | None,
+        gather_into: np.ndarray | None = None,
     ) -> None:
         self._n = int(n_frames)
         self._gather = None if gather is None else np.asarray(gather, dtype=np.int64)
         # pixel-major: each piece's small gather is transposed while in cache; the chunk's
         # partial wants (pixel, frame) order, which a transpose of the whole chunk's gather
         # (cache-unfriendly, ~7 ms per 128 MiB chunk of SSB's bright field) used to give
+        self._in_place = gather_into is not None and self._gather is not None
+        if self._in_place:
+            assert gather_into is not None and self._gather is not None
+            want = (self._gather.size, self._n)
+            if gather_into.shape != want or gather_into.dtype != np.dtype(dtype):
+                raise ValueError(
+                    f"gather_into of {gather_into.dtype} {gather_into.shape}: expected "
+                    f"{np.dtype(dtype)} {want}"
+                )
         self._gathered = (
             None
             if self._gather is None
+            else gather_into
+            if self._in_place
             else fresh_zeros((self._gather.size, self._n), np.dtype(dtype))
         )
         skip = self._gather is not None and not (weights.shape[0] or want_sum or want_max)
@@ -96,5 +108,8 @@ class CpuFramePassStream(FramePassStream):
         else:
             per_frame, s, m, variant = self._pass.result()
             result = FramePassResult(per_frame, s, m, variant)
-        # (frames, pixels) as every gather returns, a view of the pixel-major values
-        return result, None if self._gathered is None else self._gathered.T
+        # (frames, pixels) as every gather returns, a view of the pixel-major values; none
+        # when they were written into the caller's array
+        if self._gathered is None or self._in_place:
+            return result, None
+        return result, self._gathered.T
