@@ -18,7 +18,8 @@ reported), with the page cache warm:
 * per row (BF+ADF and BF+ADF+CoM on npy; BF+ADF on HDF5 and on
   bitshuffle+LZ4; BF+ADF+CoM on persisted chunks) and per mode
   (``default``: ``qf.compute`` on the embedded local cluster;
-  ``process``: ``client="synchronous"``; ``libertem``: LiberTEM's best of
+  ``process``: ``client="synchronous"``; ``threads``: ``client="threads"``
+  (this process, a thread per CPU); ``libertem``: LiberTEM's best of
   its inline and default Dask executors, when importable; ``numpy`` with
   ``--numpy``: blocks of 4096 frames, from a memory map, h5py or the in-RAM
   array, cast to float32 times the mask rows on the BLAS threads).
@@ -385,7 +386,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     wanted = [r for r in a.rows.split(",") if r]
     from distributed import Client
 
-    clients: dict[str, Any] = {"default": client, "process": "synchronous"}
+    # threads: this process on a thread per CPU (no cluster)
+    clients: dict[str, Any] = {"default": client, "process": "synchronous", "threads": "threads"}
     if a.whole_chunks:
         clients["default_whole"] = client
         clients["process_whole"] = "synchronous"
@@ -521,7 +523,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.json is not None:
         a.json.write_text(json.dumps(out, indent=1, default=str))
     for mode, cl in clients.items():
-        if mode not in ("default", "process", "default_whole", "process_whole"):
+        if mode not in ("default", "process", "threads", "default_whole", "process_whole"):
             cl.close()
     for cluster in extra:
         cluster.close()
