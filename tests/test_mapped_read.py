@@ -14,7 +14,6 @@ import math
 import os
 import pickle
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ import quantem_flow as qf
 from quantem_flow import config
 from quantem_flow.errors import CorruptChunkError, ParameterError
 from quantem_flow.io.mapped import MappedFile, mapped_file, supported
-from quantem_flow.io.read_method import ReadChoice, ReadTrial, choose_read_method, forget_probes
+from quantem_flow.io.read_method import choose_read_method, forget_probes
 from tests.io.writers import write_raw
 
 pytestmark = pytest.mark.skipif(
@@ -34,15 +33,11 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(autouse=True)
-def _alternating_trials(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Trials read piece by piece one way then the other (these chunks last less than a turn)."""
-    import itertools
-
+def _two_probe_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe reads with every CPU; these files are sized for two threads' rounds."""
     import quantem_flow.io.read_method as read_method
 
-    ways = itertools.cycle(("pread", "mmap"))
-    monkeypatch.setattr(read_method.ReadTrial, "method_now", staticmethod(lambda: next(ways)))
-    monkeypatch.setattr(read_method, "MIN_PIECES_EACH", 1)
+    monkeypatch.setattr(read_method, "_probe_threads", lambda piece: 2)
 
 
 DET = (16, 12)
@@ -138,21 +133,15 @@ def test_mapped_pieces_equal_pread_pieces_bit_for_bit(
     assert all(r["streamed"]["buffer_bytes"] == 0 for r in mapped_records)
     assert "madvise" in mapped_records[0]["streamed"]["how"]
     reads = [r["streamed"]["read"] for r in _records(auto[0])]
-    trials = [r for r in reads if r["method"] == "pread+mmap"]
-    decided = [r for r in reads if "2 trials on this file" in r["why"]]
-    assert len(trials) == 2  # the first two chunks to run tried both ways
-    assert sorted("trial 1 of 2" in r["why"] for r in trials) == [False, True]
-    assert sorted("now reads by" in r["why"] for r in trials) == [False, True]
-    for r in trials:
-        counts = re.search(r"\((\d+) and (\d+) pieces\)", r["why"])
-        assert counts is not None and min(int(v) for v in counts.groups()) >= 1, r["why"]
+    assert {r["method"] for r in reads} <= {"mmap", "pread"}
+    first = [r for r in reads if "first of 2 probes" in r["why"]]
+    decided = [r for r in reads if "2 probes on this file" in r["why"]]
+    assert len(first) == 1 and first[0]["method"] == "pread"  # the first chunk to run
+    assert len(decided) == len(reads) - 1  # then every chunk has the decision
+    assert len({r["method"] for r in decided}) == 1
+    for r in reads:
         assert set(r["measured_GBps"]) == {"mmap", "pread"}
         assert all(v > 0 for v in r["measured_GBps"].values())
-    # then every chunk has the decision (a chunk too short to try, run first, reads by pread)
-    rest = [r for r in reads if r not in trials and r not in decided]
-    assert all(r["method"] == "pread" and "too few pieces" in r["why"] for r in rest), rest
-    assert len({r["method"] for r in decided}) <= 1
-    assert {r["method"] for r in decided} <= {"mmap", "pread"}
 
 
 def test_views_that_are_not_stored_bytes_read_with_pread_and_say_why(
@@ -246,14 +235,9 @@ def test_a_file_truncated_under_a_map_gives_the_projects_error(
         _run(ds, "mmap")
 
 
-def test_read_method_setting_is_checked_and_the_decision_is_kept(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import quantem_flow.io.read_method as read_method
-
-    monkeypatch.setattr(read_method, "MIN_PIECES_EACH", 2)
+def test_read_method_setting_is_checked_and_the_probe_is_kept(tmp_path: Path) -> None:
     with pytest.raises(ParameterError, match="read_method must be one of") as info:
-        choose_read_method("fast", None, 0, 1 << 20)
+        choose_read_method("fast", None, 0, 0, 1 << 20)
     assert "'fast'" in str(info.value)
     assert pickle.loads(pickle.dumps(info.value)).args == info.value.args
     ds = qf.open(np.zeros((4, 4, 8, 8), dtype=np.uint16))
@@ -262,50 +246,23 @@ def test_read_method_setting_is_checked_and_the_decision_is_kept(
     path = tmp_path / "p.bin"
     size = 40 << 20
     np.zeros(size, dtype=np.uint8).tofile(path)
-    piece = 1 << 20
-
-    def trial(pread_s: float, mmap_s: float, pieces: int = 3) -> ReadChoice:
-        t = choose_read_method("auto", path, size, piece)
-        assert isinstance(t, ReadTrial)
-        for i in range(pieces):  # the lower quartile decides: one slow piece each way
-            t.add("pread", pread_s * (3 if i == 0 else 1), piece)
-            t.add("mmap", mmap_s * (3 if i == 1 else 1), piece)
-        return t.finish()
-
     forget_probes()
-    first = trial(1e-3, 0.5e-3)
-    assert first.method == "pread+mmap" and "trial 1 of 2" in first.why
-    assert first.measured_GBps == pytest.approx({"pread": 1.049, "mmap": 2.097}, abs=0.01)
-    # a trial with too few pieces one way does not count
-    short_trial = trial(1e-3, 0.5e-3, pieces=1)
-    assert "too short to count" in short_trial.why and not short_trial.measured_GBps
-    second = trial(1e-3, 0.5e-3)
-    assert "now reads by mmap" in second.why
-    decided = choose_read_method("auto", path, size, piece)
-    assert isinstance(decided, ReadChoice) and decided.method == "mmap"
-    assert "2 trials on this file" in decided.why
-    assert choose_read_method("auto", path, size, piece) is decided  # kept
-    # every trial must find the map faster by the margin
+    first = choose_read_method("auto", path, 0, size, 1 << 20)
+    assert first.method == "pread" and "first of 2 probes" in first.why
+    assert set(first.measured_GBps) == {"mmap", "pread"}
+    decided = choose_read_method("auto", path, 0, size, 1 << 20)
+    assert decided.method in ("mmap", "pread") and "2 probes on this file" in decided.why
+    assert choose_read_method("auto", path, 0, size, 1 << 20) is decided  # kept
     forget_probes()
-    trial(1e-3, 0.5e-3)
-    assert "now reads by pread" in trial(1e-3, 0.9e-3).why
-    assert choose_read_method("auto", path, size, piece).method == "pread"
+    assert choose_read_method("auto", path, 0, size, 1 << 20) is not decided
     forget_probes()
-    assert isinstance(choose_read_method("auto", path, size, piece), ReadTrial)
-    few = choose_read_method("auto", path, 4 * piece, piece)
-    assert isinstance(few, ReadChoice) and few.method == "pread" and "too few pieces" in few.why
-    # while a kernel compiles the trial waits: pread now, tried on a later chunk
-    waiting = choose_read_method("auto", path, size, piece, defer=True)
-    assert isinstance(waiting, ReadChoice) and waiting.method == "pread"
-    assert "compiling" in waiting.why and not waiting.measured_GBps
-    assert isinstance(choose_read_method("auto", path, size, piece), ReadTrial)
-
-
-def test_trial_turns_come_from_one_clock() -> None:
-    from quantem_flow.io.read_method import TURN_S, _turn_now
-
-    seen = set()
-    deadline = time.perf_counter() + 20 * TURN_S
-    while time.perf_counter() < deadline and len(seen) < 2:
-        seen.add(_turn_now())
-    assert seen == {"pread", "mmap"}
+    short = choose_read_method("auto", path, 0, 1 << 20, 1 << 20)
+    assert short.method == "pread" and "too few bytes" in short.why
+    # a chunk too short to measure does not count as a probe of the file
+    assert "first of 2 probes" in choose_read_method("auto", path, 0, size, 1 << 20).why
+    # while a kernel compiles the probe waits: pread now, measured later
+    forget_probes()
+    waiting = choose_read_method("auto", path, 0, size, 1 << 20, defer=True)
+    assert waiting.method == "pread" and "compiling" in waiting.why
+    assert not waiting.measured_GBps
+    assert choose_read_method("auto", path, 0, size, 1 << 20).measured_GBps

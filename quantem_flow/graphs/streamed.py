@@ -43,7 +43,7 @@ import numpy as np
 from .. import config
 from ..dataset import Dataset4D
 from ..io.mapped import mapped_file
-from ..io.read_method import ReadTrial, choose_read_method
+from ..io.read_method import choose_read_method
 from ..runtimes.base import FramePassResult, Runtime
 from ..runtimes.staging import staged
 from .digest import DenseRowDigests, Units, hashes_stored, stored_row_units
@@ -197,43 +197,43 @@ def run_streamed_chunk(
     kernel_s = prepare_s
     t_choose = time.perf_counter()
     where = ds.block_bytes(rows)
+    # a probe reads pieces of the whole dataset where it is one run of bytes (every chunk of
+    # the file then gets the same answer), else of this chunk
+    extent = ds.block_bytes((0, ds.shape[0]))
+    region = (
+        (extent[1], ds.shape[0] * n_cols * frame_nbytes)
+        if extent is not None and where is not None and extent[0] == where[0]
+        else (0 if where is None else where[1], n_frames * frame_nbytes)
+    )
     choice = choose_read_method(
         read_method,
         None if where is None else where[0],
-        n_frames * frame_nbytes,
+        region[0],
+        region[1],
         int(largest * frame_nbytes),
-        defer=_compiling(),  # a compiler in this process would slow a trial's pieces
+        defer=_compiling(),  # a compiler in this process would slow the probe
     )
-    trial = choice if isinstance(choice, ReadTrial) else None
     read_s += time.perf_counter() - t_choose
-    mapped = (
-        mapped_file(where[0])
-        if (trial is not None or choice.method == "mmap") and where is not None
-        else None
-    )
-    buffered = mapped is None or trial is not None
+    mapped = mapped_file(where[0]) if choice.method == "mmap" and where is not None else None
     with (
         (
-            staged((largest * frame_nbytes // ds.source.dtype.itemsize,), ds.source.dtype)
-            if buffered
-            else contextlib.nullcontext(None)
+            contextlib.nullcontext(None)
+            if mapped is not None
+            else staged((largest * frame_nbytes // ds.source.dtype.itemsize,), ds.source.dtype)
         ) as flat,
         runtime.compile_timer() as compiled,
     ):
         for prows, pcols in pieces:
             shape = ds.raw_block_shape(prows, pcols)
-            nbytes = int(np.prod(shape)) * ds.dtype.itemsize
-            way = trial.method() if trial is not None else choice.method
             t0 = time.perf_counter()
-            if mapped is not None and way == "mmap":
+            if mapped is not None:
                 at = ds.block_bytes(prows, pcols)
                 assert at is not None  # a piece of a contiguous chunk is contiguous
-                offset = at[1]
+                offset, nbytes = at[1], int(np.prod(shape)) * ds.dtype.itemsize
                 what = f"scan rows {prows} columns {pcols}"
                 block = mapped.piece(offset, nbytes, what=what).view(ds.dtype).reshape(shape)
             else:
                 assert flat is not None
-                way = "pread"
                 block = ds.load_block(
                     prows, pcols, buffer=flat[: int(np.prod(shape))].reshape(shape)
                 )
@@ -241,16 +241,12 @@ def run_streamed_chunk(
             digests.update(prows, pcols, block)
             t2 = time.perf_counter()
             stream.feed(block.reshape(block.shape[0] * block.shape[1], -1))
-            if way == "mmap":
+            if mapped is not None:
                 del block
-                assert mapped is not None
                 mapped.drop(offset, nbytes)
-            t3 = time.perf_counter()
-            if trial is not None:
-                trial.add(way, t3 - t0, nbytes)
             read_s += t1 - t0
             hash_s += t2 - t1
-            kernel_s += t3 - t2
+            kernel_s += time.perf_counter() - t2
         result, gathered = stream.finish()
     made = {
         "made": "dense read, streamed",
@@ -258,17 +254,13 @@ def run_streamed_chunk(
         "streamed": {
             "pieces": len(pieces),
             "piece_frames": int(largest),
-            "buffer_bytes": int(largest * frame_nbytes) if buffered else 0,
-            "read": (choice.finish() if isinstance(choice, ReadTrial) else choice).record(),
+            "buffer_bytes": 0 if mapped is not None else int(largest * frame_nbytes),
+            "read": choice.record(),
             "how": (
                 (
-                    "pieces read in turns by pread into one reused buffer and through a map "
-                    "of the file (pages dropped after each), each hashed and fed to the "
-                    "kernels, to choose between them (a read-method trial)"
-                    if trial is not None
-                    else "each piece viewed in place through a map of the file, hashed (its "
-                    "page faults count in hash_s) and fed to the kernels, then its pages "
-                    "dropped from the process (madvise DONTNEED)"
+                    "each piece viewed in place through a map of the file, hashed (its page "
+                    "faults count in hash_s) and fed to the kernels, then its pages dropped "
+                    "from the process (madvise DONTNEED)"
                     if mapped is not None
                     else "read in pieces into one reused buffer; each piece hashed and fed to "
                     "the kernels while in cache"

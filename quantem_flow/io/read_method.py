@@ -11,24 +11,22 @@ Which is faster depends on the machine (page-fault cost, copy bandwidth),
 the file system (a network file system faults slowly) and whether the file
 is cached, so with ``read_method="auto"`` (:mod:`quantem_flow.config`) each
 worker process measures both on the file it reads, once per file and piece
-size, **with the pass itself**: the first chunks of the file it streams are
-*trials* (:class:`ReadTrial`), whose pieces are read one way or the other in
-turns of :data:`TURN_S` seconds of a clock every thread of the process shares
-(so while one thread reads through the map the others mostly do too: page
-faults of threads sharing one address space contend, and a one-thread
-measurement favoured the map here), each piece timed with its digest and
-kernels.  Nothing is read twice and nothing extra is read: the trial's pieces
-are the pass's (an earlier design read 2 x 128 MiB of each file apart from
-the pass, 0.08-0.17 s per process and file).  The map is chosen when the
-lower quartile of its pieces' times per byte is at least 15 % below
-``pread``'s (a low quantile: other work, a compiler or other tasks, only
-ever slows a piece down; not the minimum: one lucky piece does not decide),
-and :data:`TRIALS` trials on different chunks must agree; until then, and
-while a kernel compiles in the process (a chunk then reads with ``pread``
-and tries later), ``pread``.  Every chunk records which it used and why,
-and a trial both rates.  On this project's 2-vCPU VM ``pread`` wins: a map's
-page faults cost more than the copy, and the copy leaves the piece in the
-core's cache for the two sweeps (benchmarks/RESULTS.md, "Mapped reads").
+size: a few rounds over pieces of the chunk being read, alternately one way
+and the other, each round one piece per CPU thread at once (page faults of
+threads sharing one address space contend, so a one-thread probe favoured
+the map here), each piece read and then swept twice as a pass sweeps it (the
+content digest, then a kernel's read).  The map is chosen when its fastest
+round is at least 15 % faster than ``pread``'s (the fastest, because other
+work, a compiler or other tasks, only ever slows a round down; while a kernel
+compiles in the process the probe waits for a later chunk), and two probes on
+two chunks must both find the map faster: one probe whose ``pread`` rounds
+met other work (an exact-NumPy chunk on the other thread) once measured the
+map 3x faster here.  Until then, ``pread``.  One probe
+runs at a time per process, and every chunk of the file then agrees.  The choice and
+both rates are recorded in every chunk's record.  On this project's 2-vCPU
+VM ``pread`` wins: a map's page faults cost more than the copy, and the copy
+leaves the piece in the core's cache for the two sweeps (benchmarks/RESULTS.md,
+"Mapped reads").
 """
 
 from __future__ import annotations
@@ -42,12 +40,12 @@ from typing import Any
 
 import numpy as np
 
-from .mapped import supported
+from ..errors import CorruptChunkError
+from .mapped import MappedFile, supported
 
 __all__ = [
     "READ_METHODS",
     "ReadChoice",
-    "ReadTrial",
     "checked_read_method",
     "choose_read_method",
     "forget_probes",
@@ -55,14 +53,14 @@ __all__ = [
 
 #: Values of the ``read_method`` setting.
 READ_METHODS = ("auto", "mmap", "pread")
-#: Seconds of each turn of a trial (one way, then the other; the clock is the process's).
-TURN_S = 0.002
-#: Pieces a trial must have timed each way to count (a shorter chunk reads and says so).
-MIN_PIECES_EACH = 4
-#: Trials on different chunks that must agree before a file is read through a map.
-TRIALS = 2
-#: The map must be this much faster (lower-quartile time ratio) to replace ``pread``, the
-#: default: pieces of one file differ by ~5-10 % from one another on a shared machine.
+#: Rounds each way a probe reads (alternating).
+PROBE_ROUNDS = 4
+#: Pieces each thread reads and sweeps per round (thread start-up is amortised over them).
+PIECES_PER_THREAD = 4
+#: The probe's reused buffers (one piece per thread) stay within this many bytes.
+PROBE_BUFFER_BYTES = 64 << 20
+#: The map must be this much faster (fastest round time ratio) to replace ``pread``, the
+#: default: rounds of one file differ by ~5-10 % from one another on a shared machine.
 MARGIN = 1 / 1.15
 
 
@@ -77,8 +75,8 @@ class ReadChoice:
     why
         A sentence for the chunk record.
     measured_GBps
-        The trials' rates, per thread, of a piece's read, digest and kernels
-        (``{"mmap": ..., "pread": ...}``), empty when nothing was measured.
+        The probe's read-and-touch rates (``{"mmap": ..., "pread": ...}``),
+        empty when nothing was measured.
     """
 
     method: str
@@ -93,105 +91,124 @@ class ReadChoice:
         return out
 
 
-_DECIDED: dict[tuple[Any, ...], ReadChoice] = {}
-_TRIED: dict[tuple[Any, ...], list[dict[str, float]]] = {}
+_PROBES: dict[tuple[Any, ...], ReadChoice] = {}
+_FIRST: dict[tuple[Any, ...], ReadChoice] = {}
+#: Probes (on different chunks) that must agree before a file is read through a map.
+PROBES = 2
 _LOCK = threading.Lock()
 
 
 def forget_probes() -> None:
     """Forget every measured choice of this process (tests, or after the storage changed)."""
     with _LOCK:
-        _DECIDED.clear()
-        _TRIED.clear()
+        _PROBES.clear()
+        _FIRST.clear()
 
 
-def _turn_now() -> str:
-    """The way the process's trials read now: turns of :data:`TURN_S`, the same in every thread."""
-    return "mmap" if (time.perf_counter_ns() // int(TURN_S * 1e9)) % 2 else "pread"
+def _touch(view: np.ndarray) -> int:
+    """Sweep a piece twice, as a pass does: the content digest, then a kernel's read."""
+    import xxhash
+
+    xxhash.xxh3_128(memoryview(view.data)).digest()
+    whole = view[: view.size // 8 * 8]
+    return int(np.add.reduce(whole.view(np.uint64))) if whole.size else 0
 
 
-class ReadTrial:
-    """A chunk whose pieces are read both ways, each timed with its digest and kernels.
+def _probe_threads(piece: int) -> int:
+    """Threads a probe reads with: the CPUs this process may use (at most 8), as a pass does.
 
-    The pass asks :meth:`method` before each piece, reads it that way, and
-    reports the piece's seconds with :meth:`add`; :meth:`finish` counts the
-    trial towards the file's decision and gives the chunk's record.
-
-    Parameters
-    ----------
-    key
-        The file and piece size the decision is kept under.
+    No more than keep the probe's buffers within :data:`PROBE_BUFFER_BYTES`.
     """
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        n = os.cpu_count() or 1
+    return max(1, min(n, 8, PROBE_BUFFER_BYTES // max(piece, 1)))
 
-    method_now = staticmethod(_turn_now)
 
-    def __init__(self, key: tuple[Any, ...]) -> None:
-        self.key = key
-        self._seconds_per_byte: dict[str, list[float]] = {"pread": [], "mmap": []}
+def _round(
+    fd: int, mapped: MappedFile, bufs: list[np.ndarray], method: str, at: list[list[int]]
+) -> float:
+    """Seconds for ``len(bufs)`` threads to read and sweep their pieces ``at[i]``, one way."""
+    piece = bufs[0].size
+    failed: list[BaseException] = []
 
-    def method(self) -> str:
-        """``"pread"`` or ``"mmap"``: how to read the next piece."""
-        return self.method_now()
+    def one(i: int) -> None:
+        try:
+            for offset in at[i]:
+                if method == "pread":
+                    os.preadv(fd, [memoryview(bufs[i].data)], offset)
+                    _touch(bufs[i])
+                else:
+                    _touch(mapped.piece(offset, piece))
+                    mapped.drop(offset, piece)
+        except BaseException as exc:  # raised in the caller's thread
+            failed.append(exc)
 
-    def add(self, method: str, seconds: float, nbytes: int) -> None:
-        """A piece read ``method``, then digested and run through the kernels, in ``seconds``."""
-        if nbytes > 0 and seconds > 0:
-            self._seconds_per_byte[method].append(seconds / nbytes)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(1, len(bufs))]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    one(0)
+    for th in threads:
+        th.join()
+    if failed:
+        raise failed[0]
+    return time.perf_counter() - t
 
-    def rates(self) -> dict[str, float]:
-        """GB/s per thread of each way's lower-quartile piece (empty if too few pieces)."""
-        if min(len(v) for v in self._seconds_per_byte.values()) < MIN_PIECES_EACH:
-            return {}
-        return {
-            k: round(1.0 / float(np.quantile(v, 0.25)) / 1e9, 3)
-            for k, v in self._seconds_per_byte.items()
-        }
 
-    def finish(self) -> ReadChoice:
-        """Count this trial towards the file's decision; the chunk's record.
-
-        Returns
-        -------
-        ReadChoice
-            ``method`` ``"pread+mmap"`` (pieces were read both ways), with
-            this trial's rates and where the file's decision stands.
-        """
-        rates = self.rates()
-        counts = {k: len(v) for k, v in self._seconds_per_byte.items()}
-        if not rates:
-            return ReadChoice(
-                "pread+mmap",
-                f"a trial of both ways, too short to count ({counts['pread']} pieces by pread, "
-                f"{counts['mmap']} through a map; {MIN_PIECES_EACH} each are needed)",
-            )
-        turns = (
-            f"pieces read in turns of {TURN_S * 1e3:g} ms by pread or through a map, each timed "
-            f"with its digest and kernels ({counts['pread']} and {counts['mmap']} pieces)"
-        )
-        with _LOCK:
-            tried = _TRIED.setdefault(self.key, [])
-            tried.append(rates)
-            decided = _DECIDED.get(self.key)
-            if decided is None and len(tried) >= TRIALS:
-                faster = [r["mmap"] * MARGIN >= r["pread"] for r in tried[-TRIALS:]]
-                decided = ReadChoice(
-                    "mmap" if all(faster) else "pread",
-                    (
-                        f"{TRIALS} trials on this file by this worker, on different chunks "
-                        f"(GB/s per thread of read, digest and kernels): "
-                        + ", then ".join(str(r) for r in tried[-TRIALS:])
-                        + f"; the map is used only when every trial finds it at least "
-                        f"{1 / MARGIN:.2f}x faster than pread"
-                    ),
-                    {k: max(r[k] for r in tried[-TRIALS:]) for k in rates},
-                )
-                _DECIDED[self.key] = decided
-        standing = (
-            f"the file now reads by {decided.method}"
-            if decided is not None
-            else f"trial {len(tried)} of {TRIALS} on this file"
-        )
-        return ReadChoice("pread+mmap", f"{turns}; {standing}", rates)
+def _probe(path: Path, offset: int, nbytes: int, piece: int, start: int = 0) -> ReadChoice:
+    """Measure both ways on ``[offset, offset + nbytes)``, from byte ``offset + start`` on."""
+    n_threads = _probe_threads(piece)
+    n = nbytes // piece
+    per_round = n_threads * PIECES_PER_THREAD
+    rounds = min(PROBE_ROUNDS, n // (2 * per_round))
+    if rounds < 1:
+        return ReadChoice("pread", f"too few bytes to measure ({nbytes} bytes, pieces of {piece})")
+    used = 2 * rounds * per_round
+    first = (start // piece) if (start // piece) + used <= n else 0
+    bufs = [np.zeros(piece, dtype=np.uint8) for _ in range(n_threads)]  # faulted in, as reused
+    _touch(bufs[0])  # buffers are; the digest's first call is not timed
+    try:
+        mapped = MappedFile(path)  # the probe's own map: closed with it, whatever is chosen
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise CorruptChunkError(f"cannot open {str(path)!r} to measure reads: {exc}") from exc
+    try:
+        times: dict[str, list[float]] = {"pread": [], "mmap": []}
+        next_piece = first
+        for _ in range(rounds):
+            for method in ("pread", "mmap"):
+                at = [
+                    [
+                        offset + (next_piece + i * PIECES_PER_THREAD + j) * piece
+                        for j in range(PIECES_PER_THREAD)
+                    ]
+                    for i in range(n_threads)
+                ]
+                next_piece += per_round
+                times[method].append(_round(fd, mapped, bufs, method, at))
+    except OSError as exc:
+        raise CorruptChunkError(
+            f"reading {str(path)!r} to measure reads failed: {exc}; check the storage"
+        ) from exc
+    finally:
+        os.close(fd)
+        del mapped
+    # the fastest round of each: other work (a compiler, other tasks) only slows a round down
+    rate = {k: per_round * piece / min(v) / 1e9 for k, v in times.items()}
+    faster = min(times["mmap"]) <= MARGIN * min(times["pread"])
+    method = "mmap" if faster else "pread"
+    return ReadChoice(
+        method,
+        (
+            f"measured on this file by this worker (read, digest, sweep on {n_threads} threads at "
+            f"once, as a pass runs): a map {rate['mmap']:.1f} GB/s, pread {rate['pread']:.1f} GB/s "
+            f"({rounds} rounds each way of {PIECES_PER_THREAD} {piece}-byte pieces per thread, "
+            f"alternating); the map is used when at least {1 / MARGIN:.2f}x faster"
+        ),
+        {k: round(v, 3) for k, v in rate.items()},
+    )
 
 
 def checked_read_method(value: str) -> str:
@@ -209,12 +226,13 @@ def checked_read_method(value: str) -> str:
 def choose_read_method(
     requested: str,
     path: Path | None,
+    offset: int,
     nbytes: int,
     piece: int,
     *,
     defer: bool = False,
-) -> ReadChoice | ReadTrial:
-    """How to read a chunk's pieces: one way, or both as a trial.
+) -> ReadChoice:
+    """How to read a chunk's pieces.
 
     Parameters
     ----------
@@ -223,19 +241,13 @@ def choose_read_method(
     path
         The file holding the chunk's frames as contiguous bytes, or ``None``
         when they are not (then ``pread``, with the reason).
-    nbytes
-        The chunk's bytes (its pieces are the trial's).
+    offset, nbytes
+        The chunk's bytes in the file (a probe reads some of them).
     piece
         Bytes per piece.
     defer
         Do not measure now (a kernel is compiling in this process and would slow the
-        trial's pieces): ``pread``, and a later chunk tries both ways.
-
-    Returns
-    -------
-    ReadChoice or ReadTrial
-        A trial while ``"auto"`` has not decided for this file and piece size
-        and the chunk has enough pieces to count.
+        probe's rounds): ``pread``, and the probe runs on a later chunk.
     """
     checked_read_method(requested)
     if requested == "pread":
@@ -255,19 +267,46 @@ def choose_read_method(
     except OSError:
         return ReadChoice("pread", "the file could not be examined; pread names what is wrong")
     key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, piece)
-    found = _DECIDED.get(key)
+    found = _PROBES.get(key)  # decided: no wait on a probe of another file
     if found is not None:
         return found
-    if defer:
-        return ReadChoice(
-            "pread",
-            "not measured yet: a kernel was compiling in this worker (it would slow the "
-            "trial's pieces); a later chunk tries both ways",
+    with _LOCK:  # one probe at a time: two would slow each other, and every chunk agrees
+        found = _PROBES.get(key)
+        if found is not None:
+            return found
+        if defer:
+            return ReadChoice(
+                "pread",
+                "not measured yet: a kernel was compiling in this worker (it would slow the "
+                "probe); measured on a later chunk",
+            )
+        earlier = _FIRST.get(key)
+        # the second probe reads other pieces than the first (not the pages it left cached)
+        start = 0 if earlier is None else nbytes // 2
+        probe = _probe(path, offset, nbytes, piece, start)
+        if not probe.measured_GBps:  # a chunk too short to measure does not decide for the file
+            return probe
+        _FIRST.pop(key, None)
+        if earlier is None:  # one probe can be hit by other work: a second one, later, decides
+            _FIRST[key] = probe
+            return ReadChoice(
+                "pread",
+                f"first of {PROBES} probes ({probe.why}); pread until the next one agrees",
+                probe.measured_GBps,
+            )
+        both = earlier.method == probe.method == "mmap"
+        decided = ReadChoice(
+            "mmap" if both else "pread",
+            (
+                f"{PROBES} probes on this file by this worker, on two chunks: "
+                f"{earlier.measured_GBps} then {probe.measured_GBps} GB/s; the map is used only "
+                f"when both find it at least {1 / MARGIN:.2f}x faster than pread (read, digest "
+                "and sweep on every CPU thread at once)"
+            ),
+            {
+                k: round(max(earlier.measured_GBps[k], probe.measured_GBps[k]), 3)
+                for k in probe.measured_GBps
+            },
         )
-    if nbytes // max(piece, 1) < 4 * MIN_PIECES_EACH:
-        return ReadChoice(
-            "pread",
-            f"too few pieces to try both ways ({nbytes} bytes, pieces of {piece}); a longer "
-            "chunk tries them",
-        )
-    return ReadTrial(key)
+        _PROBES[key] = decided
+        return decided
