@@ -9,7 +9,8 @@ Each measurement is a fresh interpreter whose ``PYTHONPATH`` is the code under
 test and whose ``NUMBA_CACHE_DIR`` is a new empty folder (a fresh install):
 ``import quantem_flow``, then BF + ADF + CoM (centre (31.4, 32.7), fractional)
 through the embedded default (``client=None``: the local cluster starts
-inside the compute) on a 32 x 32 x 64 x 64 uint16 array in memory, then the
+inside the compute; ``--client threads``: this process on a thread per
+CPU) on a 32 x 32 x 64 x 64 uint16 array in memory, then the
 same compute again in the same interpreter (``second``), then a fresh
 interpreter on the now filled cache (``cached``).  The checkouts alternate;
 medians of ``--repeat``.  The variant of the first chunk and the compile
@@ -32,7 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 _CHILD = r"""
-import json, time
+import json, os, time
 t0 = time.perf_counter()
 import quantem_flow as qf
 t_import = time.perf_counter() - t0
@@ -46,7 +47,8 @@ def run():
     with qf.config.set(progress=False):
         out = qf.compute(qf.virtual_bf(ds, radius=10, center=c),
                          qf.virtual_adf(ds, inner=20, center=c),
-                         qf.center_of_mass(ds, center=c))
+                         qf.center_of_mass(ds, center=c),
+                         client=os.environ.get("QF_BENCH_CLIENT") or None)
     ex = out[0].provenance.execution
     return time.perf_counter() - t, ex, out
 first_s, ex, out = run()
@@ -62,8 +64,13 @@ print(json.dumps({
 """
 
 
-def _once(code: Path, cache: Path) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(code), "NUMBA_CACHE_DIR": str(cache)}
+def _once(code: Path, cache: Path, client: str = "") -> dict[str, Any]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(code),
+        "NUMBA_CACHE_DIR": str(cache),
+        "QF_BENCH_CLIENT": client,
+    }
     proc = subprocess.run(
         [sys.executable, "-c", _CHILD],
         capture_output=True,
@@ -81,13 +88,20 @@ def _once(code: Path, cache: Path) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--code", action="append", default=[], help="label=path of a baseline")
+    ap.add_argument(
+        "--code",
+        action="append",
+        default=[],
+        help="label=path of a baseline; label=path@threads computes with client='threads'",
+    )
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     codes = {"after": ROOT}
+    clients = {"after": ""}
     for item in args.code:
-        label, _, path = item.partition("=")
+        label, _, where = item.partition("=")
+        path, _, clients[label] = where.partition("@")
         codes[label] = Path(path).resolve()
     print(
         f"# {platform.platform()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
@@ -97,8 +111,8 @@ def main() -> int:
     for _ in range(args.repeat):
         for label, code in codes.items():
             with tempfile.TemporaryDirectory(prefix="qf-numba-") as cache:
-                row = _once(code, Path(cache))
-                row["cached"] = _once(code, Path(cache))
+                row = _once(code, Path(cache), clients[label])
+                row["cached"] = _once(code, Path(cache), clients[label])
             runs[label].append(row)
     keys = ["import_s", "first_s", "first_total_s", "compile_s", "second_s"]
     print(f"{'':8s}" + "".join(f"{k:>15s}" for k in keys) + f"{'cached first_s':>16s}  variant")
