@@ -18,6 +18,7 @@ a fresh process on this project's VM, on top of the copy (benchmarks/RESULTS.md,
 
 Gathers beyond ``gather_memory_mib`` go to a disk-backed array either way.
 """
+
 from __future__ import annotations
 
 import contextlib

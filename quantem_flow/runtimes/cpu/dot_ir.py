@@ -38,6 +38,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .llvm_optimise import optimise_o3
+
 __all__ = [
     "DotISA",
     "DotKernel",
@@ -239,16 +241,7 @@ def _optimised_locked(module: Any, isa: DotISA) -> tuple[Any, Any]:
     parsed.verify()
     target = llvm.Target.from_triple(module.triple)
     machine = target.create_target_machine(cpu=isa.cpu, features=_features(isa), opt=3)
-    if hasattr(llvm, "create_pass_builder"):  # llvmlite >= 0.44: the new pass manager
-        tuning = llvm.create_pipeline_tuning_options(speed_level=3)
-        builder = llvm.create_pass_builder(machine, tuning)
-        builder.getModulePassManager().run(parsed, builder)
-    else:  # pragma: no cover - older llvmlite
-        legacy = llvm.PassManagerBuilder()
-        legacy.opt_level = 3
-        passes = llvm.ModulePassManager()
-        legacy.populate(passes)
-        passes.run(parsed)
+    optimise_o3(parsed, machine)
     return parsed, machine
 
 

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from .llvm_optimise import optimise_o3
+
 __all__ = ["TrotterKernel", "trotter_kernel"]
 
 _lock = threading.Lock()
@@ -156,16 +158,7 @@ def _compile() -> TrotterKernel:
     machine = target.create_target_machine(
         cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3
     )
-    if hasattr(llvm, "create_pass_builder"):  # llvmlite >= 0.44: the new pass manager
-        tuning = llvm.create_pipeline_tuning_options(speed_level=3)
-        builder = llvm.create_pass_builder(machine, tuning)
-        builder.getModulePassManager().run(module, builder)
-    else:  # pragma: no cover - older llvmlite
-        legacy = llvm.PassManagerBuilder()
-        legacy.opt_level = 3
-        passes = llvm.ModulePassManager()
-        legacy.populate(passes)
-        passes.run(module)
+    optimise_o3(module, machine)
     engine = llvm.create_mcjit_compiler(module, machine)
     engine.finalize_object()
     address = engine.get_function_address("trotter")
