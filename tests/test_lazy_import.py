@@ -52,3 +52,28 @@ def test_the_worker_programs_modules_leave_numba_to_the_first_kernel() -> None:
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip() == "False"
+
+
+def test_opening_a_file_and_ssb_on_threads_never_load_numba(tmp_path: object) -> None:
+    """Detection sniffs every reader without importing Numba; SSB compiles its loop as IR."""
+    script = (
+        "import sys, numpy as np\n"
+        "import quantem_flow as qf\n"
+        "from quantem_flow.synthetic import synthetic_dataset\n"
+        "data, _ = synthetic_dataset(scan_shape=(16, 16), detector_shape=(32, 32),\n"
+        "                            probe_radius_px=6.0)\n"
+        f"np.save({str(tmp_path)!r} + '/d.npy', data.astype(np.uint16))\n"
+        "cal = qf.Calibration(scan_sampling=0.5, scan_units='Å', detector_sampling=3.0,\n"
+        "                     detector_units='mrad', accelerating_voltage_kV=300.0)\n"
+        f"ds = qf.open({str(tmp_path)!r} + '/d.npy', calibration=cal)\n"
+        "print('after open:', 'numba' in sys.modules, 'h5py' in sys.modules)\n"
+        "(obj,) = qf.compute(qf.ssb(ds, voltage_kV=300.0, semiangle_mrad=18.0), client='threads', progress=False)\n"
+        "print('after ssb:', 'numba' in sys.modules, bool(np.isfinite(obj.phase).all()))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = dict(line.split(": ", 1) for line in run.stdout.strip().splitlines())
+    assert lines["after open"] == "False False"
+    assert lines["after ssb"] == "False True"

@@ -44,7 +44,7 @@ from .. import config
 from ..dataset import Dataset4D
 from ..io.mapped import mapped_file
 from ..io.read_method import choose_read_method
-from ..runtimes.base import FramePassResult, Runtime
+from ..runtimes.base import CompileTime, FramePassResult, Runtime
 from ..runtimes.staging import staged
 from .digest import DenseRowDigests, Units, hashes_stored, stored_row_units
 
@@ -82,6 +82,13 @@ def _compiling() -> bool:
     """
     warmup = sys.modules.get("quantem_flow.runtimes.cpu.warmup")
     return bool(warmup is not None and warmup.any_warming())
+
+
+def _compile_timer(runtime: Runtime, stream: Any) -> Any:
+    """The runtime's compile timer, or a zero one for a stream that compiles nothing (a gather)."""
+    if getattr(stream, "compiles", True):
+        return runtime.compile_timer()
+    return contextlib.nullcontext(CompileTime())
 
 
 def piece_bytes() -> int:
@@ -221,7 +228,7 @@ def run_streamed_chunk(
             if mapped is not None
             else staged((largest * frame_nbytes // ds.source.dtype.itemsize,), ds.source.dtype)
         ) as flat,
-        runtime.compile_timer() as compiled,
+        _compile_timer(runtime, stream) as compiled,
     ):
         for prows, pcols in pieces:
             shape = ds.raw_block_shape(prows, pcols)
@@ -329,7 +336,7 @@ def _run_stored_chunk(
     rows_per = max(b - a for a, b in pieces)
     with (
         staged((rows_per * n_cols * frame_nbytes + (1 << 20),), np.dtype(np.uint8)) as buffer,
-        runtime.compile_timer() as compiled,
+        _compile_timer(runtime, stream) as compiled,
     ):
         for prows in pieces:
             t0 = time.perf_counter()

@@ -24,7 +24,7 @@ import numpy as np
 from ..dataset import Dataset4D
 from ..representations import Chunk
 from ..runtimes import get_runtime
-from ..runtimes.base import FramePassResult
+from ..runtimes.base import CompileTime, FramePassResult
 from ..runtimes.staging import staged
 from .complement_query import plan_complement
 from .digest import Units, chunk_digest, hashes_stored, payload_digests, stored_row_units
@@ -188,12 +188,18 @@ def _kernels(
             t1 = time.perf_counter()  # the once-per-chunk totals count as preparing the chunk
     (r0, r1), (c0, c1) = chunk.scan_slice
     gathered: np.ndarray | None = None
-    with runtime.compile_timer() as compiled:
+    gather_only = spec.gather is not None and not (
+        spec.weights.shape[0] or spec.want_sum or spec.want_max
+    )
+    timer = (
+        contextlib.nullcontext(CompileTime())
+        if gather_only and not runtime.gather_compiles
+        else runtime.compile_timer()
+    )
+    with timer as compiled:
         if spec.gather is not None:
             gathered = runtime.run_gather(chunk, spec.gather)
-        if spec.gather is not None and not (
-            spec.weights.shape[0] or spec.want_sum or spec.want_max
-        ):
+        if gather_only:
             # a gather-only pass (SSB alone): no frame pass over the chunk a second time
             out = FramePassResult(np.zeros(((r1 - r0) * (c1 - c0), 0)), None, None)
         else:

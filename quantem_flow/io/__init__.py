@@ -64,7 +64,7 @@ BUILTIN_READERS: tuple[ReaderEntry, ...] = (
     ReaderEntry(
         "dectris",
         "quantem_flow.io.dectris:DectrisSource",
-        "quantem_flow.io.dectris:sniff",
+        "quantem_flow.io.sniffers:dectris_master",
         ("_master.h5", "_master.hdf5"),
     ),
     ReaderEntry(
@@ -80,7 +80,7 @@ BUILTIN_READERS: tuple[ReaderEntry, ...] = (
         (".mib", ".hdr"),
     ),
     ReaderEntry(
-        "counted", "quantem_flow.io.counted:CountedSource", "quantem_flow.io.counted:sniff"
+        "counted", "quantem_flow.io.counted:CountedSource", "quantem_flow.io.sniffers:counted"
     ),
     ReaderEntry("dm4", "quantem_flow.io.dm4:Dm4Source", "quantem_flow.io.dm4:sniff", (".dm4",)),
     ReaderEntry(
@@ -107,7 +107,7 @@ BUILTIN_READERS: tuple[ReaderEntry, ...] = (
     ReaderEntry(
         "raw_csr",
         "quantem_flow.io.raw_csr:RawCsrSource",
-        "quantem_flow.io.raw_csr:sniff",
+        "quantem_flow.io.sniffers:raw_csr",
         (".toml",),
     ),
     ReaderEntry("seq", "quantem_flow.io.seq:SeqSource", "quantem_flow.io.seq:sniff", (".seq",)),
@@ -118,7 +118,7 @@ BUILTIN_READERS: tuple[ReaderEntry, ...] = (
         (".frms6", ".hdr"),
     ),
     ReaderEntry(
-        "k2is", "quantem_flow.io.k2is:K2isSource", "quantem_flow.io.k2is:sniff", (".gtg", ".bin")
+        "k2is", "quantem_flow.io.k2is:K2isSource", "quantem_flow.io.sniffers:k2is", (".gtg", ".bin")
     ),
 )
 

@@ -67,6 +67,8 @@ from ..representations.paired import (
 )
 from .base import FrameSource, SourceIdentity, check_exists, header_digest, path_size
 from .hdf5 import attribute_value, open_h5, read_attribute, read_attributes
+from .sniffers import COUNTED_FRAMES
+from .sniffers import counted as sniff
 
 if TYPE_CHECKING:
     from ..dataset import Dataset4D
@@ -74,23 +76,8 @@ if TYPE_CHECKING:
 __all__ = ["COUNTED_FRAMES", "COUNTED_POSITIONS", "CountedSource", "sniff", "write_counted"]
 
 #: Path of the per-frame event arrays.
-COUNTED_FRAMES = "/electron_events/frames"
 #: Path of the flat scan index of each frame entry.
 COUNTED_POSITIONS = "/electron_events/scan_positions"
-
-
-def sniff(path: Path, head: bytes) -> bool:
-    """An HDF5 file holding ``/electron_events/frames`` (the stempy electron-counted layout)."""
-    from .sniffers import hdf5_sniff_open
-
-    f = hdf5_sniff_open(path, head)
-    if f is None:
-        return False
-    try:
-        with f:
-            return COUNTED_FRAMES in f
-    except Exception:  # a sniffer never raises
-        return False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,7 +36,6 @@ import dataclasses
 import functools
 import math
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -67,6 +66,8 @@ from .bslz4_read import fill_value, read_bitshuffle
 from .bslz4_read import supports as bslz4_supports
 from .encoded_chunks import check_bitshuffle_chunks, needs_bitshuffle_guard
 from .hdf5 import dataset_filters, open_h5, read_attribute
+from .sniffers import DECTRIS_DATA_GROUP, DECTRIS_LINK_NAME
+from .sniffers import dectris_master as sniff
 
 __all__ = ["DETECTOR_FIELDS", "DectrisSource", "sniff"]
 
@@ -108,23 +109,8 @@ BEAM_FIELDS: tuple[str, ...] = ("incident_wavelength", "incident_energy")
 
 _DETECTOR = "/entry/instrument/detector"
 _BEAM = "/entry/instrument/beam"
-_DATA_GROUP = "/entry/data"
-_LINK_NAME = re.compile(r"^data_(\d+)$")
-
-
-def sniff(path: Path, head: bytes) -> bool:
-    """An HDF5 file whose ``/entry/data`` group holds ``data_NNNNNN`` links (a Dectris master)."""
-    from .sniffers import hdf5_sniff_open
-
-    f = hdf5_sniff_open(path, head)
-    if f is None:
-        return False
-    try:
-        with f:
-            group = f.get(_DATA_GROUP)
-            return hasattr(group, "keys") and any(_LINK_NAME.match(n) for n in group)
-    except Exception:  # a sniffer never raises
-        return False
+_DATA_GROUP = DECTRIS_DATA_GROUP
+_LINK_NAME = DECTRIS_LINK_NAME
 
 
 class DectrisSource(FrameSource):

@@ -85,11 +85,12 @@ from .base import (
 )
 from .fileio import PositionalFile
 from .references import apply_dark_gain, asked_corrections, load_reference
+from .sniffers import K2_SYNC
+from .sniffers import k2is as sniff
 
 __all__ = ["K2_SECTORS", "K2_SYNC", "SHUTTER_ACTIVE", "K2isSource", "gtg_scan_shape", "sniff"]
 
 #: The sync word that starts every block.
-K2_SYNC = 0xFFFF0055
 #: Sector files of one acquisition.
 K2_SECTORS = 8
 _HEADER_BYTES = 40
@@ -119,13 +120,6 @@ SHUTTER_ACTIVE = 0x1
 _SHUTTER_STEP = 16
 #: Frames of blocks read at the start of each sector to find where its first whole frame starts.
 _SYNC_WINDOW_FRAMES = 4
-
-
-def sniff(path: Path, head: bytes) -> bool:
-    """A sector file starting with the block sync word 0xFFFF0055, or a .gtg beside them."""
-    if head[:4] == K2_SYNC.to_bytes(4, "big"):
-        return True
-    return path.suffix.lower() == ".gtg" and head[:4] in (b"\x00\x00\x00\x03", b"\x00\x00\x00\x04")
 
 
 def _sector_files(given: Path) -> tuple[Path | None, list[Path]]:

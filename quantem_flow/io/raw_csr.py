@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,18 +65,13 @@ from ..representations.paired import (
 )
 from .base import FrameSource, SourceIdentity, check_exists, header_digest, path_size
 from .fileio import PositionalFile
+from .sniffers import raw_csr as sniff
 
 __all__ = ["FILETYPE", "RawCsrSource", "sniff"]
 
 #: The ``[params] filetype`` of the layout (matched without regard to case).
 FILETYPE = "raw_csr"
 _FILES = ("indptr", "indices", "data")
-_SNIFF = re.compile(rb"^\s*filetype\s*=\s*[\"']raw_csr[\"']", re.IGNORECASE | re.MULTILINE)
-
-
-def sniff(path: Path, head: bytes) -> bool:
-    """A TOML descriptor whose ``[params]`` say ``filetype = "raw_csr"``."""
-    return b"[params]" in head and _SNIFF.search(head) is not None
 
 
 def _descriptor(path: Path) -> dict[str, Any]:

@@ -248,6 +248,10 @@ class FramePassStream(abc.ABC):
     within the runtime's tolerance).
     """
 
+    #: Whether feeding it may compile kernels (a gather alone compiles none: the pass then
+    #: needs no compile timer, and a fresh process does not load the compiler for it).
+    compiles: bool = True
+
     @abc.abstractmethod
     def feed(self, frames: np.ndarray) -> None:
         """Run the next ``(n, k_r * k_c)`` host frames (views are fine; not kept)."""
@@ -490,6 +494,9 @@ class Runtime(abc.ABC):
     #: Whether :meth:`frame_pass_stream` gives a stream (dense host frames fed in pieces):
     #: a streamed chunk task then holds one piece, not the chunk, which admission counts.
     streams: ClassVar[bool] = False
+    #: Whether :meth:`run_gather` may compile kernels (a gather-only pass of a runtime whose
+    #: gather compiles nothing runs without :meth:`compile_timer`, which loads Numba).
+    gather_compiles: ClassVar[bool] = True
 
     def frame_pass_stream(
         self,

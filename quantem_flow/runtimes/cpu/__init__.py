@@ -68,6 +68,7 @@ class CpuRuntime(Runtime):
         )
 
     streams: ClassVar[bool] = True
+    gather_compiles: ClassVar[bool] = False  # a NumPy take
 
     def frame_pass_stream(
         self,

@@ -71,6 +71,7 @@ class CpuFramePassStream(FramePassStream):
                 background_jit=bool(config.get("jit_in_background")),
             )
         )
+        self.compiles = self._pass is not None
         self._pos = 0
 
     def feed(self, frames: np.ndarray) -> None:
