@@ -67,7 +67,8 @@ def test_opening_a_file_and_ssb_on_threads_never_load_numba(tmp_path: object) ->
         "                     detector_units='mrad', accelerating_voltage_kV=300.0)\n"
         f"ds = qf.open({str(tmp_path)!r} + '/d.npy', calibration=cal)\n"
         "print('after open:', 'numba' in sys.modules, 'h5py' in sys.modules)\n"
-        "(obj,) = qf.compute(qf.ssb(ds, voltage_kV=300.0, semiangle_mrad=18.0), client='threads', progress=False)\n"
+        "lazy = qf.ssb(ds, voltage_kV=300.0, semiangle_mrad=18.0)\n"
+        "(obj,) = qf.compute(lazy, client='threads', progress=False)\n"
         "print('after ssb:', 'numba' in sys.modules, bool(np.isfinite(obj.phase).all()))\n"
     )
     run = subprocess.run(
