@@ -26,12 +26,17 @@ print("distributed:", "distributed" in sys.modules)
 """
 
 
-def test_import_is_light_and_the_lazy_names_work() -> None:
+def _printed(script: str) -> dict[str, str]:
+    """Run ``script`` in a fresh interpreter; its ``name: value`` lines."""
     run = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    lines = dict(line.split(": ", 1) for line in run.stdout.strip().splitlines())
+    return dict(line.split(": ", 1) for line in run.stdout.strip().splitlines())
+
+
+def test_import_is_light_and_the_lazy_names_work() -> None:
+    lines = _printed(SCRIPT)
     assert lines["heavy"] == "-", lines
     assert float(lines["bf"]) > 0
     assert lines["loaded"] == "True"  # loaded once used
@@ -45,13 +50,9 @@ def test_the_worker_programs_modules_leave_numba_to_the_first_kernel() -> None:
         "import sys\n"
         "import quantem_flow.graphs.local_worker, quantem_flow.graphs.worker\n"
         "import quantem_flow.graphs.tasks, quantem_flow.graphs.streamed\n"
-        "print('numba' in sys.modules)\n"
+        "print('numba:', 'numba' in sys.modules)\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.strip() == "False"
+    assert _printed(script) == {"numba": "False"}
 
 
 def test_opening_a_file_and_ssb_on_threads_never_load_numba(tmp_path: object) -> None:
@@ -71,10 +72,6 @@ def test_opening_a_file_and_ssb_on_threads_never_load_numba(tmp_path: object) ->
         "(obj,) = qf.compute(lazy, client='threads', progress=False)\n"
         "print('after ssb:', 'numba' in sys.modules, bool(np.isfinite(obj.phase).all()))\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    lines = dict(line.split(": ", 1) for line in run.stdout.strip().splitlines())
+    lines = _printed(script)
     assert lines["after open"] == "False False"
     assert lines["after ssb"] == "False True"

@@ -124,19 +124,16 @@ def find_emd_arrays(h5file: Any, *, limit: int | None = None) -> list[tuple[str,
 
 def sniff(path: Path, head: bytes) -> bool:
     """An HDF5 file with an EMD array group (``emd_group_type`` 1) holding a 4-D ``data``."""
-    from .sniffers import hdf5_sniff_open
+    from .sniffers import hdf5_structure
 
-    f = hdf5_sniff_open(path, head)
-    if f is None:
+    return hdf5_structure(path, head, _emd_4d)
+
+
+def _emd_4d(f: Any) -> bool:
+    marked = "emd_group_type" in f.attrs or "version_major" in f.attrs
+    if not marked and not any("emd_group_type" in f[k].attrs for k in list(f)[:64]):
         return False
-    try:
-        with f:
-            marked = "emd_group_type" in f.attrs or "version_major" in f.attrs
-            if not marked and not any("emd_group_type" in f[k].attrs for k in list(f)[:64]):
-                return False
-            return any(len(s) == 4 for _, s in find_emd_arrays(f, limit=_SNIFF_GROUPS))
-    except Exception:  # a sniffer never raises
-        return False
+    return any(len(s) == 4 for _, s in find_emd_arrays(f, limit=_SNIFF_GROUPS))
 
 
 def _text(value: Any) -> str:

@@ -17,6 +17,7 @@ reader modules (EMD, Velox, ...) keep theirs.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ __all__ = [
     "dectris_master",
     "has_hdf5_signature",
     "hdf5_sniff_open",
+    "hdf5_structure",
     "k2is",
     "mib",
     "npy",
@@ -99,6 +101,23 @@ def hdf5_sniff_open(path: Path, head: bytes) -> Any:
         return None
 
 
+def hdf5_structure(path: Path, head: bytes, check: Callable[[Any], Any]) -> bool:
+    """Whether ``check(h5py.File)`` is true of an HDF5 file; ``False`` for anything else.
+
+    The structure sniffers' common frame: no signature, an unreadable file
+    or an exception in ``check`` is simply not the format (a sniffer never
+    raises).
+    """
+    f = hdf5_sniff_open(path, head)
+    if f is None:
+        return False
+    try:
+        with f:
+            return bool(check(f))
+    except Exception:  # a sniffer never raises
+        return False
+
+
 def hdf5(path: Path, head: bytes) -> bool:
     r"""The HDF5 signature ``\x89HDF\r\n\x1a\n`` (at offset 0 or after a user block)."""
     try:
@@ -127,29 +146,19 @@ def zarr(path: Path, head: bytes) -> bool:
         return False
 
 
+def _dectris_links(f: Any) -> bool:
+    group = f.get(DECTRIS_DATA_GROUP)
+    return hasattr(group, "keys") and any(DECTRIS_LINK_NAME.match(n) for n in group)
+
+
 def dectris_master(path: Path, head: bytes) -> bool:
     """An HDF5 file whose ``/entry/data`` group holds ``data_NNNNNN`` links (a Dectris master)."""
-    f = hdf5_sniff_open(path, head)
-    if f is None:
-        return False
-    try:
-        with f:
-            group = f.get(DECTRIS_DATA_GROUP)
-            return hasattr(group, "keys") and any(DECTRIS_LINK_NAME.match(n) for n in group)
-    except Exception:  # a sniffer never raises
-        return False
+    return hdf5_structure(path, head, _dectris_links)
 
 
 def counted(path: Path, head: bytes) -> bool:
     """An HDF5 file holding ``/electron_events/frames`` (the stempy electron-counted layout)."""
-    f = hdf5_sniff_open(path, head)
-    if f is None:
-        return False
-    try:
-        with f:
-            return COUNTED_FRAMES in f
-    except Exception:  # a sniffer never raises
-        return False
+    return hdf5_structure(path, head, lambda f: COUNTED_FRAMES in f)
 
 
 def k2is(path: Path, head: bytes) -> bool:

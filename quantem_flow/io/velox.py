@@ -91,21 +91,18 @@ _LENGTH_M = {"m": 1.0, "nm": 1e-9, "µm": 1e-6, "um": 1e-6, "pm": 1e-12, "å": 1
 
 def sniff(path: Path, head: bytes) -> bool:
     """An HDF5 file with a ``/Version`` dataset and a ``/Data`` group of Velox kinds (Image...)."""
-    from .sniffers import hdf5_sniff_open
+    from .sniffers import hdf5_structure
 
-    f = hdf5_sniff_open(path, head)
-    if f is None:
-        return False
-    try:
-        with f:
-            import h5py
+    return hdf5_structure(path, head, _velox_groups)
 
-            data = f.get("Data")
-            if not isinstance(f.get("Version"), h5py.Dataset) or not isinstance(data, h5py.Group):
-                return False
-            return any(k in data for k in _KINDS)
-    except Exception:  # a sniffer never raises
+
+def _velox_groups(f: Any) -> bool:
+    import h5py
+
+    data = f.get("Data")
+    if not isinstance(f.get("Version"), h5py.Dataset) or not isinstance(data, h5py.Group):
         return False
+    return any(k in data for k in _KINDS)
 
 
 def read_velox_metadata(group: Any, path: Path, where: str) -> dict[str, Any]:
