@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import CorruptChunkError
 
-__all__ = ["PositionalFile"]
+__all__ = ["PositionalFile", "PositionalFiles"]
 
 #: Bytes of records read per ``pread`` when headers or footers must be skipped.
 SCRATCH_BYTES = 4 << 20
@@ -141,3 +141,33 @@ class PositionalFile:
         fh = getattr(self, "_fh", None)
         if fh is not None:
             fh.close()
+
+
+class PositionalFiles:
+    """The files of one source, each opened as a :class:`PositionalFile` on its first read.
+
+    For readers of several files (K2 IS sectors, FRMS6 parts, raw_csr's
+    arrays).  Like a single :class:`PositionalFile` it is kept under a
+    ``_handle`` attribute, dropped when the source is pickled; threads
+    reading at once share one handle per file.
+    """
+
+    def __init__(self) -> None:
+        self._open: dict[Path, PositionalFile] = {}
+        self._lock = threading.Lock()
+
+    def get(self, path: Path) -> PositionalFile:
+        """The open file at ``path`` (opened now if it is not yet)."""
+        with self._lock:
+            found = self._open.get(path)
+            if found is None:
+                found = PositionalFile(path)
+                self._open[path] = found
+            return found
+
+    def close(self) -> None:
+        """Close every file opened (a later :meth:`get` opens it again)."""
+        with self._lock:
+            opened, self._open = list(self._open.values()), {}
+        for f in opened:
+            f.close()

@@ -63,7 +63,7 @@ from ..errors import (
     SourceNotFoundError,
 )
 from .base import FrameSource, SourceIdentity, check_exists, header_digest, path_size
-from .fileio import PositionalFile
+from .fileio import PositionalFile, PositionalFiles
 from .references import apply_dark_gain, asked_corrections, load_reference
 
 __all__ = ["Frms6Source", "read_frms6_header", "sniff", "unfold"]
@@ -202,7 +202,7 @@ class Frms6Source(FrameSource):
         corrections: Sequence[str] = (),
         gain_map: str | os.PathLike[str] | None = None,
     ) -> None:
-        self._handle_files: dict[Path, PositionalFile] | None = None
+        self._handle_files: PositionalFiles | None = None
         given = check_exists(path)
         base = _base(given)
         self._path = Path(f"{base}.hdr")
@@ -359,12 +359,8 @@ class Frms6Source(FrameSource):
     # -- reading ------------------------------------------------------------------------
     def _file(self, path: Path) -> PositionalFile:
         if self._handle_files is None:
-            self._handle_files = {}
-        found = self._handle_files.get(path)
-        if found is None:
-            found = PositionalFile(path)
-            self._handle_files[path] = found
-        return found
+            self._handle_files = PositionalFiles()
+        return self._handle_files.get(path)
 
     def _read_file(self, path: Path, start: int, stop: int) -> np.ndarray:
         """Frames ``[start, stop)`` of one file, unfolded, ``uint16``."""
@@ -441,6 +437,5 @@ class Frms6Source(FrameSource):
 
     def close(self) -> None:
         """Close the files."""
-        for f in (self._handle_files or {}).values():
-            f.close()
-        self._handle_files = None
+        if self._handle_files is not None:
+            self._handle_files.close()

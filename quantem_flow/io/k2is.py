@@ -83,7 +83,7 @@ from .base import (
     path_size,
     read_sidecar,
 )
-from .fileio import PositionalFile
+from .fileio import PositionalFile, PositionalFiles
 from .references import apply_dark_gain, asked_corrections, load_reference
 from .sniffers import K2_SYNC
 from .sniffers import k2is as sniff
@@ -178,7 +178,7 @@ class K2isSource(FrameSource):
         dark_map: str | os.PathLike[str] | None = None,
         gain_map: str | os.PathLike[str] | None = None,
     ) -> None:
-        self._handle_files: dict[int, PositionalFile] | None = None
+        self._handle_files: PositionalFiles | None = None
         given = check_exists(path)
         self._gtg, self._files = _sector_files(given)
         if len(self._files) != K2_SECTORS:
@@ -495,12 +495,8 @@ class K2isSource(FrameSource):
     # -- reading ------------------------------------------------------------------------
     def _file(self, s: int) -> PositionalFile:
         if self._handle_files is None:
-            self._handle_files = {}
-        found = self._handle_files.get(s)
-        if found is None:
-            found = PositionalFile(self._files[s])
-            self._handle_files[s] = found
-        return found
+            self._handle_files = PositionalFiles()
+        return self._handle_files.get(self._files[s])
 
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
         """Frames ``[start, stop)`` (absolute, after synchronisation), corrected when asked."""
@@ -599,9 +595,8 @@ class K2isSource(FrameSource):
 
     def close(self) -> None:
         """Close the sector files."""
-        for f in (self._handle_files or {}).values():
-            f.close()
-        self._handle_files = None
+        if self._handle_files is not None:
+            self._handle_files.close()
 
 
 def _scan_frames(scan: Sequence[int] | str) -> int | None:

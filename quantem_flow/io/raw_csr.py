@@ -64,7 +64,7 @@ from ..representations.paired import (
     index_dtype_for,
 )
 from .base import FrameSource, SourceIdentity, check_exists, header_digest, path_size
-from .fileio import PositionalFile
+from .fileio import PositionalFile, PositionalFiles
 from .sniffers import raw_csr as sniff
 
 __all__ = ["FILETYPE", "RawCsrSource", "sniff"]
@@ -154,7 +154,7 @@ class RawCsrSource(FrameSource):
         self._files: dict[str, Path] = {}
         self._dtypes: dict[str, np.dtype[Any]] = {}
         self._counts: dict[str, int] = {}
-        self._handle_files: dict[str, PositionalFile] | None = None
+        self._handle_files: PositionalFiles | None = None
         for name in _FILES:
             fkey, dkey = f"{name}_file", f"{name}_dtype"
             if not isinstance(files.get(fkey), str) or not isinstance(files.get(dkey), str):
@@ -240,12 +240,8 @@ class RawCsrSource(FrameSource):
     # -- reading ------------------------------------------------------------------------
     def _file(self, name: str) -> PositionalFile:
         if self._handle_files is None:
-            self._handle_files = {}
-        found = self._handle_files.get(name)
-        if found is None:
-            found = PositionalFile(self._files[name])
-            self._handle_files[name] = found
-        return found
+            self._handle_files = PositionalFiles()
+        return self._handle_files.get(self._files[name])
 
     def _read(self, name: str, start: int, stop: int) -> np.ndarray:
         """Entries ``[start, stop)`` of one of the three files, native byte order."""
@@ -423,9 +419,8 @@ class RawCsrSource(FrameSource):
 
     def close(self) -> None:
         """Close the files."""
-        for f in (self._handle_files or {}).values():
-            f.close()
-        self._handle_files = None
+        if self._handle_files is not None:
+            self._handle_files.close()
 
 
 @numba.njit(cache=True, nogil=True)
