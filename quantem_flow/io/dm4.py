@@ -297,11 +297,7 @@ def parse_dm4_tags(path: Path) -> tuple[dict[str, Any], str]:
     """
     size = path.stat().st_size
     with open(path, "rb") as f:
-        head = f.read(16)
-        if len(head) < 16:
-            raise FormatError(
-                f"{str(path)!r} holds {len(head)} bytes; a DM4 file starts with a 16-byte header"
-            )
+        head = _header(f, path, 16, 4)
         version = struct.unpack(">I", head[:4])[0]
         if version == 3:
             raise FormatError(
@@ -315,6 +311,17 @@ def parse_dm4_tags(path: Path) -> tuple[dict[str, Any], str]:
         order = _byte_order(path, head[12:16], 4)
         tags = _Reader(f, path, size, order).group("", 0)
     return tags, order
+
+
+def _header(f: Any, path: Path, n: int, version: int) -> bytes:
+    """The first ``n`` bytes of a DM``version`` file, or the error naming a shorter file."""
+    head: bytes = f.read(n)
+    if len(head) < n:
+        raise FormatError(
+            f"{str(path)!r} holds {len(head)} bytes; a DM{version} file starts with a {n}-byte "
+            "header"
+        )
+    return head
 
 
 def _byte_order(path: Path, raw: bytes, version: int) -> str:
@@ -360,11 +367,7 @@ def parse_dm_tags(path: Path) -> tuple[dict[str, Any], str, int]:
         )
     size = path.stat().st_size
     with open(path, "rb") as f:
-        head = f.read(12)
-        if len(head) < 12:
-            raise FormatError(
-                f"{str(path)!r} holds {len(head)} bytes; a DM3 file starts with a 12-byte header"
-            )
+        head = _header(f, path, 12, 3)
         order = _byte_order(path, head[8:12], 3)
         tags = _Reader(f, path, size, order, version=3).group("", 0)
     return tags, order, 3
