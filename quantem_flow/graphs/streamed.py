@@ -44,7 +44,7 @@ from .. import config
 from ..dataset import Dataset4D
 from ..io.mapped import mapped_file
 from ..io.read_method import choose_read_method
-from ..runtimes.base import CompileTime, FramePassResult, Runtime
+from ..runtimes.base import CompileTime, FramePassResult, Runtime, is_gather_only
 from ..runtimes.staging import staged
 from .digest import DenseRowDigests, Units, hashes_stored, stored_row_units
 
@@ -84,11 +84,15 @@ def _compiling() -> bool:
     return bool(warmup is not None and warmup.any_warming())
 
 
-def _compile_timer(runtime: Runtime, stream: Any) -> Any:
-    """The runtime's compile timer, or a zero one for a stream that compiles nothing (a gather)."""
-    if getattr(stream, "compiles", True):
-        return runtime.compile_timer()
-    return contextlib.nullcontext(CompileTime())
+def compile_timer_for(runtime: Runtime, *, gather_only: bool) -> Any:
+    """The runtime's compile timer; a zero one for a gather-only pass whose gather compiles nothing.
+
+    The default timer listens to Numba's events and so imports Numba (0.15-0.25 s in a
+    fresh process), which SSB's gather pass does not otherwise need.
+    """
+    if gather_only and not runtime.gather_compiles:
+        return contextlib.nullcontext(CompileTime())
+    return runtime.compile_timer()
 
 
 def piece_bytes() -> int:
@@ -228,7 +232,10 @@ def run_streamed_chunk(
             if mapped is not None
             else staged((largest * frame_nbytes // ds.source.dtype.itemsize,), ds.source.dtype)
         ) as flat,
-        _compile_timer(runtime, stream) as compiled,
+        compile_timer_for(
+            runtime,
+            gather_only=is_gather_only(gather, weights, want_sum=want_sum, want_max=want_max),
+        ) as compiled,
     ):
         for prows, pcols in pieces:
             shape = ds.raw_block_shape(prows, pcols)
@@ -336,7 +343,7 @@ def _run_stored_chunk(
     rows_per = max(b - a for a, b in pieces)
     with (
         staged((rows_per * n_cols * frame_nbytes + (1 << 20),), np.dtype(np.uint8)) as buffer,
-        _compile_timer(runtime, stream) as compiled,
+        runtime.compile_timer() as compiled,  # decoding stored chunks may compile
     ):
         for prows in pieces:
             t0 = time.perf_counter()

@@ -24,13 +24,13 @@ import numpy as np
 from ..dataset import Dataset4D
 from ..representations import Chunk
 from ..runtimes import get_runtime
-from ..runtimes.base import CompileTime, FramePassResult
+from ..runtimes.base import FramePassResult, is_gather_only
 from ..runtimes.staging import staged
 from .complement_query import plan_complement
 from .digest import Units, chunk_digest, hashes_stored, payload_digests, stored_row_units
 from .gathered import in_place_sink
 from .radial_query import plan_radial
-from .streamed import run_streamed_chunk
+from .streamed import compile_timer_for, run_streamed_chunk
 
 __all__ = [
     "ChunkPartial",
@@ -188,15 +188,10 @@ def _kernels(
             t1 = time.perf_counter()  # the once-per-chunk totals count as preparing the chunk
     (r0, r1), (c0, c1) = chunk.scan_slice
     gathered: np.ndarray | None = None
-    gather_only = spec.gather is not None and not (
-        spec.weights.shape[0] or spec.want_sum or spec.want_max
+    gather_only = is_gather_only(
+        spec.gather, spec.weights, want_sum=spec.want_sum, want_max=spec.want_max
     )
-    timer = (
-        contextlib.nullcontext(CompileTime())
-        if gather_only and not runtime.gather_compiles
-        else runtime.compile_timer()
-    )
-    with timer as compiled:
+    with compile_timer_for(runtime, gather_only=gather_only) as compiled:
         if spec.gather is not None:
             gathered = runtime.run_gather(chunk, spec.gather)
         if gather_only:

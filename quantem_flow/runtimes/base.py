@@ -235,6 +235,13 @@ def _host_gatherer(representation: str) -> GatherKernel:
     return gather
 
 
+def is_gather_only(
+    gather: np.ndarray | None, weights: np.ndarray, *, want_sum: bool, want_max: bool
+) -> bool:
+    """Whether a pass only gathers pixels (SSB alone): no weight rows, no sum or max pattern."""
+    return gather is not None and not (weights.shape[0] or want_sum or want_max)
+
+
 class FramePassStream(abc.ABC):
     """One chunk's frame pass (and gather) fed host frames piece by piece, in order.
 
@@ -247,10 +254,6 @@ class FramePassStream(abc.ABC):
     chunk (per-frame values do not depend on the split; real-valued sums
     within the runtime's tolerance).
     """
-
-    #: Whether feeding it may compile kernels (a gather alone compiles none: the pass then
-    #: needs no compile timer, and a fresh process does not load the compiler for it).
-    compiles: bool = True
 
     @abc.abstractmethod
     def feed(self, frames: np.ndarray) -> None:

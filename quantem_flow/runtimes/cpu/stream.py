@@ -9,7 +9,7 @@ import numpy as np
 from ... import config
 from ...representations.base import gather_columns
 from ...representations.stored import StoredFrames
-from ..base import FramePassResult, FramePassStream
+from ..base import FramePassResult, FramePassStream, is_gather_only
 from ..host_arrays import fresh_zeros
 
 __all__ = ["CpuFramePassStream"]
@@ -55,7 +55,7 @@ class CpuFramePassStream(FramePassStream):
             if self._in_place
             else fresh_zeros((self._gather.size, self._n), np.dtype(dtype))
         )
-        skip = self._gather is not None and not (weights.shape[0] or want_sum or want_max)
+        skip = is_gather_only(gather, weights, want_sum=want_sum, want_max=want_max)
         if not skip:
             from .prepared import PreparedFramePass  # Numba: not for a gather alone (SSB)
         self._pass = (
@@ -71,7 +71,6 @@ class CpuFramePassStream(FramePassStream):
                 background_jit=bool(config.get("jit_in_background")),
             )
         )
-        self.compiles = self._pass is not None
         self._pos = 0
 
     def feed(self, frames: np.ndarray) -> None:
