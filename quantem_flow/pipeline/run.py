@@ -26,7 +26,9 @@ from .schema import SaveTargets
 
 def _connect(client: Any) -> tuple[Any, bool]:
     """Return a client for ``compute`` and whether this module must close it."""
-    if isinstance(client, str) and client not in ("synchronous", "threads"):
+    from ..graphs.runner import in_process
+
+    if isinstance(client, str) and not in_process(client):
         if not client.startswith(("tcp://", "tls://", "inproc://", "ucx://", "ws://", "wss://")):
             raise ParameterError(
                 f"client must be None (embedded local cluster), 'synchronous', 'threads', a "

@@ -447,7 +447,9 @@ class LiveResults:
         self, results: Sequence[Any], update: dict[str, Any], *, final: bool
     ) -> None:
         client = self._client
-        if client in ("synchronous", "threads"):  # this process: no scheduler to tell
+        from ..graphs.runner import in_process
+
+        if in_process(client):  # this process: no scheduler to tell
             return
         if client is None:
             from ..graphs.cluster import embedded_client
