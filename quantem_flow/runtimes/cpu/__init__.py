@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -10,6 +11,14 @@ import numpy as np
 from ..base import FramePassKernel, FramePassResult, FramePassStream, Runtime, _frames_of
 
 __all__ = ["CpuRuntime"]
+
+
+@functools.cache
+def _numba_version() -> str:
+    """Numba's installed version, read once from its metadata (every chunk record asks)."""
+    from importlib.metadata import version
+
+    return version("numba")
 
 
 class CpuRuntime(Runtime):
@@ -111,8 +120,6 @@ class CpuRuntime(Runtime):
 
     def describe(self) -> dict[str, Any]:
         """Kernel, precision and versions, for provenance (Numba's version without importing it)."""
-        from importlib.metadata import version
-
         return {
             "runtime": self.name,
             "device": "host CPU",
@@ -127,5 +134,5 @@ class CpuRuntime(Runtime):
             ),
             "sum_accumulation": "int64 for integer data, float64 otherwise",
             "fastmath": "reassociation and contraction only (IEEE NaN/inf kept)",
-            "numba": version("numba"),
+            "numba": _numba_version(),
         }
