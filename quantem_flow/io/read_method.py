@@ -21,7 +21,9 @@ work, a compiler or other tasks, only ever slows a round down; while a kernel
 compiles in the process the probe waits for a later chunk), and two probes on
 two chunks must both find the map faster: one probe whose ``pread`` rounds
 met other work (an exact-NumPy chunk on the other thread) once measured the
-map 3x faster here.  Until then, ``pread``.  One probe
+map 3x faster here.  Until then, ``pread``; a probe that finds ``pread`` as
+fast decides at once (the map could no longer be chosen, so a second probe
+would read 128 MiB for nothing).  One probe
 runs at a time per process, and every chunk of the file then agrees.  The choice and
 both rates are recorded in every chunk's record.  On this project's 2-vCPU
 VM ``pread`` wins: a map's page faults cost more than the copy, and the copy
@@ -287,26 +289,35 @@ def choose_read_method(
         if not probe.measured_GBps:  # a chunk too short to measure does not decide for the file
             return probe
         _FIRST.pop(key, None)
-        if earlier is None:  # one probe can be hit by other work: a second one, later, decides
+        if probe.method == "pread":  # one probe for pread decides: the map needs both
+            decided = ReadChoice(
+                "pread",
+                (
+                    f"{probe.why}; the map was not, so pread for every chunk of this file "
+                    f"(the map needs {PROBES} probes on two chunks to agree)"
+                ),
+                probe.measured_GBps,
+            )
+        elif earlier is None:  # one probe can be hit by other work: a second one, later, decides
             _FIRST[key] = probe
             return ReadChoice(
                 "pread",
                 f"first of {PROBES} probes ({probe.why}); pread until the next one agrees",
                 probe.measured_GBps,
             )
-        both = earlier.method == probe.method == "mmap"
-        decided = ReadChoice(
-            "mmap" if both else "pread",
-            (
-                f"{PROBES} probes on this file by this worker, on two chunks: "
-                f"{earlier.measured_GBps} then {probe.measured_GBps} GB/s; the map is used only "
-                f"when both find it at least {1 / MARGIN:.2f}x faster than pread (read, digest "
-                "and sweep on every CPU thread at once)"
-            ),
-            {
-                k: round(max(earlier.measured_GBps[k], probe.measured_GBps[k]), 3)
-                for k in probe.measured_GBps
-            },
-        )
+        else:
+            decided = ReadChoice(
+                "mmap",
+                (
+                    f"{PROBES} probes on this file by this worker, on two chunks: "
+                    f"{earlier.measured_GBps} then {probe.measured_GBps} GB/s; both found the map "
+                    f"at least {1 / MARGIN:.2f}x faster than pread (read, digest and sweep on "
+                    "every CPU thread at once)"
+                ),
+                {
+                    k: round(max(earlier.measured_GBps[k], probe.measured_GBps[k]), 3)
+                    for k in probe.measured_GBps
+                },
+            )
         _PROBES[key] = decided
         return decided
