@@ -33,7 +33,7 @@ from quantem_flow.errors import (
     UnsupportedOperationError,
 )
 from quantem_flow.operators.ssb import ssb
-from quantem_flow.operators.ssb.stages import QGrid, accumulate, spectra
+from quantem_flow.operators.ssb.stages import QGrid, accumulate, block_sums, spectra
 from quantem_flow.runtimes.array_ops import Aberrations
 from quantem_flow.runtimes.base import gather_columns
 from quantem_flow.runtimes.cpu.array_ops import NumpyOps
@@ -513,6 +513,9 @@ class _GenericNumpy(NumpyOps):
     def trotter_sums(self, *args: Any) -> Any:
         return None
 
+    def band_trotter_sums(self, *args: Any) -> Any:
+        return None
+
 
 @pytest.mark.parametrize("pad_to", [None, (37, 45)])
 @pytest.mark.parametrize(
@@ -551,6 +554,47 @@ def test_cpu_fast_paths_equal_the_generic_stage(
     for name in ("s1", "s2", "e1", "e2"):
         x, y = getattr(s_fast, name), getattr(s_gen, name)
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-13 * max(np.abs(y).max(), 1e-300))
+
+
+@pytest.mark.parametrize("pad_to", [None, (37, 45)])
+@pytest.mark.parametrize(
+    "terms",
+    [
+        {},
+        {(1, 0): (40.0, 0.0), (1, 2): (15.0, math.radians(-20.0))},
+        {(1, 0): (40.0, 0.0), (3, 0): (2.0e4, 0.0)},
+    ],
+)
+@pytest.mark.parametrize("n_pixels", [21, 8, 1])
+def test_cpu_block_sums_in_sub_blocks_equal_the_two_steps_bit_for_bit(
+    rng: np.random.Generator,
+    pad_to: tuple[int, int] | None,
+    terms: dict[Any, Any],
+    n_pixels: int,
+) -> None:
+    lam = electron_wavelength_angstrom(KV)
+    alpha = ALPHA_MRAD * 1e-3
+    grid = QGrid.build(pad_to or SCAN, (0.9, 1.1), lam, alpha)
+    block = rng.integers(100, 5000, size=(n_pixels, *SCAN)).astype(np.uint16)
+    inv = 1.0 / block.reshape(n_pixels, -1).mean(axis=1)
+    r = rng.uniform(0, 0.95 * alpha, n_pixels)
+    r[0] = 0.6 * alpha  # off centre: in trotters
+    a = rng.uniform(0, 2 * math.pi, n_pixels)
+    v_r, v_c = r * np.sin(a), r * np.cos(a)
+    ab = Aberrations(terms)
+    ops = NumpyOps(2)
+    fused = block_sums(ops, block, inv, v_r, v_c, grid, ab, lam)
+    apart = accumulate(ops, spectra(ops, block, inv, grid), v_r, v_c, grid, ab, lam)
+    for name in ("s1", "s2", "n1", "n2", "e1", "e2"):
+        np.testing.assert_array_equal(getattr(fused, name), getattr(apart, name), err_msg=name)
+    assert fused.n1.sum() + fused.n2.sum() > 0
+    # the fused path is the CPU adapter's own for no or quadratic aberrations only
+    offered = ops.band_trotter_sums(block, inv, v_r, v_c, grid, ab, lam)
+    assert (offered is None) == (not (ab.is_zero or ab.is_quadratic))
+    # the generic adapter takes the two steps
+    generic = block_sums(_GenericNumpy(2), block, inv, v_r, v_c, grid, ab, lam)
+    np.testing.assert_array_equal(generic.n1, fused.n1)
+    np.testing.assert_allclose(generic.s1, fused.s1, rtol=0, atol=1e-12 * np.abs(fused.s1).max())
 
 
 def test_gather_columns_equals_fancy_indexing(rng: np.random.Generator) -> None:

@@ -177,6 +177,24 @@ class ArrayOps:
         """A faster ``accumulate`` (:mod:`quantem_flow.operators.ssb.stages`) or ``None``."""
         return None
 
+    def band_trotter_sums(
+        self,
+        block: np.ndarray,
+        inv_mean: np.ndarray,
+        v_r: np.ndarray,
+        v_c: np.ndarray,
+        grid: Any,
+        ab: Aberrations,
+        wavelength_A: float,
+    ) -> PartialSums | None:
+        """``spectra`` then ``accumulate`` in one step, the same values, or ``None``.
+
+        An adapter offers it where taking the spectra a few pixels at a time
+        into the sums saves holding the block's spectra
+        (:func:`quantem_flow.operators.ssb.stages.block_sums`).
+        """
+        return None
+
     @classmethod
     def prewarm(cls) -> threading.Thread | None:
         """Start loading what the first call would load (compiled code), or ``None``."""

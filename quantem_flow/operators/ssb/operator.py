@@ -98,7 +98,7 @@ from .parameters import (
     _pair,
     _parse_aberrations,
 )
-from .stages import ELEMENTWISE_ELEMENTS, QGrid, accumulate, assemble, spectra
+from .stages import ELEMENTWISE_ELEMENTS, QGrid, assemble, block_sums
 
 __all__ = ["SSB", "SSBGeometry", "SSBParams", "ssb"]
 
@@ -387,9 +387,7 @@ class SSB(GeometryChecks, AberrationFit, ChunkOperator):
                 continue
             t = time.perf_counter()
             with ops.lock():
-                spec = spectra(ops, block, 1.0 / means, grid)
-                part = accumulate(ops, spec, v_r, v_c, grid, ab, geo.wavelength_A)
-                del spec
+                part = block_sums(ops, block, 1.0 / means, v_r, v_c, grid, ab, geo.wavelength_A)
             timings["ssb_fft_accumulate_s"] += time.perf_counter() - t
             sums.add(part)
             n_blocks += 1

@@ -53,6 +53,7 @@ __all__ = [
     "QGrid",
     "accumulate",
     "assemble",
+    "block_sums",
     "chi",
     "spectra",
 ]
@@ -287,6 +288,43 @@ def accumulate(
         out.s1 *= pf
         out.s2 *= np.conj(pf)
     return out
+
+
+def block_sums(
+    ops: ArrayOps,
+    block: np.ndarray,
+    inv_mean: np.ndarray,
+    v_r: np.ndarray,
+    v_c: np.ndarray,
+    grid: QGrid,
+    ab: Aberrations,
+    wavelength_A: float,
+) -> PartialSums:
+    """:func:`spectra` then :func:`accumulate` of a block of pixels, in one step where offered.
+
+    An adapter that takes the spectra a few pixels at a time straight into
+    the sums (:meth:`~quantem_flow.runtimes.array_ops.ArrayOps.band_trotter_sums`)
+    never holds the block's spectra; its values are those of the two steps.
+
+    Parameters
+    ----------
+    ops
+        The runtime's adapter.
+    block, inv_mean
+        As for :func:`spectra`.
+    v_r, v_c, grid, ab, wavelength_A
+        As for :func:`accumulate`.
+
+    Returns
+    -------
+    PartialSums
+        Host sums on the band.
+    """
+    fused = ops.band_trotter_sums(block, inv_mean, v_r, v_c, grid, ab, wavelength_A)
+    if fused is not None:
+        return fused
+    spec = spectra(ops, block, inv_mean, grid)
+    return accumulate(ops, spec, v_r, v_c, grid, ab, wavelength_A)
 
 
 def assemble(sums: PartialSums, grid: QGrid) -> tuple[np.ndarray, dict[str, float]]:
