@@ -20,6 +20,10 @@ if ! command -v swift >/dev/null 2>&1; then
   echo "install-toolchains: native/ is not built: swift is not installed (Swift 6: https://www.swift.org/install/, or Xcode on macOS)"
   exit 0
 fi
+# SwiftPM leaves an empty TemporaryDirectory.XXXXXX in $TMPDIR on every run: give it its own
+tmp_for_swift="$(mktemp -d)"
+trap 'rm -rf "$tmp_for_swift"' EXIT
+export TMPDIR="$tmp_for_swift"
 cpu=(-Xswiftc -target-cpu -Xswiftc native)
 if [ "${1:-}" = "--portable" ]; then cpu=(); fi
 echo "install-toolchains: swift build -c release in native/ ($(swift --version 2>/dev/null | head -1))"

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -47,15 +48,17 @@ def _require(path: Path) -> None:
 
 
 def _swift_test(*args: str, env: dict[str, str] | None = None) -> str:
-    run = subprocess.run(
-        [_swift(), "test", *args],
-        cwd=NATIVE,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
+    # SwiftPM leaves an empty TemporaryDirectory.XXXXXX in $TMPDIR on every run: its own TMPDIR
+    with tempfile.TemporaryDirectory(prefix="qf-swiftpm-") as tmp:
+        run = subprocess.run(
+            [_swift(), "test", *args],
+            cwd=NATIVE,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env={**os.environ, **(env or {}), "TMPDIR": tmp},
+            check=False,
+        )
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-6000:]
     summary = re.search(r"Test run with (\d+) tests? in \d+ suites? passed", out)
@@ -110,7 +113,7 @@ def test_frame_parser_survives_a_bounded_libfuzzer_run(tmp_path: Path) -> None:
     assert done is not None and int(done.group(1)) > 1000, out[-2000:]
 
 
-def test_swift_sources_are_formatted() -> None:
+def test_swift_sources_are_formatted(tmp_path: Path) -> None:
     swift = _swift()
     run = subprocess.run(
         [
@@ -128,6 +131,7 @@ def test_swift_sources_are_formatted() -> None:
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # SwiftPM's leftover temporary folders
         check=False,
     )
     assert run.returncode == 0 and not run.stderr.strip(), run.stdout + run.stderr
