@@ -13,10 +13,21 @@ Ceilings over the same bytes, 2 threads, pieces of ``--piece-mib``:
 * ``pread + digest + sum`` / ``map + digest + sum``: two sweeps, as a pass
   sweeps a piece (XXH3-128 content digest, then a kernel's read).
 
+The pass's own work with no engine around it, 2 threads (the bound of goal 1):
+
+* ``pread + digest + kernel`` / ``map + digest + kernel``: each piece read,
+  digested and run through the CPU runtime's prepared BF + ADF + CoM pass
+  (the kernel variant a pass of these detectors runs), as a streamed chunk
+  does, without Dask, records or Python per chunk;
+* ``pread + kernel`` / ``map + kernel``: the same without the digest.
+
 Passes: BF + ADF + CoM through the embedded default (1 worker x 2 threads)
 with ``read_method`` = ``pread``, ``mmap`` and ``auto`` (the worker's probe),
-on the ``.npy`` and the HDF5 file; the chunk records' summed read, hash and
-kernel thread-seconds; the percentage of the best read-and-touch ceiling.
+and with ``client="threads"`` (``auto``), on the ``.npy`` and the HDF5 file;
+the chunk records' summed read, hash and kernel thread-seconds; the
+percentage of the best read-and-touch ceiling.  And what a pass costs
+whatever its size (a pass over 4 x 4 frames, each client): the bare loop's
+time plus that cost is the most a pass through that client could reach.
 
     python benchmarks/bench_read_method.py --repeats 5 --json benchmarks/results_read_method.json
 """
@@ -42,9 +53,19 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def ceiling(path: Path, kind: str, piece: int, threads: int = 2) -> float:
+def detector_weights(k: int) -> np.ndarray:
+    """BF (radius k/6), ADF (k/4 to k/2) and CoM's three rows about the centre (``one_pass``)."""
+    rr, cc = np.mgrid[:k, :k]
+    d = np.hypot(rr - k / 2, cc - k / 2)
+    rows = [d < k / 6, (d >= k / 4) & (d < k / 2), np.ones((k, k)), rr - k / 2, cc - k / 2]
+    return np.stack([np.asarray(r, dtype=np.float64).ravel() for r in rows])
+
+
+def ceiling(path: Path, kind: str, piece: int, threads: int = 2, k: int = 128) -> float:
     """GB/s of one sweep of the file's pieces the way ``kind`` names."""
     import xxhash
+
+    from quantem_flow.runtimes.cpu.prepared import PreparedFramePass
 
     size = os.path.getsize(path)
     off0 = 4096
@@ -52,10 +73,26 @@ def ceiling(path: Path, kind: str, piece: int, threads: int = 2) -> float:
     fd = os.open(path, os.O_RDONLY)
     big = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
     page = mmap.PAGESIZE
+    frame = k * k * 2
+    weights = detector_weights(k)
 
     def work(t: int) -> None:
         buf = np.zeros(piece, dtype=np.uint8)
-        for i in range(t, n, threads):
+        mine = range(t, n, threads)
+        prepared = (
+            PreparedFramePass(
+                weights,
+                dtype=np.dtype(np.uint16),
+                n_frames=len(mine) * (piece // frame),
+                want_sum=False,
+                want_max=False,
+                frame_shape=(k, k),
+                background_jit=False,
+            )
+            if "kernel" in kind
+            else None
+        )
+        for i in mine:
             off = off0 + i * piece
             if kind.startswith("pread"):
                 os.preadv(fd, [memoryview(buf.data)], off)
@@ -66,6 +103,8 @@ def ceiling(path: Path, kind: str, piece: int, threads: int = 2) -> float:
                 xxhash.xxh3_128(memoryview(view.data)).digest()
             if "sum" in kind:
                 np.add.reduce(view.view(np.uint64))
+            if prepared is not None:
+                prepared.run(view[: piece // frame * frame].view(np.uint16).reshape(-1, k * k))
             if kind.startswith("map"):
                 del view
                 a = off // page * page
@@ -83,20 +122,29 @@ def ceiling(path: Path, kind: str, piece: int, threads: int = 2) -> float:
     return n * piece / dt / 1e9
 
 
-def one_pass(ds: Any, method: str, k: int) -> dict[str, Any]:
+def _ops(ds: Any, k: int) -> list[Any]:
     import quantem_flow as qf
-    from quantem_flow.io.read_method import forget_probes
 
     c = (k / 2, k / 2)
-    ops = [
+    return [
         qf.virtual_bf(ds, radius=k / 6, center=c),
         qf.virtual_adf(ds, inner=k / 4, outer=k / 2, center=c),
         qf.center_of_mass(ds, center=c),
     ]
-    forget_probes()  # the client's; the worker keeps its probe per file (as in use)
-    with qf.config.set(read_method=method):
+
+
+def one_pass(ds: Any, method: str, k: int) -> dict[str, Any]:
+    """One BF + ADF + CoM pass; ``method`` a ``read_method``, or ``threads`` (auto, in-process)."""
+    import quantem_flow as qf
+    from quantem_flow.io.read_method import forget_probes
+
+    ops = _ops(ds, k)
+    client = "threads" if method == "threads" else None
+    if client is None:
+        forget_probes()  # the client's; the worker keeps its probe per file (as in use)
+    with qf.config.set(read_method="auto" if method == "threads" else method):
         t = time.perf_counter()
-        res = qf.compute(*ops, progress=False)
+        res = qf.compute(*ops, progress=False, client=client)
         wall = time.perf_counter() - t
     ex = res[0].provenance.execution
     chunks = ex["chunks"]
@@ -111,6 +159,27 @@ def one_pass(ds: Any, method: str, k: int) -> dict[str, Any]:
         "probe": chunks[0]["streamed"]["read"].get("measured_GBps"),
         "values": [np.asarray(r).copy() for r in res],
     }
+
+
+def _tiny_npy(directory: Path, k: int) -> Path:
+    """A 4 x 4 scan of k x k uint16 frames: a pass whose work is nothing, its cost all fixed."""
+    path = directory / f"tiny_4x4x{k}x{k}.npy"
+    if not path.exists():
+        rng = np.random.default_rng(0)
+        np.save(path, rng.integers(0, 100, (4, 4, k, k), dtype=np.uint16))
+    return path
+
+
+def fixed_cost(tiny: Any, k: int, client: str, n: int = 9) -> float:
+    """Median seconds of ``n`` BF + ADF + CoM passes over ``tiny`` through ``client``."""
+    import quantem_flow as qf
+
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        qf.compute(*_ops(tiny, k), progress=False, client=None if client == "default" else client)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
 
 
 def main() -> None:
@@ -136,13 +205,27 @@ def main() -> None:
         "h5": qf.open(paths["h5"], dataset_path="/data", scan_shape=scan),
     }
     piece = int(a.piece_mib * (1 << 20))
-    kinds = ["pread", "pread + sum", "map + sum", "pread + digest + sum", "map + digest + sum"]
-    methods = ["pread", "mmap", "auto"]
+    kinds = [
+        "pread",
+        "pread + sum",
+        "map + sum",
+        "pread + digest + sum",
+        "map + digest + sum",
+        "pread + digest + kernel",
+        "map + digest + kernel",
+        "pread + kernel",
+        "map + kernel",
+    ]
+    methods = ["pread", "mmap", "auto", "threads"]
     ceil: dict[str, dict[str, list[float]]] = {f: {kk: [] for kk in kinds} for f in dsets}
     passes: dict[str, dict[str, list[dict[str, Any]]]] = {
         f: {m: [] for m in methods} for f in dsets
     }
+    tiny = qf.open(_tiny_npy(a.dir, k))
+    fixed: dict[str, list[float]] = {"default": [], "threads": []}
     with qf.config.set(stream_piece_mib=a.piece_mib):
+        for client in fixed:
+            fixed_cost(tiny, k, client)
         for ds in dsets.values():  # warm-up: kernels, the worker's probes
             for m in methods:
                 one_pass(ds, m, k)
@@ -152,6 +235,8 @@ def main() -> None:
                     ceil[name][kind].append(ceiling(paths[name], kind, piece))
                 for m in methods:
                     passes[name][m].append(one_pass(ds, m, k))
+            for client in fixed:
+                fixed[client].append(fixed_cost(tiny, k, client))
             print(f"repeat {r + 1}/{a.repeats} done", flush=True)
     report: dict[str, Any] = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
@@ -161,12 +246,34 @@ def main() -> None:
         "repeats": a.repeats,
         "files": {},
     }
+    fixed_s = {cl: statistics.median(v) for cl, v in fixed.items()}
+    report["fixed_cost_s"] = fixed_s
     print(f"\n2 GiB u16, pieces of {a.piece_mib} MiB, medians of {a.repeats}; workers {workers}")
+    print(
+        "cost of a pass on 4 x 4 frames (what a pass costs whatever its size): "
+        + ", ".join(f"{cl} {1e3 * v:.1f} ms" for cl, v in fixed_s.items())
+    )
     for name in dsets:
         c = {kk: statistics.median(v) for kk, v in ceil[name].items()}
         best_touch = max(c["pread + sum"], c["map + sum"])
         best_two = max(c["pread + digest + sum"], c["map + digest + sum"])
+        bare = max(c["pread + digest + kernel"], c["map + digest + kernel"])
+        bare_no_digest = max(c["pread + kernel"], c["map + kernel"])
         print(f"\n{name}: ceilings GB/s " + ", ".join(f"{kk} {v:.1f}" for kk, v in c.items()))
+        nbytes = dsets[name].nbytes
+        # the most a pass through each client could reach: its own work at the bare loop's
+        # rate plus what a pass costs whatever its size
+        best_through = {cl: nbytes / (nbytes / (bare * 1e9) + v) / 1e9 for cl, v in fixed_s.items()}
+        print(
+            f"  the pass's own work with no engine: {bare:.2f} GB/s = "
+            f"{100 * bare / best_touch:.0f} % of the best read+sum ceiling "
+            f"({100 * bare_no_digest / best_touch:.0f} % without the digest); with each "
+            "client's fixed cost at most "
+            + ", ".join(
+                f"{cl} {v:.2f} GB/s ({100 * v / best_touch:.0f} %)"
+                for cl, v in best_through.items()
+            )
+        )
         rows = {}
         ref = passes[name]["pread"][0]["values"]
         for m in methods:
@@ -191,7 +298,13 @@ def main() -> None:
                 f"read {med['read_s']:.3f} hash {med['hash_s']:.3f} kernel {med['kernel_s']:.3f} "
                 f"thread-s; used {med['methods']}; probe {med['probe_GBps']}"
             )
-        report["files"][name] = {"ceilings_GBps": c, "passes": rows}
+        report["files"][name] = {
+            "ceilings_GBps": c,
+            "passes": rows,
+            "bare_pass_pct_of_best_read_and_touch": 100 * bare / best_touch,
+            "bare_pass_without_digest_pct": 100 * bare_no_digest / best_touch,
+            "at_most_GBps": best_through,
+        }
     print("\nvalues identical across read methods: yes")
     if a.json:
         a.json.write_text(json.dumps(report, indent=1))

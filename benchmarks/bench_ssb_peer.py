@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fresh_checkout import compile_bytecode
+
 ROOT = Path(__file__).resolve().parents[1]
 
 _PEER = r"""
@@ -115,6 +117,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     clients = args.clients.split(",")
+    compile_bytecode(ROOT)  # as an installed copy has it (not timed)
     print(
         f"# {platform.platform()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
         f"load average at start {os.getloadavg()}"

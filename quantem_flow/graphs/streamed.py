@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import sys
 import time
 from typing import Any
@@ -243,14 +244,12 @@ def run_streamed_chunk(
             if mapped is not None:
                 at = ds.block_bytes(prows, pcols)
                 assert at is not None  # a piece of a contiguous chunk is contiguous
-                offset, nbytes = at[1], int(np.prod(shape)) * ds.dtype.itemsize
+                offset, nbytes = at[1], math.prod(shape) * ds.dtype.itemsize
                 what = f"scan rows {prows} columns {pcols}"
                 block = mapped.piece(offset, nbytes, what=what).view(ds.dtype).reshape(shape)
             else:
                 assert flat is not None
-                block = ds.load_block(
-                    prows, pcols, buffer=flat[: int(np.prod(shape))].reshape(shape)
-                )
+                block = ds.load_block(prows, pcols, buffer=flat[: math.prod(shape)].reshape(shape))
             t1 = time.perf_counter()
             digests.update(prows, pcols, block)
             t2 = time.perf_counter()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 import threading
 from collections.abc import Sequence
@@ -519,7 +520,7 @@ class Hdf5Source(FrameSource):
         assert self._contiguous_at is not None
         lead = self._stored_shape[:-2]
         bounds = self._bounds(selection, len(lead))
-        frame_bytes = int(np.prod(self._stored_shape[-2:])) * self._stored_dtype.itemsize
+        frame_bytes = math.prod(self._stored_shape[-2:]) * self._stored_dtype.itemsize
         shape = (*(b - a for a, b in bounds), *self._stored_shape[-2:])
         target = out if out is not None else np.empty(shape, dtype=self._dtype)
         if target.shape != shape:
@@ -616,7 +617,7 @@ class Hdf5Source(FrameSource):
         if not self._stored_dtype.isnative and self._stored_dtype.itemsize > 1:
             return None
         self._pfile()  # raises FormatError if the dataset moved or changed since it was opened
-        frame = int(np.prod(self._stored_shape[-2:])) * self._stored_dtype.itemsize
+        frame = math.prod(self._stored_shape[-2:]) * self._stored_dtype.itemsize
         return self._path, self._contiguous_at + start * frame
 
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:

@@ -9,6 +9,7 @@ no mapped page outlives the read.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -134,7 +135,7 @@ class NpySource(FrameSource):
         """C-ordered files in native byte order hold any frames as one run of bytes."""
         if self._fortran or (not self._file_dtype.isnative and self._file_dtype.itemsize > 1):
             return None
-        frame = int(np.prod(self._frame_shape)) * self._file_dtype.itemsize
+        frame = math.prod(self._frame_shape) * self._file_dtype.itemsize
         return self._path, self._data_offset + start * frame
 
     def read_frames(self, start: int, stop: int, *, out: np.ndarray | None = None) -> np.ndarray:
@@ -143,7 +144,7 @@ class NpySource(FrameSource):
         C-ordered files are read with ``pread`` into ``out`` (or a new
         array); nothing stays mapped.
         """
-        n_frames = int(np.prod(self._stored_shape[:-2]))
+        n_frames = math.prod(self._stored_shape[:-2])
         if not 0 <= start <= stop <= n_frames:
             raise ShapeError(
                 f"frames [{start}, {stop}) are outside the {n_frames} frames of {str(self._path)!r}"
@@ -156,7 +157,7 @@ class NpySource(FrameSource):
             target.shape == shape and target.dtype == self._dtype and target.flags.c_contiguous
         ):
             target = np.empty(shape, dtype=self._dtype)
-        frame_bytes = int(np.prod(self._frame_shape)) * self._file_dtype.itemsize
+        frame_bytes = math.prod(self._frame_shape) * self._file_dtype.itemsize
         self._file().readinto(
             self._data_offset + start * frame_bytes,
             target,
