@@ -26,8 +26,10 @@ with ``read_method`` = ``pread``, ``mmap`` and ``auto`` (the worker's probe),
 and with ``client="threads"`` (``auto``), on the ``.npy`` and the HDF5 file;
 the chunk records' summed read, hash and kernel thread-seconds; the
 percentage of the best read-and-touch ceiling.  And what a pass costs
-whatever its size (a pass over 4 x 4 frames, each client): the bare loop's
-time plus that cost is the most a pass through that client could reach.
+whatever its size (a pass over 4 x 4 frames, each client; and one Dask task
+that does nothing, submitted and its result fetched: what any pass through
+the cluster pays): the bare loop's time plus that cost is the most a pass
+through that client could reach.
 
     python benchmarks/bench_read_method.py --repeats 5 --json benchmarks/results_read_method.json
 """
@@ -182,6 +184,20 @@ def fixed_cost(tiny: Any, k: int, client: str, n: int = 9) -> float:
     return statistics.median(times)
 
 
+def _nothing() -> None:
+    return None
+
+
+def dask_round_trip(client: Any, n: int = 9) -> float:
+    """Median seconds of ``client.submit`` of a task that does nothing, and its result."""
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        client.submit(_nothing, pure=False).result()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=Path("/tmp/qf-bench14"))
@@ -223,6 +239,8 @@ def main() -> None:
     }
     tiny = qf.open(_tiny_npy(a.dir, k))
     fixed: dict[str, list[float]] = {"default": [], "threads": []}
+    floor: list[float] = []  # one task through Dask, nothing done: its own cost of a pass
+    client_obj = client
     with qf.config.set(stream_piece_mib=a.piece_mib):
         for client in fixed:
             fixed_cost(tiny, k, client)
@@ -237,6 +255,7 @@ def main() -> None:
                     passes[name][m].append(one_pass(ds, m, k))
             for client in fixed:
                 fixed[client].append(fixed_cost(tiny, k, client))
+            floor.append(dask_round_trip(client_obj))
             print(f"repeat {r + 1}/{a.repeats} done", flush=True)
     report: dict[str, Any] = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
@@ -247,6 +266,7 @@ def main() -> None:
         "files": {},
     }
     fixed_s = {cl: statistics.median(v) for cl, v in fixed.items()}
+    fixed_s["Dask's round trip"] = statistics.median(floor)
     report["fixed_cost_s"] = fixed_s
     print(f"\n2 GiB u16, pieces of {a.piece_mib} MiB, medians of {a.repeats}; workers {workers}")
     print(

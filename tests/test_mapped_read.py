@@ -235,6 +235,9 @@ def test_a_file_truncated_under_a_map_gives_the_projects_error(
     assert pickle.loads(pickle.dumps(info.value)).args == info.value.args
     with pytest.raises(CorruptChunkError, match="truncated"):
         _run(ds, "mmap")
+    with pytest.raises(CorruptChunkError, match="truncated") as read:
+        _run(ds, "pread")  # read into a buffer: the same error
+    assert "d.npy" in str(read.value)
 
 
 def test_read_method_setting_is_checked_and_the_probe_is_kept(tmp_path: Path) -> None:
