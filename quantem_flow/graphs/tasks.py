@@ -26,7 +26,7 @@ from ..representations import Chunk
 from ..runtimes import get_runtime
 from ..runtimes.base import FramePassResult, is_gather_only
 from ..runtimes.staging import staged
-from .complement_query import plan_complement
+from .complement_query import Complement, plan_complement
 from .digest import Units, chunk_digest, hashes_stored, payload_digests, stored_row_units
 from .gathered import in_place_sink
 from .radial_query import plan_radial
@@ -172,9 +172,9 @@ def _kernels(
         answered = _radial(spec, runtime, chunk, index, t0=t0, made=made, units=units)
         if answered is not None:
             return answered
-    plan = None
+    plan: Complement | None = None
     if complement:
-        plan = plan_complement(
+        planned = plan_complement(
             spec.weights,
             spec.dataset.dtype,
             want_sum=spec.want_sum,
@@ -183,8 +183,10 @@ def _kernels(
             runtime=runtime,
             chunk=chunk,
         )
-        if plan is not None:
-            made = {**(made or {}), "query": plan.record()}
+        if planned is not None:
+            made = {**(made or {}), "query": planned.record()}
+        if isinstance(planned, Complement):
+            plan = planned
             t1 = time.perf_counter()  # the once-per-chunk totals count as preparing the chunk
     (r0, r1), (c0, c1) = chunk.scan_slice
     gathered: np.ndarray | None = None

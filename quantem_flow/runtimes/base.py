@@ -501,6 +501,22 @@ class Runtime(abc.ABC):
     #: gather compiles nothing runs without :meth:`compile_timer`, which loads Numba).
     gather_compiles: ClassVar[bool] = True
 
+    def frame_pass_cost(
+        self,
+        weights: np.ndarray,
+        *,
+        dtype: np.dtype[Any],
+        frame_shape: tuple[int, int] | None,
+    ) -> float | None:
+        """Estimated work per frame of :meth:`frame_pass` with ``weights``, or ``None``.
+
+        Comparable between weight stacks over the same frames (not a time);
+        a caller that can ask for the same values two ways runs the cheaper
+        (:mod:`quantem_flow.graphs.complement_query`).  ``None``: this runtime
+        has no model, and callers keep their own rule.
+        """
+        return None
+
     def frame_pass_stream(
         self,
         weights: np.ndarray,

@@ -79,6 +79,18 @@ class CpuRuntime(Runtime):
     streams: ClassVar[bool] = True
     gather_compiles: ClassVar[bool] = False  # a NumPy take
 
+    def frame_pass_cost(
+        self,
+        weights: np.ndarray,
+        *,
+        dtype: np.dtype[Any],
+        frame_shape: tuple[int, int] | None,
+    ) -> float | None:
+        """The kernel choice's own estimate, in pixel-steps (:mod:`.pass_cost`)."""
+        from .pass_cost import frame_pass_cost
+
+        return frame_pass_cost(weights, dtype=dtype, frame_shape=frame_shape)
+
     def frame_pass_stream(
         self,
         weights: np.ndarray,

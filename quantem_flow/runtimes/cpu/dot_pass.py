@@ -242,6 +242,38 @@ _cache: dict[tuple[int, str, DotISA], tuple[WeightPlan, DotPass | None, str]] = 
 _cache_lock = threading.Lock()
 
 
+def _why_not(plan: WeightPlan, dt: np.dtype[Any], *, want_patterns: bool) -> str | None:
+    """Why the dot kernel cannot run ``plan`` on ``dt`` frames, or ``None`` if it can."""
+    if not config.get("integer_dot_kernel"):
+        return "integer dot kernel off (setting integer_dot_kernel)"
+    if dt.name not in _ELEMENTS:
+        return f"integer dot kernel: {dt.name} frames (8/16-bit integers only)"
+    if not dt.isnative:
+        return f"integer dot kernel: {dt.str} frames are not in native byte order"
+    if plan.general.size:
+        return f"integer dot kernel: {plan.general.size} general rows"
+    if want_patterns:
+        return "integer dot kernel: a sum or maximum pattern is asked for"
+    if plan.need_moments and 2 * max(plan.frame_shape) > 32767:
+        return f"integer dot kernel: detector {plan.frame_shape} too wide for 16-bit moment weights"
+    return None
+
+
+def dot_work(plan: WeightPlan, dtype: np.dtype[Any]) -> int | None:
+    """Multiply-adds per frame of the dot kernel :func:`dot_pass_for` would choose, else ``None``.
+
+    The same checks and the same choice, without compiling anything or
+    keeping the pass (a cost estimate: :mod:`.pass_cost`).
+    """
+    dt = np.dtype(dtype)
+    chosen = host_isa()
+    if _why_not(plan, dt, want_patterns=False) is not None or chosen is None:
+        return None
+    dp = DotPass(plan, dt, chosen)
+    use, _ = _worth_it(dp)
+    return dp.n_vectors * dp.frame_pixels if use else None
+
+
 def dot_pass_for(
     plan: WeightPlan,
     dtype: np.dtype[Any],
@@ -255,20 +287,9 @@ def dot_pass_for(
     passes are cached per plan (plans are cached by content).
     """
     dt = np.dtype(dtype)
-    if not config.get("integer_dot_kernel"):
-        return None, "integer dot kernel off (setting integer_dot_kernel)"
-    if dt.name not in _ELEMENTS:
-        return None, f"integer dot kernel: {dt.name} frames (8/16-bit integers only)"
-    if not dt.isnative:
-        return None, f"integer dot kernel: {dt.str} frames are not in native byte order"
-    if plan.general.size:
-        return None, f"integer dot kernel: {plan.general.size} general rows"
-    if want_patterns:
-        return None, "integer dot kernel: a sum or maximum pattern is asked for"
-    if plan.need_moments and 2 * max(plan.frame_shape) > 32767:
-        return None, (
-            f"integer dot kernel: detector {plan.frame_shape} too wide for 16-bit moment weights"
-        )
+    why_not = _why_not(plan, dt, want_patterns=want_patterns)
+    if why_not is not None:
+        return None, why_not
     chosen = isa if isa is not None else host_isa()
     if chosen is None:
         return None, "integer dot kernel: this CPU has no AVX2 (x86-64 only)"
