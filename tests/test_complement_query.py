@@ -220,3 +220,13 @@ def test_bf_adf_com_on_resident_chunks_runs_as_asked_and_says_why(
         assert rec["query"]["path"] == "as asked"
         assert "prices the complement" in rec["query"]["why"]
     p.release()
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "uint8", "float32"])
+def test_the_cpu_price_passes_the_conformance_check(dtype: str) -> None:
+    from quantem_flow.testing.runtime_conformance import check_frame_pass_cost
+
+    rng = np.random.default_rng(5)
+    assert check_frame_pass_cost(lambda: get_runtime("cpu"), dtype, rng=rng)
+    assert check_frame_pass_cost(lambda: get_runtime("cpu"), dtype, rng=rng, detector=(128, 128))
+    assert not check_frame_pass_cost(_Unpriced, dtype, rng=rng)  # no price: nothing to check

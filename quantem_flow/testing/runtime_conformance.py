@@ -98,6 +98,7 @@ __all__ = [
     "check_empty_block",
     "check_frame_pass",
     "check_frame_pass_case",
+    "check_frame_pass_cost",
     "check_frame_pass_stream",
     "check_gather_case",
     "check_nonfinite_support",
@@ -937,6 +938,59 @@ def check_frame_pass_stream(
     assert result.pattern_sum is None and result.pattern_max is None
     assert values is not None
     np.testing.assert_array_equal(values, frames[:, idx], err_msg=f"{label} gather only")
+    return True
+
+
+def check_frame_pass_cost(
+    factory: RuntimeFactory,
+    dtype: str,
+    *,
+    rng: np.random.Generator,
+    detector: tuple[int, int] = DETECTOR,
+) -> bool:
+    """A runtime's :meth:`~quantem_flow.runtimes.base.Runtime.frame_pass_cost`, if it has one.
+
+    Masks, moment rows, a real-valued row and no rows at all must each get
+    a finite, non-negative price, the same one when asked again; no rows
+    cost least.
+
+    Returns
+    -------
+    bool
+        ``False`` when the runtime has no price (callers keep their own
+        rule), ``True`` once checked.
+    """
+    runtime = factory()
+    k = detector[0] * detector[1]
+    rr, cc = np.mgrid[: detector[0], : detector[1]]
+    d = np.hypot(rr - detector[0] / 2, cc - detector[1] / 2)
+    ones = np.ones(detector)
+    stacks = {
+        "no rows": np.zeros((0, k)),
+        "a disk": (d < min(detector) / 4).astype(np.float64).reshape(1, k),
+        "disk, ring and moments": np.stack(
+            [
+                (d < min(detector) / 4).ravel(),
+                (d >= min(detector) / 3).ravel(),
+                ones.ravel(),
+                (rr * ones).ravel(),
+                (cc * ones).ravel(),
+            ]
+        ).astype(np.float64),
+        "real rows": rng.standard_normal((3, k)),
+    }
+    label = f"{runtime.name} frame_pass_cost {dtype}"
+    prices: dict[str, float] = {}
+    for name, weights in stacks.items():
+        price = runtime.frame_pass_cost(weights, dtype=np.dtype(dtype), frame_shape=detector)
+        if price is None:
+            assert not prices, f"{label}: priced some stacks and not {name!r}"
+            return False
+        assert np.isfinite(price) and price >= 0.0, f"{label}: {name!r} priced {price!r}"
+        again = runtime.frame_pass_cost(weights, dtype=np.dtype(dtype), frame_shape=detector)
+        assert again == price, f"{label}: {name!r} priced {price!r}, then {again!r}"
+        prices[name] = float(price)
+    assert prices["no rows"] <= min(prices.values()), f"{label}: {prices}"
     return True
 
 
