@@ -49,12 +49,15 @@ def _same_bits(a: list[np.ndarray], b: list[np.ndarray]) -> None:
 @pytest.mark.parametrize("phase", [False, True])
 def test_values_equal_the_reference_bit_for_bit(rng: np.random.Generator, phase: bool) -> None:
     kernel = trotter_kernel()
+    counted = 0
     for _ in range(25):
         n, nr, nc = (int(v) for v in rng.integers(1, 24, 3))
         args = _inputs(rng, n, nr, nc, phase)
         got = _run(kernel, args, nr, nc)
         _same_bits(got, _run(REFERENCE, args, nr, nc))
-        assert got[2].sum() > 0  # some frequencies were in a trotter
+        counted += int(got[2].sum())
+    # some frequencies were in a trotter (a block of one or two pixels may have none)
+    assert counted > 0
 
 
 def test_non_finite_values_and_a_ssb_sized_block(rng: np.random.Generator) -> None:
