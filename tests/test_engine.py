@@ -18,6 +18,7 @@ from quantem_flow.errors import (
     SourceNotFoundError,
 )
 from quantem_flow.graphs import lower_pass, validate_annotations
+from quantem_flow.graphs.lowering import LoweredPass
 from quantem_flow.io.base import Source
 from tests.conftest import probe_data
 from tests.reference import ref_annulus, ref_com, ref_virtual
@@ -166,6 +167,28 @@ def test_lowered_graph_carries_annotations_per_layer(rng: np.random.Generator) -
     assert pass_layer.annotations["qf_runtime"] == "cpu"
     assert pass_layer.annotations["qf_representation"] == "dense"
     assert len(lp.chunk_keys) == len(ds.chunks) == 4
+
+
+def test_combine_tree_is_one_merge_for_scan_blocks_and_a_tree_for_patterns(
+    rng: np.random.Generator,
+) -> None:
+    from quantem_flow.graphs.lowering import BLOCK_FAN_IN, PATTERN_FAN_IN
+
+    ds = qf.open(probe_data(rng, scan=(20, 3)), chunk_rows=1)  # 20 chunks
+    weights = {"a": np.ones(ds.detector_shape)}
+
+    def combines(lp: LoweredPass) -> list[object]:
+        layer = next(v for k, v in lp.graph.layers.items() if k.startswith("qf-combine-"))
+        return list(layer)
+
+    blocks = lower_pass(ds, weights, want_sum=False, want_max=False, runtime="cpu")
+    assert len(blocks.chunk_keys) == 20 <= BLOCK_FAN_IN
+    assert combines(blocks) == [blocks.output_key]  # one merge after the last chunk
+    pattern = lower_pass(ds, weights, want_sum=True, want_max=False, runtime="cpu")
+    # 20 partials of a detector-sized sum: merges of 8, 8 and 4, then one of those 3
+    assert len(combines(pattern)) == 3 + 1 and PATTERN_FAN_IN == 8
+    narrow = lower_pass(ds, weights, want_sum=False, want_max=False, runtime="cpu", fan_in=4)
+    assert len(combines(narrow)) == 5 + 2 + 1
 
 
 def test_explicit_unavailable_runtime_is_an_error_naming_what_is_available(
