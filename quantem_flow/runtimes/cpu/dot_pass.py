@@ -331,11 +331,7 @@ MIN_VECTOR_PIXELS = 8192
 
 
 def _worth_it(dp: DotPass) -> tuple[bool, str]:
-    from .structure import MOMENT_FACTOR, PIXEL_COST, RUN_OVERHEAD_PIXELS
-
-    plan = dp.plan
-    cells = plan.touched * PIXEL_COST * (MOMENT_FACTOR if plan.need_moments else 1.0)
-    cells += RUN_OVERHEAD_PIXELS * plan.n_runs
+    cells = dp.plan.cell_cost()
     work = dp.n_vectors * dp.frame_pixels
     numbers = (
         f"{dp.n_vectors} vectors x {dp.frame_pixels} pixels = {work} multiply-adds per frame "

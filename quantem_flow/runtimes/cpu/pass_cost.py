@@ -46,7 +46,7 @@ def frame_pass_cost(
         Comparable between weight stacks over the same frames; not a time.
     """
     from .dot_pass import DOT_PER_CELL_STEP, dot_work
-    from .structure import MOMENT_FACTOR, PIXEL_COST, RUN_OVERHEAD_PIXELS, analyse_weights
+    from .structure import analyse_weights
 
     w = np.ascontiguousarray(weights, dtype=np.float64)
     m, k = w.shape
@@ -64,11 +64,8 @@ def frame_pass_cost(
     else:
         general = k * ((int(plan.general.size) + 1) // 2)
         work = dot_work(plan, dt)
-        if work is not None:
-            cost = work / DOT_PER_CELL_STEP + general
-        else:
-            cells = plan.touched * PIXEL_COST * (MOMENT_FACTOR if plan.need_moments else 1.0)
-            cost = cells + RUN_OVERHEAD_PIXELS * plan.n_runs + general
+        cells = work / DOT_PER_CELL_STEP if work is not None else plan.cell_cost()
+        cost = cells + general
     with _lock:
         _cache[key] = (plan, float(cost))
         while len(_cache) > 64:

@@ -231,6 +231,11 @@ class WeightPlan:
             return True, f"{self.reason}; real data: sums regrouped (float64)"
         return False, f"{dt.name} data are not integer or real"
 
+    def cell_cost(self) -> float:
+        """The cell kernels' estimated pixel-steps per frame on this plan (the cost model above)."""
+        factor = MOMENT_FACTOR if self.need_moments else 1.0
+        return self.touched * PIXEL_COST * factor + RUN_OVERHEAD_PIXELS * self.n_runs
+
     def describe(self, dtype: np.dtype[Any]) -> dict[str, Any]:
         """JSON-ready record of the variant that runs on ``dtype`` frames, and why."""
         use, why = self.applicable(dtype)
