@@ -75,7 +75,6 @@ if TYPE_CHECKING:
 
 __all__ = ["COUNTED_FRAMES", "COUNTED_POSITIONS", "CountedSource", "sniff", "write_counted"]
 
-#: Path of the per-frame event arrays.
 #: Path of the flat scan index of each frame entry.
 COUNTED_POSITIONS = "/electron_events/scan_positions"
 

@@ -66,7 +66,8 @@ from .bslz4_read import fill_value, read_bitshuffle
 from .bslz4_read import supports as bslz4_supports
 from .encoded_chunks import check_bitshuffle_chunks, needs_bitshuffle_guard
 from .hdf5 import dataset_filters, open_h5, read_attribute
-from .sniffers import DECTRIS_DATA_GROUP, DECTRIS_LINK_NAME
+from .sniffers import DECTRIS_DATA_GROUP as _DATA_GROUP
+from .sniffers import DECTRIS_LINK_NAME as _LINK_NAME
 from .sniffers import dectris_master as sniff
 
 __all__ = ["DETECTOR_FIELDS", "DectrisSource", "sniff"]
@@ -109,8 +110,6 @@ BEAM_FIELDS: tuple[str, ...] = ("incident_wavelength", "incident_energy")
 
 _DETECTOR = "/entry/instrument/detector"
 _BEAM = "/entry/instrument/beam"
-_DATA_GROUP = DECTRIS_DATA_GROUP
-_LINK_NAME = DECTRIS_LINK_NAME
 
 
 class DectrisSource(FrameSource):

@@ -90,7 +90,6 @@ from .sniffers import k2is as sniff
 
 __all__ = ["K2_SECTORS", "K2_SYNC", "SHUTTER_ACTIVE", "K2isSource", "gtg_scan_shape", "sniff"]
 
-#: The sync word that starts every block.
 #: Sector files of one acquisition.
 K2_SECTORS = 8
 _HEADER_BYTES = 40
