@@ -333,7 +333,6 @@ class _TrotterSums:
         self.qr = np.ascontiguousarray(grid.q_r, dtype=np.float64)
         self.qc = np.ascontiguousarray(grid.q_c, dtype=np.float64)
         self.phase = not ab.is_zero
-        self.added = 0
         if self.phase:
             c10, c12a, c12b = ab.quadratic_form()
             k = -2.0 * math.pi / wavelength_A
@@ -349,7 +348,6 @@ class _TrotterSums:
         nr, nc = self.grid.band_shape
         if stop <= start or nr == 0 or nc == 0:
             return
-        self.added += stop - start
         er, ec = (self.er[start:stop], self.ec[start:stop]) if self.phase else (self.er, self.ec)
         trotter_kernel()(
             np.ascontiguousarray(spec, dtype=np.complex128),
@@ -373,7 +371,7 @@ class _TrotterSums:
         out = self.out
         out.n1[...] = self.counts[0]
         out.n2[...] = self.counts[1]
-        if self.phase and self.added:
+        if self.phase and self.vr.size:  # no pixels: the sums stay zeros, as they were
             pf = self.grid.phase_factor(self.ab, self.wavelength_A)
             out.s1 *= pf
             out.s2 *= np.conj(pf)
