@@ -55,17 +55,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def detector_weights(k: int) -> np.ndarray:
-    """BF (radius k/6), ADF (k/4 to k/2) and CoM's three rows about the centre (``one_pass``)."""
-    rr, cc = np.mgrid[:k, :k]
-    d = np.hypot(rr - k / 2, cc - k / 2)
-    rows = [d < k / 6, (d >= k / 4) & (d < k / 2), np.ones((k, k)), rr - k / 2, cc - k / 2]
-    return np.stack([np.asarray(r, dtype=np.float64).ravel() for r in rows])
-
-
 def ceiling(path: Path, kind: str, piece: int, threads: int = 2, k: int = 128) -> float:
     """GB/s of one sweep of the file's pieces the way ``kind`` names."""
     import xxhash
+    from bench_default_vs_process import numpy_masks
 
     from quantem_flow.runtimes.cpu.prepared import PreparedFramePass
 
@@ -76,7 +69,8 @@ def ceiling(path: Path, kind: str, piece: int, threads: int = 2, k: int = 128) -
     big = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
     page = mmap.PAGESIZE
     frame = k * k * 2
-    weights = detector_weights(k)
+    # BF, ADF and CoM's three rows as one_pass asks for them (the NumPy baseline's masks)
+    weights = numpy_masks(k, com=True).astype(np.float64)
 
     def work(t: int) -> None:
         buf = np.zeros(piece, dtype=np.uint8)
