@@ -72,6 +72,10 @@ name                          meaning                                    default
                               are counted on the stored bit planes,
                               never decoded (exact;
                               runtimes/cpu/bitplane.py)
+``message_batch_ms``          longest a message between the processes    0.5
+                              of a cluster quantem-flow starts waits to
+                              be batched with others (Dask: 2-10 ms;
+                              graphs/message_batching.py)
 ============================  =========================================  ==========================
 """
 
@@ -132,6 +136,9 @@ _DEFAULTS: dict[str, Any] = {
     # issue 24: a first compute on an empty Numba cache does not wait seconds for the compiler
     # where NumPy gives the same bits (runtimes/cpu/exact_numpy.py)
     "jit_in_background": True,
+    # issue 24, goal 5: a pass is a chain of small messages; Dask's 2-10 ms batching intervals
+    # were half of a small pass's cost on the embedded default (graphs/message_batching.py)
+    "message_batch_ms": 0.5,
 }
 
 

@@ -25,6 +25,7 @@ from distributed.deploy.spec import ProcessInterface
 
 from .. import config as qf_config
 from ..errors import ParameterError, RuntimeUnavailableError
+from .message_batching import BatchIntervalSchedulerPlugin, batch_interval_s, set_interval
 
 __all__ = [
     "WorkerProgram",
@@ -96,6 +97,9 @@ class WorkerProgram(ProcessInterface):  # type: ignore[misc]
     runtimes, budget_fraction, budgets, resources
         What the worker advertises, see
         :func:`~quantem_flow.graphs.worker.worker_options`.
+    batch_interval_s
+        Seconds the worker's stream to the scheduler batches messages
+        (:mod:`~quantem_flow.graphs.message_batching`); ``None``: Dask's.
     env
         Extra environment variables of the worker process.
     startup_timeout
@@ -118,6 +122,7 @@ class WorkerProgram(ProcessInterface):  # type: ignore[misc]
         budget_fraction: float | None = None,
         budgets: Mapping[str, int] | None = None,
         resources: Mapping[str, float] | None = None,
+        batch_interval_s: float | None = None,
         env: Mapping[str, str] | None = None,
         startup_timeout: float | None = None,
         **ignored: Any,
@@ -145,6 +150,8 @@ class WorkerProgram(ProcessInterface):  # type: ignore[misc]
         }
         if budget_fraction is not None:
             self.spec["budget_fraction"] = float(budget_fraction)
+        if batch_interval_s is not None:
+            self.spec["batch_interval_s"] = float(batch_interval_s)
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
         self.startup_timeout = float(startup_timeout or STARTUP_TIMEOUT_S)
         self.process: asyncio.subprocess.Process | None = None
@@ -504,6 +511,7 @@ def start_local_cluster(
     )
     memory_limit = kwargs.pop("memory_limit", "auto")
     share = _memory_share(memory_limit, threads, n)
+    interval = batch_interval_s()  # every stream of this cluster (graphs/message_batching.py)
     template: dict[str, Any]
     if kwargs.get("processes", True):
         # workers are programs of their own: nothing re-imports the caller's __main__
@@ -512,12 +520,17 @@ def start_local_cluster(
             "memory_limit": share,
             "runtimes": None if runtimes is None else list(runtimes),
             "budget_fraction": budget_fraction,
+            "batch_interval_s": interval,
         }
         if settings_env:
             template["env"] = settings_env
     else:
         template = worker_options(
-            runtimes=runtimes, budget_fraction=budget_fraction, memory_limit=share, nthreads=threads
+            runtimes=runtimes,
+            budget_fraction=budget_fraction,
+            memory_limit=share,
+            nthreads=threads,
+            batch_interval_s=interval,
         )
     from .scheduler_plugin import PlacementSchedulerPlugin
 
@@ -526,6 +539,8 @@ def start_local_cluster(
     plugins = list(scheduler_kwargs.get("plugins", ()))
     if not any(isinstance(p, PlacementSchedulerPlugin) for p in plugins):
         plugins.append(PlacementSchedulerPlugin())
+    if not any(isinstance(p, BatchIntervalSchedulerPlugin) for p in plugins):
+        plugins.append(BatchIntervalSchedulerPlugin(interval))
     scheduler_kwargs["plugins"] = plugins
     options: dict[str, Any] = {
         "scheduler_kwargs": scheduler_kwargs,
@@ -533,6 +548,7 @@ def start_local_cluster(
         "threads_per_worker": threads,
         "processes": True,
         "host": "127.0.0.1",
+        "protocol": "tcp://",  # with processes=False Dask would pick inproc://, which has no host
         "dashboard_address": "127.0.0.1:0",
         "silence_logs": 40,
         **template,
@@ -614,6 +630,7 @@ def embedded_client() -> Any:
             return client
         cluster = start_local_cluster()
         client = Client(cluster, set_as_default=False)
+        set_interval(getattr(client, "scheduler_comm", None), batch_interval_s())
         _embedded.update(cluster=cluster, client=client)
         return client
 

@@ -39,6 +39,7 @@ SPEC_KEYS = (
     "parent_pid",
     "local_directory",
     "silence_logs",
+    "batch_interval_s",
 )
 PARENT_POLL_S = 1.0
 
@@ -60,6 +61,9 @@ async def _serve(spec: Mapping[str, Any]) -> None:
         budgets=spec.get("budgets"),
         memory_limit=spec.get("memory_limit"),
         nthreads=nthreads,
+        batch_interval_s=(
+            None if spec.get("batch_interval_s") is None else float(spec["batch_interval_s"])
+        ),
     )
     if spec.get("resources"):
         options["resources"] = dict(spec["resources"])

@@ -537,6 +537,7 @@ def worker_options(
     budgets: Mapping[str, int] | None = None,
     memory_limit: int | float | str | None = "auto",
     nthreads: int = 1,
+    batch_interval_s: float | None = None,
 ) -> dict[str, Any]:
     """Return the keyword arguments that make a ``Worker``/``Nanny`` a quantem-flow worker.
 
@@ -551,14 +552,19 @@ def worker_options(
         its data mapping agree.
     nthreads
         The worker's threads (used by ``"auto"``).
+    batch_interval_s
+        Seconds the worker's stream to the scheduler holds a message back to
+        batch it (:mod:`~quantem_flow.graphs.message_batching`); ``None``
+        keeps Dask's.
 
     Returns
     -------
     dict
         ``plugins`` (the :class:`QuantemFlowWorkerPlugin`, which runs before
-        registration), ``data`` (``(ResidentAwareData, {"memory_limit":
-        ...})``) and ``memory_limit``.  Merge it into a worker spec's
-        options: ``Nanny(scheduler, nthreads=1, **worker_options(...))``.
+        registration, and the batching interval's plugin when given),
+        ``data`` (``(ResidentAwareData, {"memory_limit": ...})``) and
+        ``memory_limit``.  Merge it into a worker spec's options:
+        ``Nanny(scheduler, nthreads=1, **worker_options(...))``.
     """
     from distributed.worker_memory import parse_memory_limit
 
@@ -571,11 +577,15 @@ def worker_options(
             f"memory_limit must be bytes, a string such as '4 GiB', a fraction of RAM, 'auto' "
             f"or None, got {memory_limit!r}: {exc}"
         ) from exc
-    plugin = QuantemFlowWorkerPlugin(
-        runtimes=runtimes, budget_fraction=budget_fraction, budgets=budgets
-    )
+    plugins: list[Any] = [
+        QuantemFlowWorkerPlugin(runtimes=runtimes, budget_fraction=budget_fraction, budgets=budgets)
+    ]
+    if batch_interval_s is not None:
+        from .message_batching import BatchIntervalWorkerPlugin
+
+        plugins.append(BatchIntervalWorkerPlugin(batch_interval_s))
     return {
-        "plugins": (plugin,),
+        "plugins": tuple(plugins),
         "data": (ResidentAwareData, {"memory_limit": limit}),
         "memory_limit": 0 if limit is None else int(limit),
     }
