@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import h5py
 import hdf5plugin
 import numpy as np
@@ -169,26 +171,47 @@ def test_lowered_graph_carries_annotations_per_layer(rng: np.random.Generator) -
     assert len(lp.chunk_keys) == len(ds.chunks) == 4
 
 
-def test_combine_tree_is_one_merge_for_scan_blocks_and_a_tree_for_patterns(
+def test_scan_blocks_are_merged_by_the_client_and_patterns_by_a_tree(
     rng: np.random.Generator,
 ) -> None:
-    from quantem_flow.graphs.lowering import BLOCK_FAN_IN, PATTERN_FAN_IN
+    from quantem_flow.graphs.lowering import PATTERN_FAN_IN
 
     ds = qf.open(probe_data(rng, scan=(20, 3)), chunk_rows=1)  # 20 chunks
     weights = {"a": np.ones(ds.detector_shape)}
 
     def combines(lp: LoweredPass) -> list[object]:
-        layer = next(v for k, v in lp.graph.layers.items() if k.startswith("qf-combine-"))
-        return list(layer)
+        layer = [v for k, v in lp.graph.layers.items() if k.startswith("qf-combine-")]
+        return [] if not layer else list(layer[0])
 
     blocks = lower_pass(ds, weights, want_sum=False, want_max=False, runtime="cpu")
-    assert len(blocks.chunk_keys) == 20 <= BLOCK_FAN_IN
-    assert combines(blocks) == [blocks.output_key]  # one merge after the last chunk
+    # no combine task after the last chunk: the client merges the 20 partials it fetches
+    assert len(blocks.chunk_keys) == 20 and blocks.output_key is None
+    assert combines(blocks) == []
     pattern = lower_pass(ds, weights, want_sum=True, want_max=False, runtime="cpu")
     # 20 partials of a detector-sized sum: merges of 8, 8 and 4, then one of those 3
     assert len(combines(pattern)) == 3 + 1 and PATTERN_FAN_IN == 8
+    assert pattern.output_key in combines(pattern)
     narrow = lower_pass(ds, weights, want_sum=False, want_max=False, runtime="cpu", fan_in=4)
     assert len(combines(narrow)) == 5 + 2 + 1
+
+
+@pytest.mark.parametrize("client", ["synchronous", "threads", "cluster"])
+def test_blocks_merged_by_the_client_equal_a_combine_tree(
+    rng: np.random.Generator, client: str, cluster_client: Any
+) -> None:
+    from quantem_flow.graphs.runner import Runner
+
+    ds = qf.open(probe_data(rng, scan=(9, 5)), chunk_rows=2)  # 5 chunks, the last short
+    weights = {"a": rng.random(ds.detector_shape), "b": rng.random(ds.detector_shape)}
+    here = lower_pass(ds, weights, want_sum=False, want_max=False, runtime="cpu")
+    tree = lower_pass(ds, weights, want_sum=False, want_max=False, runtime="cpu", fan_in=2)
+    assert here.output_key is None and tree.output_key is not None
+    runner = Runner(cluster_client if client == "cluster" else client)
+    merged, combined = runner.run([here, tree], progress=client == "threads")
+    assert [b[0] for b in merged.blocks] == [b[0] for b in combined.blocks] == list(ds.chunks)
+    for (_, a), (_, b) in zip(merged.blocks, combined.blocks, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert [r["chunk"] for r in merged.records] == list(range(len(ds.chunks)))
 
 
 def test_explicit_unavailable_runtime_is_an_error_naming_what_is_available(

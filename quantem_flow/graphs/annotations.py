@@ -30,6 +30,10 @@ ANNOTATION_KEYS: dict[str, str] = {
         "memory a chunk task needs at its peak: {'total': {pool: bytes}, 'parts': {part: bytes},"
         " 'rows': int, 'fixed': {pool: bytes}, 'per_row': {pool: bytes}, 'source_row_bytes': int}"
     ),
+    "qf_pass": (
+        "the pass or load a graph submits, for the scheduler's plugin (dashboard, departures): "
+        "{'name', 'kind', 'label', 'scan_shape', 'chunks', 'row_bytes'}"
+    ),
     "resources": "Dask worker resources, {name: positive amount}",
     "retries": "Dask retries, a non-negative integer",
     "priority": "Dask priority, an integer",
@@ -88,6 +92,12 @@ def validate_annotations(annotations: Mapping[str, Any]) -> dict[str, Any]:
                 raise AnnotationError(f"qf_nbytes must be an integer >= 0, got {value!r}")
         elif name == "qf_need":
             _check_need(value)
+        elif name == "qf_pass":
+            if not isinstance(value, Mapping) or not isinstance(value.get("name"), str):
+                raise AnnotationError(
+                    f"qf_pass must be {ANNOTATION_KEYS['qf_pass']} with a string name, got "
+                    f"{value!r}"
+                )
         elif name == "resources":
             if not isinstance(value, Mapping):
                 raise AnnotationError(

@@ -49,7 +49,6 @@ from .tasks import (
 )
 
 __all__ = [
-    "BLOCK_FAN_IN",
     "PATTERN_FAN_IN",
     "LoweredLoad",
     "LoweredPass",
@@ -57,6 +56,7 @@ __all__ = [
     "lower_load",
     "lower_pass",
     "max_chunk_nbytes",
+    "pass_info",
     "resident_groups",
     "streamed_piece_bytes",
     "task_memory_need",
@@ -78,7 +78,9 @@ class LoweredPass:
         cluster, one per worker group (:func:`resident_groups`), keyed by its
         first chunk.
     output_key
-        Key of the final combined partial.
+        Key of the final combined partial; ``None`` when the pass has no
+        combine tasks (partials of scan blocks only): whoever runs it merges
+        the chunk partials with :func:`~quantem_flow.graphs.tasks.combine_partials`.
     weight_keys
         Weight-map keys in the order of the spec's weight rows.
     spec
@@ -87,15 +89,13 @@ class LoweredPass:
 
     graph: HighLevelGraph
     chunk_keys: list[Key]
-    output_key: Key
+    output_key: Key | None
     weight_keys: list[str]
     spec: PassSpec
 
 
 #: Partials per combine task when they hold sum or maximum patterns.
 PATTERN_FAN_IN = 8
-#: Partials per combine task when they hold scan blocks only.
-BLOCK_FAN_IN = 64
 
 
 def lower_pass(
@@ -125,10 +125,11 @@ def lower_pass(
     fan_in
         Partials merged per combine task; by default :data:`PATTERN_FAN_IN` when
         a sum or maximum pattern is asked for (each partial holds a detector-sized
-        array: a tree frees them as it goes) and :data:`BLOCK_FAN_IN` otherwise
-        (partials of scan blocks add up to the result's size whatever the tree:
-        one combine for up to 64 chunks, one scheduler round trip fewer at the
-        end of a pass than a tree of 8).
+        array: a tree frees them as it goes) and no combine task otherwise:
+        partials of scan blocks add up to the result's size whatever merges
+        them, and the client fetches every chunk's partial anyway (progress,
+        gathered pixels), so it merges them itself, one task round trip fewer
+        after the last chunk (``output_key`` is then ``None``).
     resident
         For a persisted dataset: one entry per chunk, either the key of the
         resident chunk on the cluster or (in-process execution) the
@@ -169,7 +170,11 @@ def lower_pass(
     pass_name = f"qf-pass-{token}"
     comb_name = f"qf-combine-{token}"
 
-    spec_layer = MaterializedLayer({spec_name: DataNode(spec_name, spec)})
+    kind = "pass" if resident is None else "resident pass"
+    spec_layer = MaterializedLayer(
+        {spec_name: DataNode(spec_name, spec)},
+        annotations=validate_annotations({"qf_pass": pass_info(ds, pass_name, kind)}),
+    )
     layers: dict[str, Any] = {spec_name: spec_layer}
     dependencies: dict[str, set[str]] = {spec_name: set()}
     chunk_keys: list[Key] = []
@@ -230,8 +235,13 @@ def lower_pass(
     layers[pass_name] = MaterializedLayer(chunk_tasks, annotations=pass_annotations)
     dependencies[pass_name] = {spec_name} | ({f"qf-resident-{token}"} if local else set())
 
+    if fan_in is None and not (want_sum or want_max):
+        graph = HighLevelGraph(layers, dependencies)
+        return LoweredPass(
+            graph=graph, chunk_keys=chunk_keys, output_key=None, weight_keys=keys, spec=spec
+        )
     if fan_in is None:
-        fan_in = PATTERN_FAN_IN if want_sum or want_max else BLOCK_FAN_IN
+        fan_in = PATTERN_FAN_IN
     level: list[Key] = list(chunk_keys)
     depth = 0
     combine_tasks: dict[Key, Task] = {}
@@ -338,12 +348,44 @@ def lower_load(ds: Dataset4D, *, runtime: str) -> LoweredLoad:
     )
     graph = HighLevelGraph(
         {
-            ds_name: MaterializedLayer({ds_name: DataNode(ds_name, ds)}),
+            ds_name: MaterializedLayer(
+                {ds_name: DataNode(ds_name, ds)},
+                annotations=validate_annotations({"qf_pass": pass_info(ds, name, "persist")}),
+            ),
             name: MaterializedLayer(tasks, annotations=annotations),
         },
         {ds_name: set(), name: {ds_name}},
     )
     return LoweredLoad(graph=graph, keys=keys)
+
+
+def pass_info(ds: Dataset4D, name: str, kind: str) -> dict[str, Any]:
+    """What the scheduler's plugin shows of a pass or load (the ``qf_pass`` annotation).
+
+    Parameters
+    ----------
+    ds
+        The dataset passed over.
+    name
+        The pass's layer name (``qf-pass-...``, ``qf-load-...``), the prefix of its chunk keys.
+    kind
+        ``"pass"``, ``"resident pass"``, ``"resident query"`` or ``"persist"``.
+
+    Returns
+    -------
+    dict
+        ``{"name", "kind", "label", "scan_shape", "chunks", "row_bytes"}``.
+    """
+    R, C = (int(x) for x in ds.scan_shape)
+    kr, kc = (int(x) for x in ds.detector_shape)
+    return {
+        "name": name,
+        "kind": kind,
+        "label": f"{R}x{C} scan, {len(ds.chunks)} chunks, {ds.representation}",
+        "scan_shape": [R, C],
+        "chunks": [[int(a), int(b)] for a, b in ds.chunks],
+        "row_bytes": C * kr * kc * int(ds.dtype.itemsize),
+    }
 
 
 #: Frames an encoded or packed kernel decodes at a time (upper bound for the scratch).

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import threading
 from typing import Any
 
 from ..errors import ParameterError
-from .lowering import LoweredLoad, LoweredPass, relower
-from .tasks import ChunkPartial
+from .lowering import LoweredLoad, LoweredPass, pass_info, relower
+from .tasks import ChunkPartial, combine_partials
 
 logger = logging.getLogger("quantem_flow.runner")
 
@@ -211,22 +212,24 @@ class Runner:
             )
         return text
 
-    def _begin(self, infos: list[dict[str, Any]]) -> int | None:
-        """Register passes with the scheduler plugin; return the departures' cursor."""
+    def _begin(self) -> Any:
+        """Subscribe to the plugin's pass events before a graph goes out; return the watch.
+
+        The graph registers its passes itself (the ``qf_pass`` annotation),
+        and the plugin tells this client their departures' cursors
+        (:mod:`.pass_watch`): no request to the scheduler before or after.
+        """
         assert self.client is not None
         self.departures = []
-        from .scheduler_plugin import register_pass
+        from .pass_watch import pass_watch
 
-        result: int | None = self.client.run_on_scheduler(register_pass, infos)
-        return result
+        return pass_watch(self.client)
 
-    def _end(self, cursor: int | None) -> None:
-        """Collect (and log) the workers that left since ``cursor``."""
-        if cursor is None or self.client is None:
+    def _end(self, events: Any, names: list[str]) -> None:
+        """Collect (and log) the workers that left since the passes ``names`` arrived."""
+        if self.client is None:
             return
-        from .scheduler_plugin import pass_events
-
-        self.departures = list(self.client.run_on_scheduler(pass_events, cursor))
+        self.departures = list(events.departures(names) or [])
         for d in self.departures:
             if d.get("lost"):
                 logger.warning(
@@ -258,11 +261,11 @@ class Runner:
             return list(self._get(dict(lowered.graph), lowered.keys))
         from distributed import wait
 
-        cursor = self._begin([_load_info(lowered)])
+        events = self._begin()
         futures = self.client.get(lowered.graph, lowered.keys, sync=False)
         with self.client.as_current():
             wait(futures)
-        self._end(cursor)
+        self._end(events, [_load_name(lowered)])
         for f in futures:
             if f.status == "error":
                 exc = f.exception()
@@ -291,10 +294,18 @@ class Runner:
                 # in this process the tasks write their pixels straight into the array
                 here = {} if sink is None else {id(p.spec): sink}
                 with gathered_in_place(here):
-                    values = self._get(dict(p.graph), [p.output_key, *p.chunk_keys])
-                for part in values[1:]:
+                    if p.output_key is None:
+                        parts = list(self._get(dict(p.graph), list(p.chunk_keys)))
+                    else:
+                        values = self._get(dict(p.graph), [p.output_key, *p.chunk_keys])
+                        parts = list(values[1:])
+                for part in parts:
                     self._store(i, part)
-                out.append(values[0])
+                out.append(
+                    combine_partials(*(_without_pixels(x) for x in parts))
+                    if p.output_key is None
+                    else values[0]
+                )
             return out
         results: dict[int, ChunkPartial] = {}
         for i, p in enumerate(passes):  # resident queries: straight to the holders
@@ -378,7 +389,7 @@ class Runner:
         finished = time.time()
         message = {
             "info": {
-                **_dataset_info(lowered.spec.dataset, _pass_name(lowered), "resident query"),
+                **pass_info(lowered.spec.dataset, _pass_name(lowered), "resident query"),
             },
             "workers": [str(r["worker"]) for r in records],
             "compute_s": compute_s,
@@ -410,10 +421,13 @@ class Runner:
         owner = {k: i for i, p in indexed for k in p.chunk_keys}
         graph = HighLevelGraph.merge(*(p.graph for p in passes))
         chunk_keys = [k for p in passes for k in p.chunk_keys]
-        out_keys = [p.output_key for p in passes]
-        cursor = self._begin([_pass_info(p) for p in passes if p.chunk_keys])
+        out_keys = [p.output_key for p in passes if p.output_key is not None]
+        # passes without combine tasks: the chunk partials themselves, merged here
+        merged_here = {k for p in passes if p.output_key is None for k in p.chunk_keys}
+        events = self._begin()
         futures = self.client.get(graph, [*out_keys, *chunk_keys], sync=False)
         out_futures, chunk_futures = futures[: len(out_keys)], futures[len(out_keys) :]
+        fetched: dict[Any, ChunkPartial] = {}
         try:
             watch = progress or any(s is not None for s in self.gathered)
             if watch and chunk_futures:
@@ -430,14 +444,28 @@ class Runner:
                     for f in as_completed(chunk_futures):
                         i = owner[f.key]
                         if self.gathered[i] is not None:
-                            self._store(i, f.result())
-                        f.release()
+                            part = f.result()
+                            self._store(i, part)
+                            if f.key in merged_here:
+                                fetched[f.key] = _without_pixels(part)
+                        if f.key not in merged_here or f.key in fetched:
+                            f.release()
                         bar.update(1)
-            results: list[ChunkPartial] = self.client.gather(out_futures)
+            wanted = [*out_futures, *(f for f in chunk_futures if f.key in merged_here)]
+            wanted = [f for f in wanted if f.key not in fetched]
+            values = self.client.gather(wanted)
         finally:
             for f in futures:
                 f.release()
-        self._end(cursor)
+        by_key = dict(fetched)
+        by_key.update({f.key: v for f, v in zip(wanted, values, strict=True)})
+        results: list[ChunkPartial] = [
+            by_key[p.output_key]
+            if p.output_key is not None
+            else combine_partials(*(by_key[k] for k in p.chunk_keys))
+            for p in passes
+        ]
+        self._end(events, [_pass_name(p) for p in passes if p.chunk_keys])
         if self.departures:  # a worker left: the kept placement of resident chunks is stale
             for p in passes:
                 resident = getattr(p.spec.dataset, "resident", None)
@@ -495,6 +523,13 @@ class Runner:
         self._temp = []
 
 
+def _without_pixels(part: ChunkPartial) -> ChunkPartial:
+    """``part`` without its gathered pixels (written to the pass's sink already)."""
+    if not part.gathered:
+        return part
+    return dataclasses.replace(part, gathered=[])
+
+
 def _restoration(d: dict[str, Any]) -> str:
     if d.get("restored"):
         return (
@@ -513,37 +548,11 @@ def _describe_loss(d: dict[str, Any]) -> str:
     return f"{d.get('worker')} (name {d.get('name')!r}), {_restoration(d)}"
 
 
-def _dataset_info(ds: Any, name: str, kind: str) -> dict[str, Any]:
-    R, C = (int(x) for x in ds.scan_shape)
-    kr, kc = (int(x) for x in ds.detector_shape)
-    return {
-        "name": name,
-        "kind": kind,
-        "label": f"{R}x{C} scan, {len(ds.chunks)} chunks, {ds.representation}",
-        "scan_shape": [R, C],
-        "chunks": [[int(a), int(b)] for a, b in ds.chunks],
-        "row_bytes": C * kr * kc * int(ds.dtype.itemsize),
-    }
-
-
 def _pass_name(lowered: LoweredPass) -> str:
     key = lowered.chunk_keys[0] if lowered.chunk_keys else lowered.output_key
     return str(key[0]) if isinstance(key, tuple) else str(key)
 
 
-def _pass_info(lowered: LoweredPass) -> dict[str, Any]:
-    name = _pass_name(lowered)
-    ds = lowered.spec.dataset
-    return _dataset_info(
-        ds, name, "resident pass" if getattr(ds, "is_persisted", False) else "pass"
-    )
-
-
-def _load_info(lowered: LoweredLoad) -> dict[str, Any]:
+def _load_name(lowered: LoweredLoad) -> str:
     key = lowered.keys[0] if lowered.keys else "qf-load"
-    name = str(key[0]) if isinstance(key, tuple) else str(key)
-    for layer_name, layer in lowered.graph.layers.items():
-        if str(layer_name).startswith("qf-dataset-"):
-            node = layer[layer_name]
-            return _dataset_info(node.value, name, "persist")
-    return {"name": name, "kind": "persist", "label": name, "chunks": []}
+    return str(key[0]) if isinstance(key, tuple) else str(key)

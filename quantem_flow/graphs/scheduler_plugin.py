@@ -62,6 +62,7 @@ except ImportError:  # pragma: no cover
 
 __all__ = [
     "DIRECT_QUERY_HANDLER",
+    "PASS_EVENTS_TOPIC",
     "PLUGIN_NAME",
     "REPORT_HANDLER",
     "PlacementSchedulerPlugin",
@@ -77,6 +78,11 @@ PLUGIN_NAME = "quantem-flow-placement"
 REPORT_HANDLER = "quantem_flow_worker_report"
 #: Scheduler handler a client calls after a direct resident query (graphs/query_service).
 DIRECT_QUERY_HANDLER = "quantem_flow_direct_query"
+#: Scheduler event topic on which the plugin tells subscribed clients (graphs/pass_watch.py)
+#: each registered pass's departures cursor (``{"pass": name, "cursor": seq}``) and every
+#: departure, again whenever it changes (``{"departure": record}``): the client reads a
+#: pass's departures without asking the scheduler after the pass.
+PASS_EVENTS_TOPIC = "quantem-flow-passes"
 #: Restriction of a task waiting for a capable worker (no worker has this address).
 WAITING = "quantem-flow:waiting-for-a-capable-worker"
 #: Chunk completions kept for the throughput chart.
@@ -278,6 +284,7 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
         self.stuck.left(worker, name, lost=lost)
         self.departures.append(record)
         del self.departures[:-MAX_DEPARTURES]
+        self._publish({"departure": dict(record)})
         if lost:
             logger.warning(
                 "quantem-flow: worker %s (name %r) was lost (it left without closing: killed, "
@@ -298,6 +305,7 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
                 r["restored"] = True
                 r["restored_by"] = address
                 r["restored_after_s"] = time.time() - float(r["time"])
+                self._publish({"departure": dict(r)})
                 logger.warning(
                     "quantem-flow: lost worker %s (name %r) is restored: a worker of that name "
                     "joined at %s, %.1f s later",
@@ -350,6 +358,7 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
             if r["worker"] == address or (name is not None and r["name"] == str(name)):
                 if not r["restored"]:
                     r["restart"] = info
+                    self._publish({"departure": dict(r)})
                 return "recorded"
         self._reports[str(address if address is not None else name)] = info
         return "pending"
@@ -440,6 +449,16 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
             )
             sched.transitions(recommendations, stimulus_id=stimulus_id)
         return failed
+
+    def _publish(self, msg: dict[str, Any]) -> None:
+        """Send ``msg`` to the clients subscribed to :data:`PASS_EVENTS_TOPIC`."""
+        sched = self.scheduler
+        if sched is None or not hasattr(sched, "log_event"):
+            return
+        try:
+            sched.log_event(PASS_EVENTS_TOPIC, msg)
+        except Exception as exc:  # the page and provenance miss one event; nothing else
+            logger.debug("quantem-flow: pass event not published: %s", exc)
 
     def departures_since(self, seq: int) -> list[dict[str, Any]]:
         """Departures recorded at or after sequence number ``seq``."""
@@ -586,6 +605,13 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
         """Read the annotations of a new graph and restrict its tasks before they run."""
         self.scheduler = scheduler
         annotations = annotations or {}
+        announced = annotations.get("qf_pass") or {}
+        for info in {
+            str(v["name"]): v for v in announced.values() if isinstance(v, Mapping)
+        }.values():
+            cursor = self.next_departure()
+            self.register_pass(info)
+            self._publish({"pass": str(info["name"]), "cursor": cursor})
         if "qf_role" not in annotations:
             return
         new_keys = list(tasks or [])
