@@ -145,9 +145,19 @@ def test_chunks_that_fit_one_at_a_time_run_without_killing_a_3_thread_worker(
         lc.close()
 
 
+@pytest.mark.parametrize("kernel", ["compiled", "exact-numpy"])
 @pytest.mark.parametrize("view", ["dense", "bin2", "crop", "packed", "paired"])
-def test_the_counted_need_bounds_what_a_chunk_task_allocates(view: str, tmp_path: Path) -> None:
+def test_the_counted_need_bounds_what_a_chunk_task_allocates(
+    view: str, kernel: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both CPU paths: the compiled kernel, and NumPy's exact products while it compiles."""
     import tracemalloc
+
+    from quantem_flow.runtimes.cpu import warmup
+
+    if kernel == "exact-numpy":  # as in a process whose kernel has not compiled yet
+        monkeypatch.setattr(warmup, "is_ready", lambda key: False)
+        monkeypatch.setattr(warmup, "start", lambda key, warm: None)
 
     from quantem_flow.graphs.lowering import task_memory_need
     from quantem_flow.graphs.tasks import PassSpec, run_chunk_pass
@@ -167,14 +177,18 @@ def test_the_counted_need_bounds_what_a_chunk_task_allocates(view: str, tmp_path
     spec = PassSpec(
         dataset=ds, weights=np.ones((5, k)), want_sum=True, want_max=True, runtime="cpu"
     )
-    run_chunk_pass(spec, 0, 0, 16)  # kernels compiled outside the measurement
-    clear_staging_buffers()
-    tracemalloc.start()
-    try:
-        run_chunk_pass(spec, 1, 16, 32)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    with qf.config.set(jit_in_background=kernel == "exact-numpy"):
+        run_chunk_pass(spec, 0, 0, 16)  # kernels compiled outside the measurement
+        clear_staging_buffers()
+        tracemalloc.start()
+        try:
+            part = run_chunk_pass(spec, 1, 16, 32)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    variant = part.records[0].get("frame_pass_variant", {}).get("variant")
+    if view in ("dense", "bin2", "crop"):  # the others run their representation's kernels
+        assert (variant == "exact-numpy") == (kernel == "exact-numpy"), variant
     need = task_memory_need(ds, runtime="cpu", n_weights=5)
     assert need.pools == {"host": need.total}
     # an upper bound (paired assumes every pixel may be an event), never wildly above

@@ -171,33 +171,40 @@ def lower_pass(
     comb_name = f"qf-combine-{token}"
 
     kind = "pass" if resident is None else "resident pass"
-    spec_layer = MaterializedLayer(
-        {spec_name: DataNode(spec_name, spec)},
-        annotations=validate_annotations({"qf_pass": pass_info(ds, pass_name, kind)}),
-    )
-    layers: dict[str, Any] = {spec_name: spec_layer}
-    dependencies: dict[str, set[str]] = {spec_name: set()}
-    chunk_keys: list[Key] = []
-    chunk_tasks: dict[Key, Task] = {}
+    announce = validate_annotations({"qf_pass": pass_info(ds, pass_name, kind)})
     if resident is not None and len(resident) != len(ds.chunks):
         raise ValueError(f"{len(resident)} resident chunks for {len(ds.chunks)} chunks")
+    groups = None if resident is None else resident_groups(ds, resident)
+    # The spec is a data task every chunk task depends on, so it travels to each worker once;
+    # a pass of ONE chunk task carries it in that task instead (the same bytes, and one task
+    # round trip fewer before the work starts: docs/architecture-notes.md, "The fixed cost")
+    inline_spec = (len(groups) if groups else len(ds.chunks)) == 1
+    layers: dict[str, Any] = {}
+    dependencies: dict[str, set[str]] = {}
+    if not inline_spec:
+        layers[spec_name] = MaterializedLayer(
+            {spec_name: DataNode(spec_name, spec)}, annotations=announce
+        )
+        dependencies[spec_name] = set()
+    spec_arg: Any = spec if inline_spec else TaskRef(spec_name)
+    chunk_keys: list[Key] = []
+    chunk_tasks: dict[Key, Task] = {}
     local: dict[Key, DataNode] = {}
     resident_of: dict[Key, Key] = {}
-    groups = None if resident is None else resident_groups(ds, resident)
     for members in groups or ():  # one kernel task per holding worker, over all its chunks
         assert resident is not None
         key = (pass_name, members[0])
         chunk_keys.append(key)
         resident_of[key] = resident[members[0]]
         refs = (TaskRef(resident[i]) for i in members)
-        chunk_tasks[key] = Task(key, run_resident_group, TaskRef(spec_name), tuple(members), *refs)
+        chunk_tasks[key] = Task(key, run_resident_group, spec_arg, tuple(members), *refs)
     for i, (r0, r1) in enumerate(ds.chunks):
         if groups:
             break
         key = (pass_name, i)
         chunk_keys.append(key)
         if resident is None:
-            chunk_tasks[key] = Task(key, run_chunk_pass, TaskRef(spec_name), i, r0, r1)
+            chunk_tasks[key] = Task(key, run_chunk_pass, spec_arg, i, r0, r1)
             continue
         ref = resident[i]
         if isinstance(ref, Chunk):  # in-process: the chunk itself is a data node
@@ -205,7 +212,7 @@ def lower_pass(
             local[local_key] = DataNode(local_key, ref)
             ref = local_key
         resident_of[key] = ref
-        chunk_tasks[key] = Task(key, run_resident_kernels, TaskRef(spec_name), TaskRef(ref), i)
+        chunk_tasks[key] = Task(key, run_resident_kernels, spec_arg, TaskRef(ref), i)
     role = "pass" if resident is None else "kernel"
     annotations: dict[str, Any] = {
         "qf_runtime": runtime,
@@ -224,6 +231,8 @@ def lower_pass(
             piece_bytes=streamed_piece_bytes(ds, runtime, spec.stream_piece_bytes),
         ).to_annotation()
     pass_annotations = validate_annotations(annotations)
+    if inline_spec:
+        pass_annotations.update(announce)  # on the one chunk task: the pass announces itself
     if resident_of:
         for ref in resident_of.values():  # every per-key value is checked here, on the client
             validate_annotations({"qf_resident": ref})
@@ -233,7 +242,9 @@ def lower_pass(
         layers[f"qf-resident-{token}"] = MaterializedLayer(local)
         dependencies[f"qf-resident-{token}"] = set()
     layers[pass_name] = MaterializedLayer(chunk_tasks, annotations=pass_annotations)
-    dependencies[pass_name] = {spec_name} | ({f"qf-resident-{token}"} if local else set())
+    dependencies[pass_name] = ({spec_name} if not inline_spec else set()) | (
+        {f"qf-resident-{token}"} if local else set()
+    )
 
     if fan_in is None and not (want_sum or want_max):
         graph = HighLevelGraph(layers, dependencies)
@@ -609,6 +620,12 @@ def _need_parts(
         work += (m + 4) * k * 8
         if ds.dtype == np.float16:
             work += frames * k * 4  # widened to float32 for the kernel
+        if runtime == "cpu" and ds.representation == "dense" and ds.dtype.kind in "iu":
+            from ..runtimes.cpu.scratch import exact_scratch_bytes
+
+            # a pass this process has no compiled kernel for yet runs NumPy's float64
+            # products of blocks of frames meanwhile (runtimes/cpu/exact_numpy.py)
+            work += exact_scratch_bytes()
         parts["kernel"] = (device, work)
         # per-frame values and gathered pixels, kept once and serialised once
         partial = frames * (m * 8 + 2 * gather_pixels * 8)

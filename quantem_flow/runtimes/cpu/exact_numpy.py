@@ -36,12 +36,14 @@ from typing import Any
 
 import numpy as np
 
+from .scratch import EXACT_BLOCK_BYTES
 from .structure import EXACT_INTEGER, WeightPlan, finish_moment_rows, structured_vectors
 
 __all__ = ["ExactPass", "exact_pass"]
 
-#: Frames converted to float64 at a time (bytes of the float64 block).
-BLOCK_BYTES = 8 * 2**20
+#: Frames converted to float64 at a time (bytes of the float64 block; counted in the
+#: tasks' memory need, runtimes/cpu/scratch.py).
+BLOCK_BYTES = EXACT_BLOCK_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
