@@ -6,12 +6,13 @@ over batched streams that wait up to a fixed interval after each send, so
 that a burst of messages goes out in one write: 10 ms from a client, 5 ms
 from the scheduler to a worker, 2 ms from a worker and from the scheduler
 to a client.  A pass is a chain of such messages (graph -> spec task ->
-chunk tasks -> combine -> result -> release), and on the embedded cluster a
-message that follows another within the interval waits for it: measured on
-this project's 2-vCPU VM, a BF + ADF + CoM pass over 4 x 4 frames cost 31.6
-ms through the embedded default when passes followed each other, 16.6 ms
-with every interval 2 ms and 14.3 ms with 0.5 ms (benchmarks/RESULTS.md,
-"The default's fixed cost per pass").  Batching pays on a busy cluster of
+chunk tasks -> result -> release), and a message that follows another
+within the interval waits for it.  Measured on this project's 2-vCPU VM: a
+task that does nothing took 10.5 ms there and back on the embedded cluster
+when submitted right after another, 3.9 ms alone; a BF + ADF + CoM pass
+over 4 x 4 frames through the embedded default took 31.6 ms back to back,
+15.8 ms with every interval 0.5 ms (benchmarks/RESULTS.md, "The fixed cost
+of a pass", and docs/architecture-notes.md).  Batching pays on a busy cluster of
 many small tasks; a quantem-flow pass has tens of chunk tasks, so the
 clusters quantem-flow starts (:func:`~quantem_flow.graphs.cluster.start_local_cluster`,
 the embedded default) use ``qf.config.get("message_batch_ms")`` on every
