@@ -41,6 +41,24 @@ def probe_data(
     return data
 
 
+def dask_thread_cluster(n_workers: int = 1, threads_per_worker: int = 1, **options: Any) -> Any:
+    """A plain ``distributed.LocalCluster`` in this process (not quantem-flow's), on 127.0.0.1.
+
+    ``processes=False`` needs ``protocol="tcp://"``: Dask's in-process transport has no host.
+    """
+    from distributed import LocalCluster
+
+    return LocalCluster(
+        n_workers=n_workers,
+        threads_per_worker=threads_per_worker,
+        processes=False,
+        protocol="tcp://",
+        host="127.0.0.1",
+        dashboard_address="127.0.0.1:0",
+        **options,
+    )
+
+
 @pytest.fixture(scope="session")
 def cluster_client() -> Iterator[Any]:
     """A 2-process LocalCluster bound to 127.0.0.1 (dashboard included)."""

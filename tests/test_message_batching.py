@@ -21,6 +21,7 @@ from quantem_flow.graphs.message_batching import (
     batch_interval_s,
     set_interval,
 )
+from tests.conftest import dask_thread_cluster
 
 
 def _worker_interval(dask_worker: Any) -> float:
@@ -48,19 +49,9 @@ def test_every_stream_of_a_started_cluster_has_the_configured_interval(processes
 
 
 def test_a_cluster_started_by_others_keeps_dasks_intervals() -> None:
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
-    with (
-        LocalCluster(
-            n_workers=1,
-            threads_per_worker=1,
-            processes=False,
-            protocol="tcp://",
-            host="127.0.0.1",
-            dashboard_address="127.0.0.1:0",
-        ) as cluster,
-        Client(cluster, set_as_default=False) as client,
-    ):
+    with dask_thread_cluster() as cluster, Client(cluster, set_as_default=False) as client:
         client.submit(sum, [1, 2], pure=False).result()
         assert [s.interval for s in cluster.scheduler.stream_comms.values()] == [0.005]
         assert list(client.run(_worker_interval).values()) == [0.002]

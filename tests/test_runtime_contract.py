@@ -28,7 +28,7 @@ from quantem_flow.runtimes.base import RELEASED
 from quantem_flow.runtimes.cpu import CpuRuntime
 from quantem_flow.runtimes.cpu.spec import KERNELS as CPU_KERNELS
 from quantem_flow.runtimes.registry import RuntimeSpec, register_runtime, unregister_runtime
-from tests.conftest import probe_data
+from tests.conftest import dask_thread_cluster, probe_data
 
 DET = (9, 14)
 
@@ -206,7 +206,7 @@ def test_dask_forgetting_a_resident_chunk_releases_it(
     counting: type[CountingRuntime], rng: np.random.Generator
 ) -> None:
     import psutil
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     from quantem_flow.graphs.worker import worker_options
 
@@ -216,15 +216,7 @@ def test_dask_forgetting_a_resident_chunk_releases_it(
     rss = int(psutil.Process().memory_info().rss)
     opts = worker_options(runtimes=["cpu", "counting"], memory_limit=int(rss / 0.8) + (2 << 30))
     with (
-        LocalCluster(
-            n_workers=1,
-            threads_per_worker=2,
-            processes=False,
-            protocol="tcp://",
-            host="127.0.0.1",
-            dashboard_address="127.0.0.1:0",
-            **opts,
-        ) as cluster,
+        dask_thread_cluster(threads_per_worker=2, **opts) as cluster,
         Client(cluster, set_as_default=False) as client,
     ):
         p = qf.open(data, chunk_rows=2).persist(client=client, backend="counting")

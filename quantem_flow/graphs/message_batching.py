@@ -86,24 +86,20 @@ def set_interval(stream: Any, seconds: float) -> bool:
     return True
 
 
-class BatchIntervalSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
-    """Set the interval of the scheduler's streams to every worker and client.
-
-    Parameters
-    ----------
-    seconds
-        The interval (see :func:`batch_interval_s`).
-    """
+class _Interval:
+    """What both plugins hold: the interval, in seconds (see :func:`batch_interval_s`)."""
 
     name = "quantem-flow-message-batching"
 
     def __init__(self, seconds: float) -> None:
         self.seconds = float(seconds)
-        self.scheduler: Any = None
+
+
+class BatchIntervalSchedulerPlugin(_Interval, SchedulerPlugin):  # type: ignore[misc]
+    """Set the interval of the scheduler's streams to every worker and client."""
 
     async def start(self, scheduler: Any) -> None:
         """Set the streams of the workers and clients already connected."""
-        self.scheduler = scheduler
         for stream in list(getattr(scheduler, "stream_comms", {}).values()):
             set_interval(stream, self.seconds)
         for stream in list(getattr(scheduler, "client_comms", {}).values()):
@@ -125,19 +121,8 @@ class BatchIntervalSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
             loop.add_callback(later)
 
 
-class BatchIntervalWorkerPlugin(WorkerPlugin):  # type: ignore[misc]
-    """Set the interval of a worker's stream to the scheduler.
-
-    Parameters
-    ----------
-    seconds
-        The interval (see :func:`batch_interval_s`).
-    """
-
-    name = "quantem-flow-message-batching"
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = float(seconds)
+class BatchIntervalWorkerPlugin(_Interval, WorkerPlugin):  # type: ignore[misc]
+    """Set the interval of a worker's stream to the scheduler."""
 
     def setup(self, worker: Any) -> None:
         """Set the stream (it exists from the worker's construction on)."""
