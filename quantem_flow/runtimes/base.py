@@ -152,11 +152,30 @@ class CompileTime:
 
 
 _NUMBA_LISTENER: list[Any] = []
+#: Held while this module imports Numba: two task threads importing it at once for the first
+#: time in a process failed with "partially initialized module 'numba.core.event'" (an
+#: external worker's first two chunk tasks, 1 run in 6 on a loaded VM).
+_NUMBA_IMPORT = threading.RLock()
+
+
+def _numba_events() -> Any:
+    """``numba.core.event``, the whole of Numba imported first, one thread at a time."""
+    with _NUMBA_IMPORT:
+        import numba  # noqa: F401  (the package before its submodule: no half-made module)
+        from numba.core import event
+
+        return event
 
 
 def _numba_listener_class() -> Any:
     """The numba event listener class (made once, numba imported lazily)."""
+    with _NUMBA_IMPORT:
+        return _numba_listener_class_locked()
+
+
+def _numba_listener_class_locked() -> Any:
     if not _NUMBA_LISTENER:
+        _numba_events()  # Numba imported whole, under the lock (held: it is reentrant)
         from numba.core import event
 
         class ThreadCompileListener(event.Listener):
@@ -601,8 +620,7 @@ class Runtime(abc.ABC):
         CompileTime
             Filled in when the block ends.
         """
-        from numba.core import event
-
+        event = _numba_events()
         clock = CompileTime()
         listener = _numba_listener_class()(clock)
         with (
