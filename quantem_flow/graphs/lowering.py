@@ -4,13 +4,15 @@ The graph has three kinds of layer:
 
 ``qf-spec-<token>``
     One data node holding the :class:`~quantem_flow.graphs.tasks.PassSpec`
-    (dataset description and weight rows), shipped once to each worker.
+    (dataset description and weight rows), shipped once to each worker; a
+    pass of one chunk task carries the spec in that task instead.
 ``qf-pass-<token>``
     One task per chunk: load (read + decode + transform) and run every
     requested kernel on the chunk while it is in memory.  The chunk is read
     and decoded exactly once and never leaves the task.
 ``qf-combine-<token>``
-    A tree of merges of the partials (fan-in 8 with patterns, else 64).
+    A tree of merges (fan-in 8) of partials holding sum or maximum patterns;
+    partials of scan blocks only are merged by whoever runs the pass.
 
 Loading and kernels are fused into one task for unpersisted data: a
 separate load task would leave a 128 MiB payload in worker memory for

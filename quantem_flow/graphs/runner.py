@@ -293,19 +293,13 @@ class Runner:
                 sink = self.gathered[i]
                 # in this process the tasks write their pixels straight into the array
                 here = {} if sink is None else {id(p.spec): sink}
+                outputs = [] if p.output_key is None else [p.output_key]
                 with gathered_in_place(here):
-                    if p.output_key is None:
-                        parts = list(self._get(dict(p.graph), list(p.chunk_keys)))
-                    else:
-                        values = self._get(dict(p.graph), [p.output_key, *p.chunk_keys])
-                        parts = list(values[1:])
+                    values = self._get(dict(p.graph), [*outputs, *p.chunk_keys])
+                parts = list(values[len(outputs) :])
                 for part in parts:
                     self._store(i, part)
-                out.append(
-                    combine_partials(*(_without_pixels(x) for x in parts))
-                    if p.output_key is None
-                    else values[0]
-                )
+                out.append(values[0] if outputs else _merged(parts))
             return out
         results: dict[int, ChunkPartial] = {}
         for i, p in enumerate(passes):  # resident queries: straight to the holders
@@ -462,7 +456,7 @@ class Runner:
         results: list[ChunkPartial] = [
             by_key[p.output_key]
             if p.output_key is not None
-            else combine_partials(*(by_key[k] for k in p.chunk_keys))
+            else _merged([by_key[k] for k in p.chunk_keys])
             for p in passes
         ]
         self._end(events, [_pass_name(p) for p in passes if p.chunk_keys])
@@ -530,6 +524,11 @@ def _without_pixels(part: ChunkPartial) -> ChunkPartial:
     return dataclasses.replace(part, gathered=[])
 
 
+def _merged(parts: list[ChunkPartial]) -> ChunkPartial:
+    """The chunk partials of a pass without combine tasks, merged here (pixels already sunk)."""
+    return combine_partials(*(_without_pixels(p) for p in parts))
+
+
 def _restoration(d: dict[str, Any]) -> str:
     if d.get("restored"):
         return (
@@ -548,11 +547,14 @@ def _describe_loss(d: dict[str, Any]) -> str:
     return f"{d.get('worker')} (name {d.get('name')!r}), {_restoration(d)}"
 
 
-def _pass_name(lowered: LoweredPass) -> str:
-    key = lowered.chunk_keys[0] if lowered.chunk_keys else lowered.output_key
+def _layer_name(key: Any) -> str:
+    """The layer a task key belongs to (``qf-pass-...``, ``qf-load-...``): its first part."""
     return str(key[0]) if isinstance(key, tuple) else str(key)
+
+
+def _pass_name(lowered: LoweredPass) -> str:
+    return _layer_name(lowered.chunk_keys[0] if lowered.chunk_keys else lowered.output_key)
 
 
 def _load_name(lowered: LoweredLoad) -> str:
-    key = lowered.keys[0] if lowered.keys else "qf-load"
-    return str(key[0]) if isinstance(key, tuple) else str(key)
+    return _layer_name(lowered.keys[0] if lowered.keys else "qf-load")

@@ -16,9 +16,12 @@ It also watches the cluster for the dashboard and for provenance:
   happens next, and marked *restored* when a worker of the same name joins
   again (a Nanny or the local cluster's restart supervisor, which also
   reports a restart that gives up: :data:`REPORT_HANDLER`);
-* passes the client registers (:meth:`PlacementSchedulerPlugin.register_pass`:
-  scan shape and chunk rows) and every chunk task that finishes (worker,
-  bytes, compute time), for per-worker throughput and the scan-shaped map.
+* passes, registered when their graph arrives (the ``qf_pass`` annotation,
+  :meth:`PlacementSchedulerPlugin.register_pass`: scan shape and chunk rows;
+  each pass's departures cursor and every departure are published on
+  :data:`PASS_EVENTS_TOPIC`, graphs/pass_watch.py), and every chunk task that
+  finishes (worker, bytes, compute time), for per-worker throughput and the
+  scan-shaped map.
 
 The page ``/quantem-flow`` on the scheduler's HTTP server (the dashboard
 port, bound to 127.0.0.1 by the engine) is a Bokeh document
@@ -69,8 +72,6 @@ __all__ = [
     "dashboard_state",
     "dask_setup",
     "ensure_placement",
-    "pass_events",
-    "register_pass",
 ]
 
 PLUGIN_NAME = "quantem-flow-placement"
@@ -831,40 +832,6 @@ def ensure_placement(client: Any) -> None:
 def _plugin(dask_scheduler: Any) -> PlacementSchedulerPlugin | None:
     plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
     return plugin if isinstance(plugin, PlacementSchedulerPlugin) else None
-
-
-def register_pass(
-    info: Mapping[str, Any] | list[Mapping[str, Any]], dask_scheduler: Any = None
-) -> int | None:
-    """Register passes with the scheduler's plugin (``client.run_on_scheduler``).
-
-    Parameters
-    ----------
-    info
-        One pass, or a list of them: ``{"name", "kind", "label", "scan_shape",
-        "chunks", "row_bytes"}``.
-    dask_scheduler
-        Given by ``run_on_scheduler``.
-
-    Returns
-    -------
-    int or None
-        The departures' cursor before the passes, ``None`` when the plugin is
-        not installed.
-    """
-    plugin = _plugin(dask_scheduler)
-    if plugin is None:
-        return None
-    cursor = plugin.next_departure()
-    for one in [info] if isinstance(info, Mapping) else info:
-        plugin.register_pass(one)
-    return cursor
-
-
-def pass_events(cursor: int, dask_scheduler: Any = None) -> list[dict[str, Any]]:
-    """Return the departures recorded since ``cursor`` (``client.run_on_scheduler``)."""
-    plugin = _plugin(dask_scheduler)
-    return [] if plugin is None else plugin.departures_since(int(cursor))
 
 
 def dashboard_state(dask_scheduler: Any = None) -> dict[str, Any] | None:

@@ -152,62 +152,53 @@ class CompileTime:
 
 
 _NUMBA_LISTENER: list[Any] = []
-#: Held while this module imports Numba: two task threads importing it at once for the first
-#: time in a process failed with "partially initialized module 'numba.core.event'" (an
-#: external worker's first two chunk tasks, 1 run in 6 on a loaded VM).
-_NUMBA_IMPORT = threading.RLock()
-
-
-def _numba_events() -> Any:
-    """``numba.core.event``, the whole of Numba imported first, one thread at a time."""
-    with _NUMBA_IMPORT:
-        import numba  # noqa: F401  (the package before its submodule: no half-made module)
-        from numba.core import event
-
-        return event
+#: Held while this module imports Numba and makes its listener: two task threads importing it
+#: at once for the first time in a process failed with "partially initialized module
+#: 'numba.core.event'" (an external worker's first two chunk tasks, 1 run in 6 on a loaded VM).
+_NUMBA_IMPORT = threading.Lock()
 
 
 def _numba_listener_class() -> Any:
-    """The numba event listener class (made once, numba imported lazily)."""
+    """The numba event listener class (made once; Numba imported whole, one thread at a time)."""
     with _NUMBA_IMPORT:
-        return _numba_listener_class_locked()
+        if not _NUMBA_LISTENER:
+            _make_numba_listener_class()
+        return _NUMBA_LISTENER[0]
 
 
-def _numba_listener_class_locked() -> Any:
-    if not _NUMBA_LISTENER:
-        _numba_events()  # Numba imported whole, under the lock (held: it is reentrant)
-        from numba.core import event
+def _make_numba_listener_class() -> None:
+    import numba  # noqa: F401  (the package before its submodule: no half-made module)
+    from numba.core import event
 
-        class ThreadCompileListener(event.Listener):
-            """Times numba's compiler lock on one thread (nested holds counted once)."""
+    class ThreadCompileListener(event.Listener):
+        """Times numba's compiler lock on one thread (nested holds counted once)."""
 
-            def __init__(self, clock: CompileTime) -> None:
-                self.clock = clock
-                self.thread = threading.get_ident()
-                self.depth = 0
-                self.start = 0.0
+        def __init__(self, clock: CompileTime) -> None:
+            self.clock = clock
+            self.thread = threading.get_ident()
+            self.depth = 0
+            self.start = 0.0
 
-            def on_start(self, ev: Any) -> None:
-                if threading.get_ident() != self.thread:
-                    return
-                if ev.kind == "numba:compile":
-                    self.clock.compilations += 1
-                    return
-                if self.depth == 0:
-                    self.start = time.perf_counter()
-                self.depth += 1
+        def on_start(self, ev: Any) -> None:
+            if threading.get_ident() != self.thread:
+                return
+            if ev.kind == "numba:compile":
+                self.clock.compilations += 1
+                return
+            if self.depth == 0:
+                self.start = time.perf_counter()
+            self.depth += 1
 
-            def on_end(self, ev: Any) -> None:
-                if threading.get_ident() != self.thread or ev.kind == "numba:compile":
-                    return
-                if self.depth == 0:  # its start came before the listener: not timed
-                    return
-                self.depth -= 1
-                if self.depth == 0:
-                    self.clock.seconds += time.perf_counter() - self.start
+        def on_end(self, ev: Any) -> None:
+            if threading.get_ident() != self.thread or ev.kind == "numba:compile":
+                return
+            if self.depth == 0:  # its start came before the listener: not timed
+                return
+            self.depth -= 1
+            if self.depth == 0:
+                self.clock.seconds += time.perf_counter() - self.start
 
-        _NUMBA_LISTENER.append(ThreadCompileListener)
-    return _NUMBA_LISTENER[0]
+    _NUMBA_LISTENER.append(ThreadCompileListener)
 
 
 #: ``kernel(payload, weights, *, want_sum, want_max) -> FramePassResult``
@@ -620,9 +611,10 @@ class Runtime(abc.ABC):
         CompileTime
             Filled in when the block ends.
         """
-        event = _numba_events()
         clock = CompileTime()
-        listener = _numba_listener_class()(clock)
+        listener = _numba_listener_class()(clock)  # Numba is whole from here on
+        from numba.core import event
+
         with (
             event.install_listener("numba:compiler_lock", listener),
             event.install_listener("numba:compile", listener),

@@ -41,10 +41,6 @@ from .structure import EXACT_INTEGER, WeightPlan, finish_moment_rows, structured
 
 __all__ = ["ExactPass", "exact_pass"]
 
-#: Frames converted to float64 at a time (bytes of the float64 block; counted in the
-#: tasks' memory need, runtimes/cpu/scratch.py).
-BLOCK_BYTES = EXACT_BLOCK_BYTES
-
 
 @dataclasses.dataclass(frozen=True)
 class ExactPass:
@@ -71,7 +67,7 @@ class ExactPass:
     def run(self, frames: np.ndarray, out: np.ndarray) -> None:
         """Write ``out[:, :width]`` for ``(n, k)`` integer frames, block by block."""
         n, k = frames.shape
-        step = max(1, BLOCK_BYTES // max(8 * k, 1))
+        step = max(1, EXACT_BLOCK_BYTES // max(8 * k, 1))  # runtimes/cpu/scratch.py
         for f0 in range(0, n, step):
             block = frames[f0 : f0 + step].astype(np.float64)
             out[f0 : f0 + step, self.columns] = block @ self.vectors
