@@ -21,6 +21,11 @@ name                          meaning                                    default
 ``stream_piece_mib``          MiB a streamed chunk pass reads, hashes    2
                               and runs at a time (0: whole chunks;
                               docs/streamed-pass.md)
+``pass_tasks_per_thread``     a pass over unpersisted data runs at       2
+                              least this many tasks per thread of the
+                              cluster, each running whole chunks in
+                              turn (graphs/pass_groups.py)
+``pass_task_mib``             most logical MiB one such task covers      1024
 ``read_method``               how a streamed pass reads contiguous       auto
                               frames: ``auto`` (each worker measures a
                               map against ``pread`` on the file),
@@ -110,6 +115,10 @@ _DEFAULTS: dict[str, Any] = {
     # issue 24: a page-cached file's pieces viewed in place through a map (pages dropped after
     # each piece) where that measures faster than pread on the worker
     "read_method": "auto",
+    # issue 24: each task costs the embedded cluster ~8 ms; a 2 GiB pass in 4 tasks ran 1.2x
+    # faster than in 16 (graphs/pass_groups.py); two per thread let Dask balance the tail
+    "pass_tasks_per_thread": 2,
+    "pass_task_mib": 1024.0,
     # issue 23: a compute no worker can run fails instead of waiting forever; a worker being
     # restarted (the local cluster's supervisor, a Nanny) is back in a few seconds
     "no_worker_timeout_s": 60.0,

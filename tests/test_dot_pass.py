@@ -225,13 +225,19 @@ def test_when_it_does_not_run_the_record_says_why() -> None:
 
 
 @pytest.mark.skipif(HOST is None or not HOST.vnni, reason="this CPU has no VNNI")
-def test_the_machine_code_is_the_fused_multiply_add() -> None:
+def test_the_machine_code_is_pairwise_multiply_adds_fused_where_llvm_tunes_for_it() -> None:
     assert HOST is not None
     asm = kernel_assembly("u16", 5, 4, HOST)
     reg = "zmm" if HOST.bits == 512 else "ymm"
-    lines = [ln for ln in asm.splitlines() if "vpdpwssd" in ln]
-    assert len(lines) >= 20  # 4 frames x 5 vectors per step
-    assert all(reg in ln for ln in lines)
+    fused = [ln for ln in asm.splitlines() if "vpdpwssd" in ln]
+    split = [ln for ln in asm.splitlines() if "vpmaddwd" in ln]
+    # 4 frames x 5 vectors per step, each 32 pixel pairs multiplied and added at once;
+    # LLVM fuses the add into vpdpwssd where its tuning for this CPU favours it (Zen 4: most;
+    # Intel Ice Lake to Emerald Rapids: a few, the rest vpmaddwd + vpaddd;
+    # docs/integer-dot-kernel.md)
+    assert len(fused) + len(split) >= 20
+    assert fused, "VNNI is targeted but no vpdpwssd was selected"
+    assert all(reg in ln for ln in fused + split)
 
 
 def test_the_avx2_form_uses_pmaddwd() -> None:

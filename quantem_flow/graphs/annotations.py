@@ -26,6 +26,7 @@ ANNOTATION_KEYS: dict[str, str] = {
     "qf_role": "load, kernel, pass (load+kernel), combine or probe",
     "qf_resident": "key of the resident chunk the task reads, or ''",
     "qf_nbytes": "bytes the task holds on its device (resident or one chunk in flight)",
+    "qf_chunks": "indices of the chunks a chunk task runs (several: a group run in turn)",
     "qf_need": (
         "memory a chunk task needs at its peak: {'total': {pool: bytes}, 'parts': {part: bytes},"
         " 'rows': int, 'fixed': {pool: bytes}, 'per_row': {pool: bytes}, 'source_row_bytes': int}"
@@ -92,6 +93,15 @@ def validate_annotations(annotations: Mapping[str, Any]) -> dict[str, Any]:
                 raise AnnotationError(f"qf_nbytes must be an integer >= 0, got {value!r}")
         elif name == "qf_need":
             _check_need(value)
+        elif name == "qf_chunks":
+            if (
+                not isinstance(value, (tuple, list))
+                or not value
+                or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
+            ):
+                raise AnnotationError(
+                    f"qf_chunks must be a non-empty tuple of chunk indices >= 0, got {value!r}"
+                )
         elif name == "qf_pass":
             if not isinstance(value, Mapping) or not isinstance(value.get("name"), str):
                 raise AnnotationError(

@@ -187,6 +187,7 @@ def _outputs(
         "scheduler": runner.description,
         "workers_departed": [dict(d) for d in runner.departures],
         "n_chunks": len(records),
+        "tasks": dict(lowered.tasks),
         "chunk_rows": ds.chunk_rows,
         "bytes_read": bytes_read,
         "dataset_read_bytes": ds.read_nbytes,
@@ -332,6 +333,7 @@ def compute(
                     resident=first.resident.graph_refs() if first.is_persisted else None,
                     gather=np.unique(np.concatenate(gathers)) if gathers else None,
                     radial=radial,
+                    threads=runner.task_threads,
                 ),
                 nodes,
             )

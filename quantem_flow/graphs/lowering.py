@@ -40,6 +40,7 @@ from ..representations import Chunk
 from ..representations.detector_ops import binned_dtype
 from .annotations import validate_annotations
 from .capabilities import memory_pool
+from .pass_groups import group_chunks, run_chunk_group
 from .resident_query import run_resident_group
 from .streamed import piece_bytes
 from .tasks import (
@@ -87,6 +88,12 @@ class LoweredPass:
         Weight-map keys in the order of the spec's weight rows.
     spec
         The pass specification.
+    covers
+        Per chunk key, the indices of the chunks its task runs (several for a group of
+        unpersisted chunks, :mod:`.pass_groups`, or a worker's resident chunks).
+    tasks
+        How the chunks went to tasks, for provenance: ``{"n_tasks", "chunks_per_task",
+        "threads", "rule"}``.
     """
 
     graph: HighLevelGraph
@@ -94,6 +101,8 @@ class LoweredPass:
     output_key: Key | None
     weight_keys: list[str]
     spec: PassSpec
+    covers: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+    tasks: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 #: Partials per combine task when they hold sum or maximum patterns.
@@ -111,6 +120,7 @@ def lower_pass(
     resident: Sequence[Any] | None = None,
     gather: np.ndarray | None = None,
     radial: Mapping[str, tuple[float, float, float, float]] | None = None,
+    threads: int | None = None,
 ) -> LoweredPass:
     """Build the graph of one fused pass over ``ds``.
 
@@ -140,6 +150,11 @@ def lower_pass(
     radial
         ``{key: (centre row, centre col, scale row, scale col)}`` of disk and annulus
         maps (:attr:`~quantem_flow.operators.base.ChunkPlan.radial`), shipped per row.
+    threads
+        Task threads of where the pass runs: the chunks of an unpersisted dataset
+        go to tasks in groups, at least ``pass_tasks_per_thread`` per thread
+        (:func:`~quantem_flow.graphs.pass_groups.group_chunks`); ``None``: one
+        task per chunk.
 
     Returns
     -------
@@ -177,10 +192,26 @@ def lower_pass(
     if resident is not None and len(resident) != len(ds.chunks):
         raise ValueError(f"{len(resident)} resident chunks for {len(ds.chunks)} chunks")
     groups = None if resident is None else resident_groups(ds, resident)
+    gather_pixels = 0 if spec.gather is None else len(spec.gather)
+    spans = (
+        group_chunks(
+            [(r1 - r0) * _row_bytes(ds) for r0, r1 in ds.chunks],
+            [
+                partial_bytes(ds, r1 - r0, n_weights=len(keys), gather_pixels=gather_pixels)
+                for r0, r1 in ds.chunks
+            ],
+            threads=threads,
+        )
+        if resident is None and threads is not None
+        else [(i, i + 1) for i in range(len(ds.chunks))]
+        if resident is None
+        else None
+    )
+    n_tasks = len(spans) if spans is not None else len(groups) if groups else len(ds.chunks)
     # The spec is a data task every chunk task depends on, so it travels to each worker once;
     # a pass of ONE chunk task carries it in that task instead (the same bytes, and one task
     # round trip fewer before the work starts: docs/architecture-notes.md, "The fixed cost")
-    inline_spec = (len(groups) if groups else len(ds.chunks)) == 1
+    inline_spec = n_tasks == 1
     layers: dict[str, Any] = {}
     dependencies: dict[str, set[str]] = {}
     if not inline_spec:
@@ -191,24 +222,31 @@ def lower_pass(
     spec_arg: Any = spec if inline_spec else TaskRef(spec_name)
     chunk_keys: list[Key] = []
     chunk_tasks: dict[Key, Task] = {}
+    covers: dict[Key, tuple[int, ...]] = {}
     local: dict[Key, DataNode] = {}
     resident_of: dict[Key, Key] = {}
+    for i0, i1 in spans or ():  # whole chunks of unpersisted data, run in turn per task
+        key = (pass_name, i0)
+        chunk_keys.append(key)
+        covers[key] = tuple(range(i0, i1))
+        if i1 - i0 == 1:
+            chunk_tasks[key] = Task(key, run_chunk_pass, spec_arg, i0, *ds.chunks[i0])
+        else:
+            run = tuple((i, *ds.chunks[i]) for i in range(i0, i1))
+            chunk_tasks[key] = Task(key, run_chunk_group, spec_arg, run)
     for members in groups or ():  # one kernel task per holding worker, over all its chunks
         assert resident is not None
         key = (pass_name, members[0])
         chunk_keys.append(key)
+        covers[key] = tuple(members)
         resident_of[key] = resident[members[0]]
         refs = (TaskRef(resident[i]) for i in members)
         chunk_tasks[key] = Task(key, run_resident_group, spec_arg, tuple(members), *refs)
-    for i, (r0, r1) in enumerate(ds.chunks):
-        if groups:
-            break
+    # resident chunks whose holders are not grouped (in-process): one kernel task per chunk
+    for i, ref in enumerate(resident if resident is not None and not groups else ()):
         key = (pass_name, i)
         chunk_keys.append(key)
-        if resident is None:
-            chunk_tasks[key] = Task(key, run_chunk_pass, spec_arg, i, r0, r1)
-            continue
-        ref = resident[i]
+        covers[key] = (i,)
         if isinstance(ref, Chunk):  # in-process: the chunk itself is a data node
             local_key = (f"qf-resident-{token}", i)
             local[local_key] = DataNode(local_key, ref)
@@ -229,16 +267,20 @@ def lower_pass(
             n_weights=len(keys),
             want_sum=want_sum,
             want_max=want_max,
-            gather_pixels=0 if spec.gather is None else len(spec.gather),
+            gather_pixels=gather_pixels,
             piece_bytes=streamed_piece_bytes(ds, runtime, spec.stream_piece_bytes),
+            chunks_per_task=max(len(c) for c in covers.values()),
         ).to_annotation()
+    for covered in covers.values():  # every per-key value is checked here, on the client
+        validate_annotations({"qf_chunks": covered})
     pass_annotations = validate_annotations(annotations)
+    # a callable layer annotation is evaluated per key by dask when the graph is packed
+    pass_annotations["qf_chunks"] = covers.__getitem__
     if inline_spec:
         pass_annotations.update(announce)  # on the one chunk task: the pass announces itself
     if resident_of:
         for ref in resident_of.values():  # every per-key value is checked here, on the client
             validate_annotations({"qf_resident": ref})
-        # a callable layer annotation is evaluated per key by dask when the graph is packed
         pass_annotations["qf_resident"] = resident_of.__getitem__
     if local:
         layers[f"qf-resident-{token}"] = MaterializedLayer(local)
@@ -248,10 +290,32 @@ def lower_pass(
         {f"qf-resident-{token}"} if local else set()
     )
 
+    if spans is not None and threads is not None:
+        rule = (
+            f"whole chunks in contiguous groups: at least pass_tasks_per_thread="
+            f"{config.get('pass_tasks_per_thread')} tasks per thread of {threads}, each at most "
+            f"pass_task_mib={config.get('pass_task_mib')} MiB (graphs/pass_groups.py)"
+        )
+    elif groups:
+        rule = "one task per thread of each worker holding resident chunks (resident_groups)"
+    else:
+        rule = "one task per chunk"
+    tasks_record = {
+        "n_tasks": len(chunk_keys),
+        "chunks_per_task": sorted({len(c) for c in covers.values()}),
+        "threads": threads,
+        "rule": rule,
+    }
     if fan_in is None and not (want_sum or want_max):
         graph = HighLevelGraph(layers, dependencies)
         return LoweredPass(
-            graph=graph, chunk_keys=chunk_keys, output_key=None, weight_keys=keys, spec=spec
+            graph=graph,
+            chunk_keys=chunk_keys,
+            output_key=None,
+            weight_keys=keys,
+            spec=spec,
+            covers=[covers[k] for k in chunk_keys],
+            tasks=tasks_record,
         )
     if fan_in is None:
         fan_in = PATTERN_FAN_IN
@@ -274,7 +338,13 @@ def lower_pass(
     dependencies[comb_name] = {pass_name}
     graph = HighLevelGraph(layers, dependencies)
     return LoweredPass(
-        graph=graph, chunk_keys=chunk_keys, output_key=level[0], weight_keys=keys, spec=spec
+        graph=graph,
+        chunk_keys=chunk_keys,
+        output_key=level[0],
+        weight_keys=keys,
+        spec=spec,
+        covers=[covers[k] for k in chunk_keys],
+        tasks=tasks_record,
     )
 
 
@@ -319,8 +389,12 @@ def resident_groups(ds: Dataset4D, resident: Sequence[Any]) -> list[list[int]] |
 
 def max_chunk_nbytes(ds: Dataset4D) -> int:
     """Bytes of the largest chunk as loaded (after transforms)."""
-    rows = max(r1 - r0 for r0, r1 in ds.chunks)
-    return int(rows * ds.shape[1] * ds.shape[2] * ds.shape[3] * ds.dtype.itemsize)
+    return max(r1 - r0 for r0, r1 in ds.chunks) * _row_bytes(ds)
+
+
+def _row_bytes(ds: Dataset4D) -> int:
+    """Logical bytes of one scan row (after transforms)."""
+    return int(ds.shape[1] * ds.shape[2] * ds.shape[3] * ds.dtype.itemsize)
 
 
 @dataclasses.dataclass
@@ -551,11 +625,14 @@ def _need_parts(
     want_max: bool,
     gather_pixels: int,
     piece_bytes: int | None = None,
+    chunks_per_task: int = 1,
 ) -> dict[str, tuple[str, int]]:
     """``{part: (pool, bytes)}`` of one chunk of ``rows`` scan rows.
 
     ``piece_bytes``: the chunk streams in pieces of this many source bytes, so its
-    staging buffer, transform scratch and payload are one piece's.
+    staging buffer, transform scratch and payload are one piece's.  ``chunks_per_task``:
+    the task runs this many such chunks in turn (:mod:`.pass_groups`) and keeps each
+    one's results.
     """
     frames = rows * ds.shape[1]
     src_shape = (int(ds.source.shape[2]), int(ds.source.shape[3]))
@@ -629,10 +706,22 @@ def _need_parts(
             # products of blocks of frames meanwhile (runtimes/cpu/exact_numpy.py)
             work += exact_scratch_bytes()
         parts["kernel"] = (device, work)
-        # per-frame values and gathered pixels, kept once and serialised once
-        partial = frames * (m * 8 + 2 * gather_pixels * 8)
-        parts["partial"] = (host, 2 * partial)
+        # a task running several chunks in turn keeps every chunk's results until it ends
+        results = partial_bytes(ds, rows, n_weights=n_weights, gather_pixels=gather_pixels)
+        parts["partial"] = (host, chunks_per_task * results)
     return parts
+
+
+def partial_bytes(ds: Dataset4D, rows: int, *, n_weights: int, gather_pixels: int) -> int:
+    """Bytes of the results of ``rows`` scan rows a chunk task keeps and serialises.
+
+    Per-frame values (one float64 per weight row, padded to an even count) and
+    gathered pixels (counted at 8 bytes, twice: values and their copy), kept once
+    and serialised once.
+    """
+    frames = rows * int(ds.shape[1])
+    m = int(n_weights) + 1
+    return 2 * frames * (m * 8 + 2 * int(gather_pixels) * 8)
 
 
 def task_memory_need(
@@ -645,6 +734,7 @@ def task_memory_need(
     want_max: bool = True,
     gather_pixels: int = 0,
     piece_bytes: int | None = None,
+    chunks_per_task: int = 1,
 ) -> MemoryNeed:
     """Return what the largest chunk task of ``ds`` needs in memory while it runs.
 
@@ -673,6 +763,9 @@ def task_memory_need(
     piece_bytes
         The chunks stream in pieces of this many bytes (:func:`streamed_piece_bytes`):
         a task holds one piece, not its chunk.
+    chunks_per_task
+        Chunks the largest task runs in turn (:mod:`.pass_groups`): it holds one
+        chunk's working memory and every one of those chunks' results.
 
     Returns
     -------
@@ -692,6 +785,7 @@ def task_memory_need(
             want_max=bool(want_max),
             gather_pixels=int(gather_pixels),
             piece_bytes=piece_bytes,
+            chunks_per_task=int(chunks_per_task),
         )
 
     def pools(parts: dict[str, tuple[str, int]]) -> dict[str, int]:

@@ -93,6 +93,8 @@ class TaskInfo:
     need_detail
         The ``qf_need`` annotation (breakdown, bytes per scan row, chunk
         rows) for refusal messages.
+    chunks
+        For chunk tasks: the indices of the chunks the task runs (``qf_chunks``).
     """
 
     key: Key
@@ -103,6 +105,7 @@ class TaskInfo:
     nbytes: int = 0
     need: Mapping[str, int] = dataclasses.field(default_factory=dict)
     need_detail: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    chunks: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -639,6 +642,7 @@ def tasks_from_annotations(
     resident = annotations.get("qf_resident", {})
     nbytes = annotations.get("qf_nbytes", {})
     needs = annotations.get("qf_need", {})
+    covers = annotations.get("qf_chunks", {})
     known_loads = set(loads) | {k for k, r in roles.items() if r == "load"}
     out: list[TaskInfo] = []
     for k in keys:
@@ -659,6 +663,7 @@ def tasks_from_annotations(
                 nbytes=int(nbytes.get(k, 0)),
                 need=_need_pools(needs.get(k)),
                 need_detail=dict(needs.get(k) or {}),
+                chunks=tuple(int(i) for i in covers.get(k) or ()),
             )
         )
     return out

@@ -241,6 +241,27 @@ class Runner:
                 )
 
     @property
+    def task_threads(self) -> int:
+        """Threads that run tasks where this runner runs them (the cluster's workers, or here).
+
+        On a cluster, the total the client's periodic scheduler update keeps
+        (``total_threads``, no request; a synchronous ``scheduler_info()`` would
+        ask the scheduler each pass: docs/dask-notes-additions.md), else asked
+        once; at least 1 (no worker has joined yet).
+        """
+        if self.client is None:
+            return self.threads
+        kept = getattr(self.client, "_scheduler_identity", None) or {}
+        total = kept.get("total_threads") if isinstance(kept, dict) else None
+        if not isinstance(total, int) or total < 1:
+            try:
+                workers = self.client.scheduler_info().get("workers", {})
+                total = sum(int(w.get("nthreads", 0)) for w in workers.values())
+            except Exception:  # a closed or odd client: the pass still runs, in fewer groups
+                total = 0
+        return max(1, int(total))
+
+    @property
     def scheduler_address(self) -> str | None:
         """Address of the scheduler, ``None`` in this process."""
         return None if self.client is None else str(self.client.scheduler.address)
@@ -413,6 +434,10 @@ class Runner:
 
         passes = [p for _, p in indexed]
         owner = {k: i for i, p in indexed for k in p.chunk_keys}
+        # a task may run several chunks (graphs/pass_groups.py): the bar counts chunks
+        n_covered = {
+            k: len(c) for p in passes for k, c in zip(p.chunk_keys, p.covers, strict=False)
+        }
         graph = HighLevelGraph.merge(*(p.graph for p in passes))
         chunk_keys = [k for p in passes for k in p.chunk_keys]
         out_keys = [p.output_key for p in passes if p.output_key is not None]
@@ -429,7 +454,7 @@ class Runner:
                 with (
                     self.client.as_current(),
                     tqdm(
-                        total=len(chunk_futures),
+                        total=sum(n_covered.get(f.key, 1) for f in chunk_futures),
                         unit="chunk",
                         file=sys.stderr,
                         disable=not progress,
@@ -444,7 +469,7 @@ class Runner:
                                 fetched[f.key] = _without_pixels(part)
                         if f.key not in merged_here or f.key in fetched:
                             f.release()
-                        bar.update(1)
+                        bar.update(n_covered.get(f.key, 1))
             wanted = [*out_futures, *(f for f in chunk_futures if f.key in merged_here)]
             wanted = [f for f in wanted if f.key not in fetched]
             values = self.client.gather(wanted)

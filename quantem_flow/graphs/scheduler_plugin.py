@@ -529,17 +529,10 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
         p = self.passes.get(str(key[0]))
         i = key[1]
         ts = self.scheduler.tasks.get(key) if self.scheduler is not None else None
-        # a resident kernel task covers the chunks whose load tasks it reads (one task per
-        # worker runs all of that worker's chunks: graphs/lowering.resident_groups)
-        loads = [
-            d.key[1]
-            for d in getattr(ts, "dependencies", ())
-            if isinstance(d.key, tuple)
-            and len(d.key) == 2
-            and isinstance(d.key[1], int)
-            and getattr(self.placement.tasks.get(d.key), "role", None) == "load"
-        ]
-        covered = sorted(loads) or [i]
+        # a task may run several chunks (qf_chunks): a group of unpersisted chunks
+        # (graphs/pass_groups.py) or every resident chunk of one worker (lowering.resident_groups)
+        known = self.placement.tasks.get(key)
+        covered = list(known.chunks) if known is not None and known.chunks else [i]
         if finish == "processing":
             ws = getattr(ts, "processing_on", None)
             if p is not None and ws is not None:
