@@ -326,3 +326,99 @@ def test_the_map_needs_two_probes_and_pread_needs_one(
     else:
         assert "2 probes on this file" in final.why and "both found the map" in final.why
     forget_probes()
+
+
+def test_the_faster_piece_size_is_chosen_only_past_the_margin() -> None:
+    from quantem_flow.io.read_method import PIECE_MARGIN, _best_piece
+
+    asked = 1 << 20
+    assert _best_piece({asked: 10.0, 2 * asked: 10.5, 4 * asked: 9.0}, asked) == asked
+    assert _best_piece({asked: 10.0, 2 * asked: 12.0, 4 * asked: 11.5}, asked) == 2 * asked
+    assert _best_piece({asked: 10.0, 2 * asked: 13.0, 4 * asked: 13.0}, asked) == 2 * asked
+    assert _best_piece({}, asked) == asked
+    assert 1 / PIECE_MARGIN > 1.0
+
+
+def test_a_probe_measures_every_piece_size_and_records_its_choice(tmp_path: Path) -> None:
+    from quantem_flow.io.read_method import PIECE_FACTORS
+
+    path = tmp_path / "p.bin"
+    size = 48 << 20
+    np.zeros(size, dtype=np.uint8).tofile(path)
+    forget_probes()
+    asked = 1 << 20
+    choice = choose_read_method("auto", path, 0, size, asked)
+    sizes = {asked * f for f in PIECE_FACTORS}
+    assert set(choice.by_piece) == {"mmap", "pread"}
+    assert all(set(rates) == sizes for rates in choice.by_piece.values())
+    assert all(r > 0 for rates in choice.by_piece.values() for r in rates.values())
+    assert choice.piece in sizes
+    record = choice.record()
+    assert record["piece_bytes"] == choice.piece
+    assert set(record["measured_GBps_by_piece"]["pread"]) == {str(s) for s in sizes}
+    # an explicit method reads the pieces asked for
+    assert choose_read_method("pread", path, 0, size, asked).piece_bytes(asked) == asked
+    assert choose_read_method("mmap", path, 0, size, asked).piece_bytes(asked) == asked
+    forget_probes()
+
+
+@pytest.mark.parametrize("method", ["pread", "mmap"])
+def test_a_pass_reads_the_pieces_the_probe_chose_with_the_same_values(
+    monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator, tmp_path: Path, method: str
+) -> None:
+    from quantem_flow.io import read_method
+
+    data = _frames(rng)
+    np.save(tmp_path / "d.npy", data)
+    ds = qf.open(tmp_path / "d.npy", chunk_rows=3)
+
+    def fake(path: Path, offset: int, nbytes: int, piece: int, start: int = 0) -> object:
+        rates = {piece: 1.0, 2 * piece: 3.0, 4 * piece: 2.0}
+        return read_method.ReadChoice(
+            method,
+            f"fake probe: {method}",
+            {"mmap": 3.0 if method == "mmap" else 1.0, "pread": 3.0},
+            piece=2 * piece,
+            by_piece={"pread": dict(rates), "mmap": dict(rates)},
+        )
+
+    asked = _records(_run(ds, "pread")[0])
+    monkeypatch.setattr(read_method, "_probe", fake)
+    forget_probes()
+    with config.set(stream_piece_mib=PIECE_MIB, read_method="auto"):
+        qf.compute(*_ops(ds), client="synchronous", progress=False)  # the map's first probe
+        chosen = qf.compute(*_ops(ds), client="synchronous", progress=False)
+    baseline = _run(ds, "pread")
+    _same(baseline, list(chosen))
+    records = _records(chosen[0])
+    frames = asked[0]["streamed"]["piece_frames"]
+    assert frames == 4  # pieces of 4 frames of one row asked for
+    assert all(r["streamed"]["read"]["method"] == method for r in records)
+    assert all(r["streamed"]["read"]["piece_bytes"] == 2 * frames * FRAME for r in records)
+    assert all(r["streamed"]["piece_frames"] == 2 * frames for r in records)
+    forget_probes()
+
+
+def test_admission_counts_the_largest_piece_a_probe_may_choose(
+    rng: np.random.Generator, tmp_path: Path
+) -> None:
+    from quantem_flow.graphs.lowering import lower_pass
+    from quantem_flow.graphs.streamed import stream_pieces
+    from quantem_flow.io.read_method import PIECE_FACTORS
+
+    np.save(tmp_path / "d.npy", _frames(rng))
+    ds = qf.open(tmp_path / "d.npy", chunk_rows=3)
+    weights = {"bf": np.ones(DET)}
+
+    def staging(method: str) -> int:
+        with config.set(stream_piece_mib=PIECE_MIB, read_method=method):
+            lowered = lower_pass(ds, weights, want_sum=False, want_max=False, runtime="cpu")
+        layer = lowered.graph.layers[str(lowered.chunk_keys[0][0])]
+        parts = (layer.annotations or {})["qf_need"]["parts"]
+        return int(parts["staging buffer (one streamed piece)"])
+
+    assert staging("pread") == 4 * FRAME  # 4 frames of one row
+    # the largest candidate, 4 x 4 frames, is more than a row: pieces of one whole row
+    largest = stream_pieces((0, 3), SCAN[1], FRAME, max(PIECE_FACTORS) * 4 * FRAME)
+    assert max((b - a) * (d - c) for (a, b), (c, d) in largest) == SCAN[1]
+    assert staging("auto") == SCAN[1] * FRAME
