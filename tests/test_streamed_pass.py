@@ -46,8 +46,8 @@ def _ops(ds: qf.Dataset4D) -> list[Any]:
     ]
 
 
-def _run(ds: qf.Dataset4D, piece_mib: float, read_method: str = "auto") -> list[Any]:
-    with config.set(stream_piece_mib=piece_mib, read_method=read_method):
+def _run(ds: qf.Dataset4D, piece_mib: float) -> list[Any]:
+    with config.set(stream_piece_mib=piece_mib):
         return qf.compute(*_ops(ds), client="synchronous", progress=False)
 
 
@@ -75,8 +75,7 @@ def test_streamed_pass_equals_the_whole_chunk_pass_bit_for_bit(
     # pieces of one row (a whole row fits) or of 4 frames of one row (a row does not fit)
     piece_mib = (SCAN[1] * frame if row_bytes else 5 * frame) / (1 << 20)
     whole = _run(ds, 0)
-    # pread: the pieces asked for ("auto" may measure larger pieces faster: test_mapped_read)
-    streamed = _run(ds, piece_mib, "pread")
+    streamed = _run(ds, piece_mib)
     _same(whole, streamed)
     np.testing.assert_array_equal(np.asarray(streamed[3]), data.sum(axis=(0, 1)))
     records = _chunks(streamed[0])

@@ -35,7 +35,7 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from .. import config
 from ..dataset import Dataset4D
-from ..io.read_method import PIECE_FACTORS, checked_read_method
+from ..io.read_method import checked_read_method
 from ..representations import Chunk
 from ..representations.detector_ops import binned_dtype
 from .annotations import validate_annotations
@@ -268,12 +268,7 @@ def lower_pass(
             want_sum=want_sum,
             want_max=want_max,
             gather_pixels=gather_pixels,
-            piece_bytes=streamed_piece_bytes(
-                ds,
-                runtime,
-                spec.stream_piece_bytes,
-                largest_factor=max(PIECE_FACTORS) if spec.read_method == "auto" else 1,
-            ),
+            piece_bytes=streamed_piece_bytes(ds, runtime, spec.stream_piece_bytes),
             chunks_per_task=max(len(c) for c in covers.values()),
         ).to_annotation()
     for covered in covers.values():  # every per-key value is checked here, on the client
@@ -593,16 +588,12 @@ def _host_copy_value_bytes(runtime: str) -> int | None:
     return None if spec is None else spec.host_copy_value_bytes
 
 
-def streamed_piece_bytes(
-    ds: Dataset4D, runtime: str, piece: int, *, largest_factor: int = 1
-) -> int | None:
+def streamed_piece_bytes(ds: Dataset4D, runtime: str, piece: int) -> int | None:
     """Bytes of the piece a chunk task of ``ds`` holds when every chunk streams, else ``None``.
 
     A streamed chunk task (:mod:`.streamed`) reads, decodes and runs its chunk one piece at
     a time, so admission counts one piece, not the chunk.  Asked from the declarations on
     the client: the runtime's class says whether it streams (nothing is started).
-    ``largest_factor``: the worker may read pieces up to this many times ``piece`` (the
-    probe of ``read_method="auto"`` chooses the size: :mod:`quantem_flow.io.read_method`).
     """
     from ..runtimes.registry import get_spec, load_attribute
     from .streamed import why_not_streamed
@@ -615,7 +606,6 @@ def streamed_piece_bytes(
         return None
     if not streams or any(why_not_streamed(ds, rows, piece) for rows in ds.chunks):
         return None
-    piece *= max(1, int(largest_factor))
     frame = int(np.prod(ds.source.shape[2:])) * int(np.dtype(ds.source.dtype).itemsize)
     n_cols = int(ds.shape[1])
     # stream_pieces: whole rows when one fits, else runs of a multiple of 4 frames

@@ -202,8 +202,8 @@ def run_streamed_chunk(
     if hashes_stored(ds):
         return _run_stored_chunk(ds, runtime, stream, rows, piece_bytes, prepare_s)
     frame_nbytes = _raw_frame_nbytes(ds)
-    asked = stream_pieces(rows, n_cols, frame_nbytes, piece_bytes)
-    largest = max((b - a) * (d - c) for (a, b), (c, d) in asked)
+    pieces = stream_pieces(rows, n_cols, frame_nbytes, piece_bytes)
+    largest = max((b - a) * (d - c) for (a, b), (c, d) in pieces)
     digests = DenseRowDigests(n_cols)
     read_s = hash_s = 0.0
     kernel_s = prepare_s
@@ -226,10 +226,6 @@ def run_streamed_chunk(
         defer=_compiling(),  # a compiler in this process would slow the probe
     )
     read_s += time.perf_counter() - t_choose
-    # the probe may have found larger pieces faster on this machine (read_method "auto")
-    chosen_piece = choice.piece_bytes(int(largest * frame_nbytes))
-    pieces = stream_pieces(rows, n_cols, frame_nbytes, chosen_piece)
-    largest = max((b - a) * (d - c) for (a, b), (c, d) in pieces)
     mapped = mapped_file(where[0]) if choice.method == "mmap" and where is not None else None
     with (
         (

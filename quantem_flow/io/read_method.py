@@ -26,19 +26,9 @@ fast decides at once (the map could no longer be chosen, so a second probe
 would read 128 MiB for nothing).  One probe
 runs at a time per process, and every chunk of the file then agrees.  The choice and
 both rates are recorded in every chunk's record.  On this project's 2-vCPU
-AMD VM ``pread`` won: a map's page faults cost more than the copy, and the copy
+VM ``pread`` wins: a map's page faults cost more than the copy, and the copy
 leaves the piece in the core's cache for the two sweeps (benchmarks/RESULTS.md,
 "Mapped reads").
-
-The same probe chooses the piece size (issue 24: "choose settings by a
-start-up probe of the machine, not by constants tuned on one CPU"): each
-method is measured with pieces of 1, 2 and 4 times ``stream_piece_mib``
-(:data:`PIECE_FACTORS`; every round reads the same bytes per thread), and the
-chosen method's fastest size is used where it is at least 10 % faster than
-the size asked for.  On the 2-vCPU AMD VM 2 MiB pieces were best; on a 2-vCPU
-Intel Xeon (Emerald Rapids, 2 MiB of L2 per core) a pass with 4 or 8 MiB
-pieces ran 1.2-1.3x faster than with 2 MiB, by either method
-(benchmarks/RESULTS.md, "Piece size by probe").
 """
 
 from __future__ import annotations
@@ -65,8 +55,8 @@ __all__ = [
 
 #: Values of the ``read_method`` setting.
 READ_METHODS = ("auto", "mmap", "pread")
-#: Rounds each way and piece size a probe reads (alternating).
-PROBE_ROUNDS = 3
+#: Rounds each way a probe reads (alternating).
+PROBE_ROUNDS = 4
 #: Pieces each thread reads and sweeps per round (thread start-up is amortised over them).
 PIECES_PER_THREAD = 4
 #: The probe's reused buffers (one piece per thread) stay within this many bytes.
@@ -74,10 +64,6 @@ PROBE_BUFFER_BYTES = 64 << 20
 #: The map must be this much faster (fastest round time ratio) to replace ``pread``, the
 #: default: rounds of one file differ by ~5-10 % from one another on a shared machine.
 MARGIN = 1 / 1.15
-#: Piece sizes a probe compares, as multiples of the piece asked for (``stream_piece_mib``).
-PIECE_FACTORS = (1, 2, 4)
-#: A larger piece replaces the one asked for when its fastest round is this much faster.
-PIECE_MARGIN = 1 / 1.10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,45 +77,20 @@ class ReadChoice:
     why
         A sentence for the chunk record.
     measured_GBps
-        The probe's read-and-touch rates (``{"mmap": ..., "pread": ...}``, each at its
-        fastest piece size), empty when nothing was measured.
-    piece
-        Bytes per piece to read, chosen by the probe among :data:`PIECE_FACTORS` times
-        the piece asked for; 0: the piece asked for.
-    by_piece
-        The probe's rates per method and piece size (``{"mmap": {bytes: GB/s}, ...}``).
+        The probe's read-and-touch rates (``{"mmap": ..., "pread": ...}``),
+        empty when nothing was measured.
     """
 
     method: str
     why: str
     measured_GBps: dict[str, float] = dataclasses.field(default_factory=dict)
-    piece: int = 0
-    by_piece: dict[str, dict[int, float]] = dataclasses.field(default_factory=dict)
-
-    def piece_bytes(self, asked: int) -> int:
-        """Bytes per piece: the probe's choice, else ``asked``."""
-        return self.piece or asked
 
     def record(self) -> dict[str, Any]:
         """JSON-ready form for the chunk record."""
         out: dict[str, Any] = {"method": self.method, "why": self.why}
         if self.measured_GBps:
             out["measured_GBps"] = dict(self.measured_GBps)
-        if self.piece:
-            out["piece_bytes"] = self.piece
-        if self.by_piece:
-            out["measured_GBps_by_piece"] = {
-                m: {str(p): r for p, r in rates.items()} for m, rates in self.by_piece.items()
-            }
         return out
-
-
-def _best_piece(rates: dict[int, float], asked: int) -> int:
-    """The fastest piece size, where at least ``1 / PIECE_MARGIN`` times the one asked for's."""
-    if not rates:
-        return asked
-    best = max(rates, key=lambda p: (rates[p], -p))
-    return best if rates[best] * PIECE_MARGIN >= rates.get(asked, 0.0) else asked
 
 
 _PROBES: dict[tuple[Any, ...], ReadChoice] = {}
@@ -168,23 +129,18 @@ def _probe_threads(piece: int) -> int:
 
 
 def _round(
-    fd: int,
-    mapped: MappedFile,
-    bufs: list[np.ndarray],
-    method: str,
-    at: list[list[int]],
-    piece: int,
+    fd: int, mapped: MappedFile, bufs: list[np.ndarray], method: str, at: list[list[int]]
 ) -> float:
-    """Seconds for ``len(bufs)`` threads to read and sweep their ``piece``-byte pieces ``at[i]``."""
+    """Seconds for ``len(bufs)`` threads to read and sweep their pieces ``at[i]``, one way."""
+    piece = bufs[0].size
     failed: list[BaseException] = []
 
     def one(i: int) -> None:
         try:
-            buf = bufs[i][:piece]
             for offset in at[i]:
                 if method == "pread":
-                    os.preadv(fd, [memoryview(buf.data)], offset)
-                    _touch(buf)
+                    os.preadv(fd, [memoryview(bufs[i].data)], offset)
+                    _touch(bufs[i])
                 else:
                     _touch(mapped.piece(offset, piece))
                     mapped.drop(offset, piece)
@@ -204,39 +160,36 @@ def _round(
 
 
 def _probe(path: Path, offset: int, nbytes: int, piece: int, start: int = 0) -> ReadChoice:
-    """Measure both ways and every piece size on ``[offset, offset + nbytes)``, from ``start`` on.
-
-    Each round reads the same bytes per thread whatever the piece size
-    (``PIECES_PER_THREAD`` pieces of the size asked for: 4, 2 or 1 pieces of 1,
-    2 or 4 times it), alternating methods and sizes; pieces wrap around the
-    region when it is shorter than every round together.
-    """
-    sizes = [piece * f for f in PIECE_FACTORS]
-    n_threads = _probe_threads(sizes[-1])
-    per_thread = PIECES_PER_THREAD * piece  # bytes each thread reads per round
-    n = nbytes // per_thread  # whole rounds' worth of bytes per thread in the region
-    configs = [(m, size) for m in ("pread", "mmap") for size in sizes]
-    if n < n_threads or per_thread % sizes[-1]:
+    """Measure both ways on ``[offset, offset + nbytes)``, from byte ``offset + start`` on."""
+    n_threads = _probe_threads(piece)
+    n = nbytes // piece
+    per_round = n_threads * PIECES_PER_THREAD
+    rounds = min(PROBE_ROUNDS, n // (2 * per_round))
+    if rounds < 1:
         return ReadChoice("pread", f"too few bytes to measure ({nbytes} bytes, pieces of {piece})")
-    rounds = PROBE_ROUNDS
-    slot = (start // per_thread) % n  # the second probe reads other pieces than the first
-    bufs = [np.zeros(sizes[-1], dtype=np.uint8) for _ in range(n_threads)]  # faulted in, as
-    _touch(bufs[0])  # reused buffers are; the digest's first call is not timed
+    used = 2 * rounds * per_round
+    first = (start // piece) if (start // piece) + used <= n else 0
+    bufs = [np.zeros(piece, dtype=np.uint8) for _ in range(n_threads)]  # faulted in, as reused
+    _touch(bufs[0])  # buffers are; the digest's first call is not timed
     try:
         mapped = MappedFile(path)  # the probe's own map: closed with it, whatever is chosen
         fd = os.open(path, os.O_RDONLY)
     except OSError as exc:
         raise CorruptChunkError(f"cannot open {str(path)!r} to measure reads: {exc}") from exc
     try:
-        times: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
+        times: dict[str, list[float]] = {"pread": [], "mmap": []}
+        next_piece = first
         for _ in range(rounds):
-            for method, size in configs:
-                at = []
-                for _i in range(n_threads):
-                    base = offset + slot * per_thread
-                    at.append([base + j * size for j in range(per_thread // size)])
-                    slot = (slot + 1) % n
-                times[(method, size)].append(_round(fd, mapped, bufs, method, at, size))
+            for method in ("pread", "mmap"):
+                at = [
+                    [
+                        offset + (next_piece + i * PIECES_PER_THREAD + j) * piece
+                        for j in range(PIECES_PER_THREAD)
+                    ]
+                    for i in range(n_threads)
+                ]
+                next_piece += per_round
+                times[method].append(_round(fd, mapped, bufs, method, at))
     except OSError as exc:
         raise CorruptChunkError(
             f"reading {str(path)!r} to measure reads failed: {exc}; check the storage"
@@ -245,25 +198,18 @@ def _probe(path: Path, offset: int, nbytes: int, piece: int, start: int = 0) -> 
         os.close(fd)
         del mapped
     # the fastest round of each: other work (a compiler, other tasks) only slows a round down
-    by_piece: dict[str, dict[int, float]] = {"pread": {}, "mmap": {}}
-    for (method, size), seconds in times.items():
-        by_piece[method][size] = round(n_threads * per_thread / min(seconds) / 1e9, 3)
-    rate = {m: max(r.values()) for m, r in by_piece.items()}
-    method = "mmap" if rate["mmap"] * MARGIN >= rate["pread"] else "pread"
-    chosen = _best_piece(by_piece[method], piece)
+    rate = {k: per_round * piece / min(v) / 1e9 for k, v in times.items()}
+    faster = min(times["mmap"]) <= MARGIN * min(times["pread"])
+    method = "mmap" if faster else "pread"
     return ReadChoice(
         method,
         (
             f"measured on this file by this worker (read, digest, sweep on {n_threads} threads at "
             f"once, as a pass runs): a map {rate['mmap']:.1f} GB/s, pread {rate['pread']:.1f} GB/s "
-            f"at their fastest piece size ({rounds} rounds of {per_thread} bytes per thread in "
-            f"pieces of {', '.join(str(s) for s in sizes)} bytes, alternating); the map is used "
-            f"when at least {1 / MARGIN:.2f}x faster, a larger piece when at least "
-            f"{1 / PIECE_MARGIN:.2f}x faster than {piece} bytes: {chosen}-byte pieces"
+            f"({rounds} rounds each way of {PIECES_PER_THREAD} {piece}-byte pieces per thread, "
+            f"alternating); the map is used when at least {1 / MARGIN:.2f}x faster"
         ),
-        rate,
-        piece=chosen,
-        by_piece=by_piece,
+        {k: round(v, 3) for k, v in rate.items()},
     )
 
 
@@ -351,8 +297,6 @@ def choose_read_method(
                     f"(the map needs {PROBES} probes on two chunks to agree)"
                 ),
                 probe.measured_GBps,
-                piece=probe.piece,
-                by_piece=probe.by_piece,
             )
         elif earlier is None:  # one probe can be hit by other work: a second one, later, decides
             _FIRST[key] = probe
@@ -360,17 +304,8 @@ def choose_read_method(
                 "pread",
                 f"first of {PROBES} probes ({probe.why}); pread until the next one agrees",
                 probe.measured_GBps,
-                piece=_best_piece(probe.by_piece.get("pread", {}), piece),
-                by_piece=probe.by_piece,
             )
         else:
-            both = {
-                m: {
-                    size: max(rate, earlier.by_piece.get(m, {}).get(size, 0.0))
-                    for size, rate in rates.items()
-                }
-                for m, rates in probe.by_piece.items()
-            }
             decided = ReadChoice(
                 "mmap",
                 (
@@ -383,8 +318,6 @@ def choose_read_method(
                     k: round(max(earlier.measured_GBps[k], probe.measured_GBps[k]), 3)
                     for k in probe.measured_GBps
                 },
-                piece=_best_piece(both.get("mmap", {}), piece),
-                by_piece=both,
             )
         _PROBES[key] = decided
         return decided
