@@ -132,12 +132,11 @@ def _ops(ds: Any, k: int) -> list[Any]:
 def one_pass(ds: Any, method: str, k: int) -> dict[str, Any]:
     """One BF + ADF + CoM pass; ``method`` a ``read_method``, or ``threads`` (auto, in-process)."""
     import quantem_flow as qf
-    from quantem_flow.io.read_method import forget_probes
 
     ops = _ops(ds, k)
     client = "threads" if method == "threads" else None
-    if client is None:
-        forget_probes()  # the client's; the worker keeps its probe per file (as in use)
+    # every process keeps its probe per file, as in use (the worker's, and this one's for
+    # "threads"): the warm-up passes measured them
     with qf.config.set(read_method="auto" if method == "threads" else method):
         t = time.perf_counter()
         res = qf.compute(*ops, progress=False, client=client)
@@ -153,6 +152,9 @@ def one_pass(ds: Any, method: str, k: int) -> dict[str, Any]:
         "kernel_s": ex["kernel_s_total"],
         "methods": sorted(reads),
         "probe": chunks[0]["streamed"]["read"].get("measured_GBps"),
+        "piece_bytes": sorted(
+            {int(c["streamed"]["piece_frames"]) * ds.shape[2] * ds.shape[3] * 2 for c in chunks}
+        ),
         "values": [np.asarray(r).copy() for r in res],
     }
 
@@ -301,6 +303,7 @@ def main() -> None:
             }
             med["methods"] = sorted({mm for run in runs for mm in run["methods"]})
             med["probe_GBps"] = runs[-1]["probe"]
+            med["piece_bytes"] = sorted({b for run in runs for b in run["piece_bytes"]})
             med["pct_of_best_read_and_touch"] = 100 * med["GBps"] / best_touch
             med["pct_of_best_two_sweeps"] = 100 * med["GBps"] / best_two
             med["per_run_GBps"] = [round(run["GBps"], 3) for run in runs]
@@ -310,7 +313,8 @@ def main() -> None:
                 f"({med['pct_of_best_read_and_touch']:.0f} % "
                 f"of best read+sum, {med['pct_of_best_two_sweeps']:.0f} % of best two sweeps) "
                 f"read {med['read_s']:.3f} hash {med['hash_s']:.3f} kernel {med['kernel_s']:.3f} "
-                f"thread-s; used {med['methods']}; probe {med['probe_GBps']}"
+                f"thread-s; used {med['methods']} pieces {med['piece_bytes']}; "
+                f"probe {med['probe_GBps']}"
             )
         report["files"][name] = {
             "ceilings_GBps": c,
