@@ -105,7 +105,10 @@ def test_a_worker_sigkilled_mid_pass_is_named_in_provenance_log_and_dashboard(
 
         def run() -> None:
             try:
-                out["results"] = qf.compute(*_queries(ds), client=client)
+                # one task per chunk: many short tasks, so the kill lands on a running one
+                # (groups of chunks are tested in tests/test_pass_groups.py)
+                with qf.config.set(pass_tasks_per_thread=1000):
+                    out["results"] = qf.compute(*_queries(ds), client=client)
             except BaseException as exc:  # surfaced below
                 out["error"] = exc
 
