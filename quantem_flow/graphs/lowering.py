@@ -193,8 +193,11 @@ def lower_pass(
         raise ValueError(f"{len(resident)} resident chunks for {len(ds.chunks)} chunks")
     groups = None if resident is None else resident_groups(ds, resident)
     gather_pixels = 0 if spec.gather is None else len(spec.gather)
-    spans = (
-        group_chunks(
+    spans: list[tuple[int, int]] | None = None  # chunk runs of unpersisted data, one per task
+    if resident is None and threads is None:
+        spans = [(i, i + 1) for i in range(len(ds.chunks))]
+    elif resident is None and threads is not None:
+        spans = group_chunks(
             [(r1 - r0) * _row_bytes(ds) for r0, r1 in ds.chunks],
             [
                 partial_bytes(ds, r1 - r0, n_weights=len(keys), gather_pixels=gather_pixels)
@@ -202,11 +205,6 @@ def lower_pass(
             ],
             threads=threads,
         )
-        if resident is None and threads is not None
-        else [(i, i + 1) for i in range(len(ds.chunks))]
-        if resident is None
-        else None
-    )
     n_tasks = len(spans) if spans is not None else len(groups) if groups else len(ds.chunks)
     # The spec is a data task every chunk task depends on, so it travels to each worker once;
     # a pass of ONE chunk task carries it in that task instead (the same bytes, and one task
