@@ -45,19 +45,10 @@ MODES = (
 )
 
 
-def _ops(ds: Any, k: int) -> list[Any]:
-    import quantem_flow as qf
-
-    c = (k / 2, k / 2)
-    return [
-        qf.virtual_bf(ds, radius=k / 6, center=c),
-        qf.virtual_adf(ds, inner=k / 4, outer=k / 2, center=c),
-        qf.center_of_mass(ds, center=c),
-    ]
-
-
 def one_pass(ds: Any, client: Any, per_thread: int, k: int) -> tuple[float, dict[str, Any]]:
     """Wall seconds of one pass and how its chunks went to tasks."""
+    from bench_read_method import _ops
+
     import quantem_flow as qf
 
     with qf.config.set(pass_tasks_per_thread=per_thread):
