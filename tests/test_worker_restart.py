@@ -177,6 +177,66 @@ def test_a_worker_sigkilled_mid_pass_is_named_in_provenance_log_and_dashboard(
         cluster.close()
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_group_of_chunks_on_a_killed_worker_runs_again_whole(rng: np.random.Generator) -> None:
+    """A task running several chunks (graphs/pass_groups.py) lost mid-group runs again elsewhere.
+
+    Every chunk's values and record arrive once, the same as a clean run's.
+    """
+    from distributed import Client
+
+    from quantem_flow.graphs.cluster import start_local_cluster
+
+    data = probe_data(rng, scan=(16, 6))
+    expected = qf.compute(*_queries(qf.open(data)), client="synchronous")
+    cluster = start_local_cluster(n_workers=2, threads_per_worker=1, memory_limit="1 GiB")
+    client = Client(cluster, set_as_default=False)
+    try:
+        client.wait_for_workers(2, timeout=60)
+        ds = Dataset4D(SlowArraySource(data, delay_s=0.3), chunk_rows=1)  # 16 chunks
+        pids = client.run(os.getpid)
+        out: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                out["results"] = qf.compute(*_queries(ds), client=client)
+            except BaseException as exc:  # surfaced below
+                out["error"] = exc
+
+        def running_group(dask_scheduler: Any) -> str | None:
+            for ts in dask_scheduler.tasks.values():
+                if str(ts.key).startswith("('qf-pass-") and ts.state == "processing":
+                    return str(ts.processing_on.address) if ts.processing_on else None
+            return None
+
+        t = threading.Thread(target=run)
+        t.start()
+        deadline = time.monotonic() + 60
+        victim = None
+        while victim is None and time.monotonic() < deadline:
+            time.sleep(0.5)  # into the first group (4 chunks of 0.3 s each)
+            victim = client.run_on_scheduler(running_group)
+        assert victim is not None, "no group task was running"
+        os.kill(pids[victim], signal.SIGKILL)
+        t.join(timeout=120)
+        assert not t.is_alive(), "the pass did not finish after the worker was killed"
+        assert "error" not in out, out.get("error")
+        _wait_for_workers(client, 2, victim)
+    finally:
+        client.close()
+        cluster.close()
+    bf, adf, com = out["results"]
+    np.testing.assert_array_equal(bf.data, expected[0].data)
+    np.testing.assert_array_equal(adf.data, expected[1].data)
+    np.testing.assert_allclose(com.data, expected[2].data, rtol=1e-12)
+    execution = bf.provenance.execution
+    assert execution["tasks"]["n_tasks"] == 4 and execution["tasks"]["chunks_per_task"] == [4]
+    assert sorted(r["chunk"] for r in execution["chunks"]) == list(range(16))
+    assert execution["content_digest"] == expected[0].provenance.execution["content_digest"]
+    assert [d["worker"] for d in execution["workers_departed"] if d["lost"]] == [victim]
+
+
 def test_a_restart_that_gives_up_is_reported(caplog: pytest.LogCaptureFixture) -> None:
     """The supervisor's report reaches the loss record (dashboard, provenance) and the log."""
     from quantem_flow.graphs.runner import _describe_loss
