@@ -9,12 +9,14 @@ whether it was restored.  A restart that gives up is reported too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -62,6 +64,58 @@ def test_a_sigkilled_worker_comes_back_and_is_logged(caplog: pytest.LogCaptureFi
         cluster.close()
 
 
+@contextlib.contextmanager
+def _two_workers() -> Iterator[Any]:
+    """A client of a local cluster of two one-thread worker processes (restarted when killed)."""
+    from distributed import Client
+
+    from quantem_flow.graphs.cluster import start_local_cluster
+
+    cluster = start_local_cluster(n_workers=2, threads_per_worker=1, memory_limit="1 GiB")
+    client = Client(cluster, set_as_default=False)
+    try:
+        client.wait_for_workers(2, timeout=60)
+        yield client
+    finally:
+        client.close()
+        cluster.close()
+
+
+def _pass_in_thread(
+    ds: Dataset4D, client: Any, out: dict[str, Any], **settings: Any
+) -> threading.Thread:
+    """Start the queries' pass in a thread; its results (or its error) go to ``out``."""
+
+    def run() -> None:
+        try:
+            with qf.config.set(**settings):
+                out["results"] = qf.compute(*_queries(ds), client=client)
+        except BaseException as exc:  # surfaced by the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def _kill_and_finish(
+    client: Any, pid: int, victim: str, thread: threading.Thread, out: dict[str, Any]
+) -> None:
+    """SIGKILL the worker ``victim``; the pass must still finish, and the worker come back."""
+    os.kill(pid, signal.SIGKILL)
+    thread.join(timeout=120)
+    assert not thread.is_alive(), "the pass did not finish after the worker was killed"
+    assert "error" not in out, out.get("error")
+    _wait_for_workers(client, 2, victim)
+
+
+def _same_as(results: Any, expected: Any) -> None:
+    bf, adf, com = results
+    np.testing.assert_array_equal(bf.data, expected[0].data)
+    np.testing.assert_array_equal(adf.data, expected[1].data)
+    np.testing.assert_allclose(com.data, expected[2].data, rtol=1e-12)
+
+
 def _queries(ds: Dataset4D) -> list[Any]:
     return [
         qf.virtual_bf(ds, radius=4.5, center=CENTER),
@@ -86,49 +140,28 @@ def _chunks_done(client: Any) -> int:
 def test_a_worker_sigkilled_mid_pass_is_named_in_provenance_log_and_dashboard(
     rng: np.random.Generator, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from distributed import Client
-
-    from quantem_flow.graphs.cluster import start_local_cluster
     from quantem_flow.graphs.scheduler_plugin import PLUGIN_NAME
 
     data = probe_data(rng, scan=(16, 6))
     expected = qf.compute(*_queries(qf.open(data)), client="synchronous")
-    cluster = start_local_cluster(n_workers=2, threads_per_worker=1, memory_limit="1 GiB")
-    client = Client(cluster, set_as_default=False)
-    try:
-        client.wait_for_workers(2, timeout=60)
+    with _two_workers() as client:
         ds = Dataset4D(SlowArraySource(data, delay_s=0.4), chunk_rows=1)
         pids = client.run(os.getpid)
         names = {a: str(w["name"]) for a, w in client.scheduler_info()["workers"].items()}
         victim = sorted(pids)[0]
         out: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                # one task per chunk: many short tasks, so the kill lands on a running one
-                # (groups of chunks are tested in tests/test_pass_groups.py)
-                with qf.config.set(pass_tasks_per_thread=1000):
-                    out["results"] = qf.compute(*_queries(ds), client=client)
-            except BaseException as exc:  # surfaced below
-                out["error"] = exc
-
         with caplog.at_level(logging.INFO, logger="quantem_flow"):
-            t = threading.Thread(target=run)
-            t.start()
+            # one task per chunk: many short tasks, so the kill lands on a running one (a
+            # group of chunks killed mid-group: the test after this one)
+            t = _pass_in_thread(ds, client, out, pass_tasks_per_thread=1000)
             deadline = time.monotonic() + 60
             while _chunks_done(client) < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
-            os.kill(pids[victim], signal.SIGKILL)
-            t.join(timeout=120)
-            assert not t.is_alive(), "the pass did not finish after the worker was killed"
-            assert "error" not in out, out.get("error")
-            _wait_for_workers(client, 2, victim)
+            _kill_and_finish(client, pids[victim], victim, t, out)
 
         # the result is the clean run's
-        bf, adf, com = out["results"]
-        np.testing.assert_array_equal(bf.data, expected[0].data)
-        np.testing.assert_array_equal(adf.data, expected[1].data)
-        np.testing.assert_allclose(com.data, expected[2].data, rtol=1e-12)
+        _same_as(out["results"], expected)
+        bf = out["results"][0]
 
         # provenance of the pass names the lost worker and whether it was restored
         scheduler = bf.provenance.execution["scheduler"]
@@ -172,9 +205,6 @@ def test_a_worker_sigkilled_mid_pass_is_named_in_provenance_log_and_dashboard(
         ), record
         assert record["restart"]["restart"] == "restarting", record  # the supervisor's report
         assert record["chunk_tasks_running"] >= 1, record
-    finally:
-        client.close()
-        cluster.close()
 
 
 @pytest.mark.cluster
@@ -184,25 +214,12 @@ def test_a_group_of_chunks_on_a_killed_worker_runs_again_whole(rng: np.random.Ge
 
     Every chunk's values and record arrive once, the same as a clean run's.
     """
-    from distributed import Client
-
-    from quantem_flow.graphs.cluster import start_local_cluster
-
     data = probe_data(rng, scan=(16, 6))
     expected = qf.compute(*_queries(qf.open(data)), client="synchronous")
-    cluster = start_local_cluster(n_workers=2, threads_per_worker=1, memory_limit="1 GiB")
-    client = Client(cluster, set_as_default=False)
-    try:
-        client.wait_for_workers(2, timeout=60)
+    with _two_workers() as client:
         ds = Dataset4D(SlowArraySource(data, delay_s=0.3), chunk_rows=1)  # 16 chunks
         pids = client.run(os.getpid)
         out: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                out["results"] = qf.compute(*_queries(ds), client=client)
-            except BaseException as exc:  # surfaced below
-                out["error"] = exc
 
         def running_group(dask_scheduler: Any) -> str | None:
             for ts in dask_scheduler.tasks.values():
@@ -210,27 +227,16 @@ def test_a_group_of_chunks_on_a_killed_worker_runs_again_whole(rng: np.random.Ge
                     return str(ts.processing_on.address) if ts.processing_on else None
             return None
 
-        t = threading.Thread(target=run)
-        t.start()
+        t = _pass_in_thread(ds, client, out)  # the default groups: 4 tasks of 4 chunks
         deadline = time.monotonic() + 60
         victim = None
         while victim is None and time.monotonic() < deadline:
             time.sleep(0.5)  # into the first group (4 chunks of 0.3 s each)
             victim = client.run_on_scheduler(running_group)
         assert victim is not None, "no group task was running"
-        os.kill(pids[victim], signal.SIGKILL)
-        t.join(timeout=120)
-        assert not t.is_alive(), "the pass did not finish after the worker was killed"
-        assert "error" not in out, out.get("error")
-        _wait_for_workers(client, 2, victim)
-    finally:
-        client.close()
-        cluster.close()
-    bf, adf, com = out["results"]
-    np.testing.assert_array_equal(bf.data, expected[0].data)
-    np.testing.assert_array_equal(adf.data, expected[1].data)
-    np.testing.assert_allclose(com.data, expected[2].data, rtol=1e-12)
-    execution = bf.provenance.execution
+        _kill_and_finish(client, pids[victim], victim, t, out)
+    _same_as(out["results"], expected)
+    execution = out["results"][0].provenance.execution
     assert execution["tasks"]["n_tasks"] == 4 and execution["tasks"]["chunks_per_task"] == [4]
     assert sorted(r["chunk"] for r in execution["chunks"]) == list(range(16))
     assert execution["content_digest"] == expected[0].provenance.execution["content_digest"]
