@@ -101,8 +101,8 @@ class LoweredPass:
     output_key: Key | None
     weight_keys: list[str]
     spec: PassSpec
-    covers: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
-    tasks: dict[str, Any] = dataclasses.field(default_factory=dict)
+    covers: list[tuple[int, ...]]
+    tasks: dict[str, Any]
 
 
 #: Partials per combine task when they hold sum or maximum patterns.

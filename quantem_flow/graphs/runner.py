@@ -435,9 +435,7 @@ class Runner:
         passes = [p for _, p in indexed]
         owner = {k: i for i, p in indexed for k in p.chunk_keys}
         # a task may run several chunks (graphs/pass_groups.py): the bar counts chunks
-        n_covered = {
-            k: len(c) for p in passes for k, c in zip(p.chunk_keys, p.covers, strict=False)
-        }
+        n_covered = {k: len(c) for p in passes for k, c in zip(p.chunk_keys, p.covers, strict=True)}
         graph = HighLevelGraph.merge(*(p.graph for p in passes))
         chunk_keys = [k for p in passes for k in p.chunk_keys]
         out_keys = [p.output_key for p in passes if p.output_key is not None]
@@ -454,7 +452,7 @@ class Runner:
                 with (
                     self.client.as_current(),
                     tqdm(
-                        total=sum(n_covered.get(f.key, 1) for f in chunk_futures),
+                        total=sum(n_covered[f.key] for f in chunk_futures),
                         unit="chunk",
                         file=sys.stderr,
                         disable=not progress,
@@ -469,7 +467,7 @@ class Runner:
                                 fetched[f.key] = _without_pixels(part)
                         if f.key not in merged_here or f.key in fetched:
                             f.release()
-                        bar.update(n_covered.get(f.key, 1))
+                        bar.update(n_covered[f.key])
             wanted = [*out_futures, *(f for f in chunk_futures if f.key in merged_here)]
             wanted = [f for f in wanted if f.key not in fetched]
             values = self.client.gather(wanted)

@@ -50,6 +50,7 @@ from .placement import (
     Placement,
     Refuse,
     Restrict,
+    TaskInfo,
     TasksForgotten,
     TasksSubmitted,
     WorkerJoined,
@@ -523,7 +524,7 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
         """Sequence number the next departure will get."""
         return int(self.departures[-1]["seq"]) + 1 if self.departures else 0
 
-    def _chunk_task(self, key: Any, finish: str, kwargs: Mapping[str, Any]) -> None:
+    def _chunk_task(self, key: Any, info: TaskInfo, finish: str, kwargs: Mapping[str, Any]) -> None:
         if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[1], int)):
             return
         p = self.passes.get(str(key[0]))
@@ -531,8 +532,7 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
         ts = self.scheduler.tasks.get(key) if self.scheduler is not None else None
         # a task may run several chunks (qf_chunks): a group of unpersisted chunks
         # (graphs/pass_groups.py) or every resident chunk of one worker (lowering.resident_groups)
-        known = self.placement.tasks.get(key)
-        covered = list(known.chunks) if known is not None and known.chunks else [i]
+        covered = list(info.chunks) or [i]
         if finish == "processing":
             ws = getattr(ts, "processing_on", None)
             if p is not None and ws is not None:
@@ -556,8 +556,7 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
             if len(p["done"]) >= len(p["chunks"]) and p["finished"] is None:
                 p["finished"] = time.time()
         else:
-            info = self.placement.tasks.get(key)
-            nbytes = info.nbytes if info is not None else 0
+            nbytes = info.nbytes
         compute_s = 0.0
         for ss in kwargs.get("startstops", ()) or ():
             if isinstance(ss, dict) and ss.get("action") == "compute":
@@ -572,7 +571,7 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
         if info.role in _CHUNK_ROLES and (
             finish == "processing" or (finish == "memory" and start == "processing")
         ):
-            self._chunk_task(key, finish, kwargs)
+            self._chunk_task(key, info, finish, kwargs)
         if finish == "memory" and info.role == "load":
             ts = self.scheduler.tasks.get(key) if self.scheduler is not None else None
             worker = kwargs.get("worker")
