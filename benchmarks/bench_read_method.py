@@ -19,11 +19,16 @@ The pass's own work with no engine around it, 2 threads (the bound of goal 1):
   digested and run through the CPU runtime's prepared BF + ADF + CoM pass
   (the kernel variant a pass of these detectors runs), as a streamed chunk
   does, without Dask, records or Python per chunk;
-* ``pread + kernel`` / ``map + kernel``: the same without the digest.
+* ``pread + kernel`` / ``map + kernel``: the same without the digest;
+* ``pread + kernel carrying the digest`` / ``map + ...``: the kernel hashes
+  each group of four frames right after its sweep of them (what a pass does
+  with ``digest_in_kernel``, the default; docs/digest-in-kernel.md).
 
 Passes: BF + ADF + CoM through the embedded default (1 worker x 2 threads)
 with ``read_method`` = ``pread``, ``mmap`` and ``auto`` (the worker's probe),
-and with ``client="threads"`` (``auto``), on the ``.npy`` and the HDF5 file;
+``auto`` and ``mmap`` with ``digest_in_kernel`` off (each piece hashed in a
+sweep of its own, as before), and with ``client="threads"`` (``auto``), on
+the ``.npy`` and the HDF5 file (values and content digests checked equal);
 the chunk records' summed read, hash and kernel thread-seconds; the
 percentage of the best read-and-touch ceiling.  And what a pass costs
 whatever its size (a pass over 4 x 4 frames, each client; and one Dask task
@@ -61,6 +66,7 @@ def ceiling(path: Path, kind: str, piece: int, threads: int = 2, k: int = 128) -
     from bench_default_vs_process import numpy_masks
 
     from quantem_flow.runtimes.cpu.prepared import PreparedFramePass
+    from quantem_flow.runtimes.cpu.row_hash import RowHasher
 
     size = os.path.getsize(path)
     off0 = 4096
@@ -95,12 +101,19 @@ def ceiling(path: Path, kind: str, piece: int, threads: int = 2, k: int = 128) -
                 view = buf
             else:
                 view = np.frombuffer(big, dtype=np.uint8, count=piece, offset=off)
-            if "digest" in kind:
+            carrying = "carrying the digest" in kind
+            if "digest" in kind and not carrying:
                 xxhash.xxh3_128(memoryview(view.data)).digest()
             if "sum" in kind:
                 np.add.reduce(view.view(np.uint64))
             if prepared is not None:
-                prepared.run(view[: piece // frame * frame].view(np.uint16).reshape(-1, k * k))
+                frames = view[: piece // frame * frame].view(np.uint16).reshape(-1, k * k)
+                hasher = (
+                    RowHasher(row_frames=frames.shape[0], frame_nbytes=frame) if carrying else None
+                )
+                prepared.run(frames, hasher=hasher)
+                if hasher is not None:
+                    assert len(hasher.digests()) == 1
             if kind.startswith("map"):
                 del view
                 a = off // page * page
@@ -130,14 +143,20 @@ def _ops(ds: Any, k: int) -> list[Any]:
 
 
 def one_pass(ds: Any, method: str, k: int) -> dict[str, Any]:
-    """One BF + ADF + CoM pass; ``method`` a ``read_method``, or ``threads`` (auto, in-process)."""
+    """One BF + ADF + CoM pass; ``method`` a ``read_method``, or ``threads`` (auto, in-process).
+
+    ``<method>, own digest``: with ``digest_in_kernel`` off.
+    """
     import quantem_flow as qf
 
     ops = _ops(ds, k)
     client = "threads" if method == "threads" else None
+    read, _, own = method.partition(", ")
     # every process keeps its probe per file, as in use (the worker's, and this one's for
     # "threads"): the warm-up passes measured them
-    with qf.config.set(read_method="auto" if method == "threads" else method):
+    with qf.config.set(
+        read_method="auto" if method == "threads" else read, digest_in_kernel=not own
+    ):
         t = time.perf_counter()
         res = qf.compute(*ops, progress=False, client=client)
         wall = time.perf_counter() - t
@@ -145,6 +164,8 @@ def one_pass(ds: Any, method: str, k: int) -> dict[str, Any]:
     chunks = ex["chunks"]
     reads = {c["streamed"]["read"]["method"] for c in chunks}
     return {
+        "digest": res[0].provenance.source["content_digest"]["digest"],
+        "digest_how": sorted({c["streamed"]["digest"].split(" (")[0] for c in chunks}),
         "s": wall,
         "GBps": ds.nbytes / wall / 1e9,
         "read_s": ex["read_s_total"],
@@ -227,8 +248,10 @@ def main() -> None:
         "map + digest + kernel",
         "pread + kernel",
         "map + kernel",
+        "pread + kernel carrying the digest",
+        "map + kernel carrying the digest",
     ]
-    methods = ["pread", "mmap", "auto", "threads"]
+    methods = ["pread", "mmap", "auto", "mmap, own digest", "auto, own digest", "threads"]
     ceil: dict[str, dict[str, list[float]]] = {f: {kk: [] for kk in kinds} for f in dsets}
     passes: dict[str, dict[str, list[dict[str, Any]]]] = {
         f: {m: [] for m in methods} for f in dsets
@@ -273,7 +296,8 @@ def main() -> None:
         c = {kk: statistics.median(v) for kk, v in ceil[name].items()}
         best_touch = max(c["pread + sum"], c["map + sum"])
         best_two = max(c["pread + digest + sum"], c["map + digest + sum"])
-        bare = max(c["pread + digest + kernel"], c["map + digest + kernel"])
+        bare_sweep = max(c["pread + digest + kernel"], c["map + digest + kernel"])
+        bare = max(c["pread + kernel carrying the digest"], c["map + kernel carrying the digest"])
         bare_no_digest = max(c["pread + kernel"], c["map + kernel"])
         print(f"\n{name}: ceilings GB/s " + ", ".join(f"{kk} {v:.1f}" for kk, v in c.items()))
         nbytes = dsets[name].nbytes
@@ -283,7 +307,9 @@ def main() -> None:
         print(
             f"  the pass's own work with no engine: {bare:.2f} GB/s = "
             f"{100 * bare / best_touch:.0f} % of the best read+sum ceiling "
-            f"({100 * bare_no_digest / best_touch:.0f} % without the digest); with each "
+            f"({100 * bare_no_digest / best_touch:.0f} % without the digest, "
+            f"{100 * bare_sweep / best_touch:.0f} % with the digest in a sweep of its own); "
+            "with each "
             "client's fixed cost at most "
             + ", ".join(
                 f"{cl} {v:.2f} GB/s ({100 * v / best_touch:.0f} %)"
@@ -297,6 +323,7 @@ def main() -> None:
             for run in runs:
                 for x, y in zip(run["values"], ref, strict=True):
                     np.testing.assert_array_equal(x, y)
+                assert run["digest"] == passes[name]["pread"][0]["digest"], (m, run["digest"])
             med = {
                 key: statistics.median(run[key] for run in runs)
                 for key in ("s", "GBps", "read_s", "hash_s", "kernel_s")
@@ -304,26 +331,28 @@ def main() -> None:
             med["methods"] = sorted({mm for run in runs for mm in run["methods"]})
             med["probe_GBps"] = runs[-1]["probe"]
             med["piece_bytes"] = sorted({b for run in runs for b in run["piece_bytes"]})
+            med["digest_how"] = sorted({h for run in runs for h in run["digest_how"]})
             med["pct_of_best_read_and_touch"] = 100 * med["GBps"] / best_touch
             med["pct_of_best_two_sweeps"] = 100 * med["GBps"] / best_two
             med["per_run_GBps"] = [round(run["GBps"], 3) for run in runs]
             rows[m] = med
             print(
-                f"  read_method={m:5s} {med['GBps']:5.2f} GB/s "
+                f"  read_method={m:17s} {med['GBps']:5.2f} GB/s "
                 f"({med['pct_of_best_read_and_touch']:.0f} % "
                 f"of best read+sum, {med['pct_of_best_two_sweeps']:.0f} % of best two sweeps) "
                 f"read {med['read_s']:.3f} hash {med['hash_s']:.3f} kernel {med['kernel_s']:.3f} "
                 f"thread-s; used {med['methods']} pieces {med['piece_bytes']}; "
-                f"probe {med['probe_GBps']}"
+                f"probe {med['probe_GBps']}; digest {med['digest_how']}"
             )
         report["files"][name] = {
             "ceilings_GBps": c,
             "passes": rows,
             "bare_pass_pct_of_best_read_and_touch": 100 * bare / best_touch,
+            "bare_pass_digest_own_sweep_pct": 100 * bare_sweep / best_touch,
             "bare_pass_without_digest_pct": 100 * bare_no_digest / best_touch,
             "at_most_GBps": best_through,
         }
-    print("\nvalues identical across read methods: yes")
+    print("\nvalues and content digests identical across read methods: yes")
     if a.json:
         a.json.write_text(json.dumps(report, indent=1))
 

@@ -72,6 +72,11 @@ name                          meaning                                    default
                               integer dot products compiled for this
                               CPU (AVX2 / AVX-512, VNNI where present;
                               exact; runtimes/cpu/dot_pass.py)
+``digest_in_kernel``          where the integer dot kernel runs a        True
+                              streamed pass, it also hashes each group
+                              of frames (the content digest, XXH3-128)
+                              right after its sweep, while in cache
+                              (docs/digest-in-kernel.md)
 ``bitplane_kernel``           mask and moment rows of integer frames     True
                               stored one bitshuffle + LZ4 chunk each
                               are counted on the stored bit planes,
@@ -139,6 +144,7 @@ _DEFAULTS: dict[str, Any] = {
     # issue 24: mask and moment rows of 8/16-bit frames as SIMD integer dot products
     # (pmaddwd / vpdpwssd, LLVM IR compiled in process; runtimes/cpu/dot_pass.py)
     "integer_dot_kernel": True,
+    "digest_in_kernel": True,
     # issue 24, goal 6: masked sums of bitshuffle + LZ4 frames from their bit planes, without
     # decoding them (runtimes/cpu/bitplane.py)
     "bitplane_kernel": True,

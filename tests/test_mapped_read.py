@@ -283,7 +283,9 @@ def _fake_probes(monkeypatch: pytest.MonkeyPatch, methods: list[str]) -> list[tu
 
     asked: list[tuple[int, int]] = []
 
-    def fake(path: Path, offset: int, nbytes: int, piece: int, start: int = 0) -> object:
+    def fake(
+        path: Path, offset: int, nbytes: int, piece: int, start: int = 0, sweeps: int = 2
+    ) -> object:
         method = methods[len(asked)]
         asked.append((nbytes, start))
         rates = {"mmap": 2.0, "pread": 1.0} if method == "mmap" else {"mmap": 1.0, "pread": 1.0}

@@ -182,6 +182,7 @@ def lower_pass(
         radial=tuple((radial or {}).get(name) for name in keys),
         radial_queries=bool(config.get("radial_queries")),
         read_method=checked_read_method(str(config.get("read_method"))),
+        digest_in_kernel=bool(config.get("digest_in_kernel")),
     )
     spec_name = f"qf-spec-{token}"
     pass_name = f"qf-pass-{token}"

@@ -158,6 +158,7 @@ def run_streamed_chunk(
     piece_bytes: int,
     read_method: str = "auto",
     gather_into: np.ndarray | None = None,
+    digest_in_kernel: bool = True,
 ) -> StreamedChunk | str:
     """Read scan rows ``rows`` of ``ds`` piece by piece and run ``runtime``'s stream on them.
 
@@ -169,6 +170,11 @@ def run_streamed_chunk(
     ``gather_into`` (a ``(n_pixels, n_frames)`` host view, in-process runs)
     receives the gathered pixels where the runtime's stream writes them in
     place; :attr:`StreamedChunk.gathered` is then ``None``.
+
+    ``digest_in_kernel`` (the setting of that name): the runtime's kernels may
+    carry the content digest in their own sweep of each piece
+    (:meth:`~quantem_flow.runtimes.base.FramePassStream.hash_rows`), else each
+    piece is hashed in a sweep of its own first.  The same digest either way.
 
     Returns
     -------
@@ -207,6 +213,12 @@ def run_streamed_chunk(
     digests = DenseRowDigests(n_cols)
     read_s = hash_s = 0.0
     kernel_s = prepare_s
+    # the runtime's kernels may carry the digest in their own sweep (the same XXH3-128 per row)
+    t_hash = time.perf_counter()
+    in_kernel = (
+        stream.hash_rows(row_frames=n_cols, frame_nbytes=frame_nbytes) if digest_in_kernel else None
+    )
+    hash_s += time.perf_counter() - t_hash
     t_choose = time.perf_counter()
     where = ds.block_bytes(rows)
     # a probe reads pieces of the whole dataset where it is one run of bytes (every chunk of
@@ -224,6 +236,7 @@ def run_streamed_chunk(
         region[1],
         int(largest * frame_nbytes),
         defer=_compiling(),  # a compiler in this process would slow the probe
+        digest_sweep=in_kernel is None,
     )
     read_s += time.perf_counter() - t_choose
     mapped = mapped_file(where[0]) if choice.method == "mmap" and where is not None else None
@@ -251,7 +264,8 @@ def run_streamed_chunk(
                 assert flat is not None
                 block = ds.load_block(prows, pcols, buffer=flat[: math.prod(shape)].reshape(shape))
             t1 = time.perf_counter()
-            digests.update(prows, pcols, block)
+            if in_kernel is None:
+                digests.update(prows, pcols, block)
             t2 = time.perf_counter()
             stream.feed(block.reshape(block.shape[0] * block.shape[1], -1))
             if mapped is not None:
@@ -261,6 +275,7 @@ def run_streamed_chunk(
             hash_s += t2 - t1
             kernel_s += time.perf_counter() - t2
         result, gathered = stream.finish()
+    units = digests.units if in_kernel is None else _row_units(stream.row_digests(), rows)
     made = {
         "made": "dense read, streamed",
         "payload_bytes": int(n_frames * int(np.prod(ds.shape[2:])) * ds.dtype.itemsize),
@@ -271,8 +286,9 @@ def run_streamed_chunk(
             "read": choice.record(),
             "how": (
                 (
-                    "each piece viewed in place through a map of the file, hashed (its page "
-                    "faults count in hash_s) and fed to the kernels, then its pages dropped "
+                    "each piece viewed in place through a map of the file, hashed and fed to "
+                    "the kernels (its page faults count in the first sweep's time: hash_s, or "
+                    "kernel_s where the kernel carries the digest), then its pages dropped "
                     "from the process (madvise DONTNEED)"
                     if mapped is not None
                     else "read in pieces into one reused buffer; each piece hashed and fed to "
@@ -280,12 +296,18 @@ def run_streamed_chunk(
                 )
                 + " (docs/streamed-pass.md)"
             ),
+            "digest": (
+                in_kernel
+                if in_kernel is not None
+                else "XXH3-128 per scan row, each piece hashed in a sweep of its own before "
+                "the kernels" + ("" if digest_in_kernel else " (setting digest_in_kernel off)")
+            ),
         },
     }
     return StreamedChunk(
         result=result,
         gathered=gathered,
-        units=digests.units,
+        units=units,
         read_s=read_s,
         hash_s=hash_s,
         kernel_s=max(kernel_s - compiled.seconds, 0.0),
@@ -293,6 +315,17 @@ def run_streamed_chunk(
         compilations=compiled.compilations,
         made=made,
     )
+
+
+def _row_units(digests: list[str], rows: tuple[int, int]) -> Units:
+    """The units of scan rows ``rows`` from their digests, one per row in order."""
+    r0, r1 = rows
+    if len(digests) != r1 - r0:
+        raise RuntimeError(
+            f"the runtime's stream hashed {len(digests)} scan rows of a chunk of rows {rows} "
+            f"({r1 - r0} rows); its row digests cannot name the chunk"
+        )
+    return [(r0 + i, r0 + i + 1, d) for i, d in enumerate(digests)]
 
 
 def stored_pieces(

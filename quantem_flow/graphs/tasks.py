@@ -78,6 +78,10 @@ class PassSpec:
     radial_queries
         Whether a query on resident chunks may answer such rows from a radial index
         (``radial_queries`` on the client): :mod:`~quantem_flow.graphs.radial_query`.
+    digest_in_kernel
+        Whether a streamed chunk may let the runtime's kernels carry the content
+        digest in their own sweep (``digest_in_kernel`` on the client):
+        docs/digest-in-kernel.md.
     """
 
     dataset: Dataset4D
@@ -91,6 +95,7 @@ class PassSpec:
     read_method: str = "auto"
     radial: tuple[tuple[float, float, float, float] | None, ...] = ()
     radial_queries: bool = True
+    digest_in_kernel: bool = True
 
 
 @dataclasses.dataclass
@@ -389,6 +394,7 @@ def _run_streamed(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial 
         piece_bytes=spec.stream_piece_bytes,
         read_method=spec.read_method,
         gather_into=into,
+        digest_in_kernel=spec.digest_in_kernel,
     )
     if isinstance(done, str):
         return done

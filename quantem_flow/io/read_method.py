@@ -14,8 +14,11 @@ worker process measures both on the file it reads, once per file and piece
 size: a few rounds over pieces of the chunk being read, alternately one way
 and the other, each round one piece per CPU thread at once (page faults of
 threads sharing one address space contend, so a one-thread probe favoured
-the map here), each piece read and then swept twice as a pass sweeps it (the
-content digest, then a kernel's read).  The map is chosen when its fastest
+the map here), each piece read and then swept as the pass will sweep it:
+twice (the content digest, then a kernel's read) where the digest is a sweep
+of its own, once where the kernel carries the digest in its sweep
+(docs/digest-in-kernel.md: the hash then reads what the kernel just brought
+into cache, at the same cost whichever way the piece was read).  The map is chosen when its fastest
 round is at least 15 % faster than ``pread``'s (the fastest, because other
 work, a compiler or other tasks, only ever slows a round down; while a kernel
 compiles in the process the probe waits for a later chunk), and two probes on
@@ -107,11 +110,12 @@ def forget_probes() -> None:
         _FIRST.clear()
 
 
-def _touch(view: np.ndarray) -> int:
-    """Sweep a piece twice, as a pass does: the content digest, then a kernel's read."""
+def _touch(view: np.ndarray, sweeps: int = 2) -> int:
+    """Sweep a piece as a pass does: the content digest (``sweeps == 2``), then a kernel's read."""
     import xxhash
 
-    xxhash.xxh3_128(memoryview(view.data)).digest()
+    if sweeps == 2:
+        xxhash.xxh3_128(memoryview(view.data)).digest()
     whole = view[: view.size // 8 * 8]
     return int(np.add.reduce(whole.view(np.uint64))) if whole.size else 0
 
@@ -129,7 +133,12 @@ def _probe_threads(piece: int) -> int:
 
 
 def _round(
-    fd: int, mapped: MappedFile, bufs: list[np.ndarray], method: str, at: list[list[int]]
+    fd: int,
+    mapped: MappedFile,
+    bufs: list[np.ndarray],
+    method: str,
+    at: list[list[int]],
+    sweeps: int,
 ) -> float:
     """Seconds for ``len(bufs)`` threads to read and sweep their pieces ``at[i]``, one way."""
     piece = bufs[0].size
@@ -140,9 +149,9 @@ def _round(
             for offset in at[i]:
                 if method == "pread":
                     os.preadv(fd, [memoryview(bufs[i].data)], offset)
-                    _touch(bufs[i])
+                    _touch(bufs[i], sweeps)
                 else:
-                    _touch(mapped.piece(offset, piece))
+                    _touch(mapped.piece(offset, piece), sweeps)
                     mapped.drop(offset, piece)
         except BaseException as exc:  # raised in the caller's thread
             failed.append(exc)
@@ -159,7 +168,9 @@ def _round(
     return time.perf_counter() - t
 
 
-def _probe(path: Path, offset: int, nbytes: int, piece: int, start: int = 0) -> ReadChoice:
+def _probe(
+    path: Path, offset: int, nbytes: int, piece: int, start: int = 0, sweeps: int = 2
+) -> ReadChoice:
     """Measure both ways on ``[offset, offset + nbytes)``, from byte ``offset + start`` on."""
     n_threads = _probe_threads(piece)
     n = nbytes // piece
@@ -189,7 +200,7 @@ def _probe(path: Path, offset: int, nbytes: int, piece: int, start: int = 0) -> 
                     for i in range(n_threads)
                 ]
                 next_piece += per_round
-                times[method].append(_round(fd, mapped, bufs, method, at))
+                times[method].append(_round(fd, mapped, bufs, method, at, sweeps))
     except OSError as exc:
         raise CorruptChunkError(
             f"reading {str(path)!r} to measure reads failed: {exc}; check the storage"
@@ -201,10 +212,11 @@ def _probe(path: Path, offset: int, nbytes: int, piece: int, start: int = 0) -> 
     rate = {k: per_round * piece / min(v) / 1e9 for k, v in times.items()}
     faster = min(times["mmap"]) <= MARGIN * min(times["pread"])
     method = "mmap" if faster else "pread"
+    what = "read, digest, sweep" if sweeps == 2 else "read, one sweep (the digest in the kernel's)"
     return ReadChoice(
         method,
         (
-            f"measured on this file by this worker (read, digest, sweep on {n_threads} threads at "
+            f"measured on this file by this worker ({what} on {n_threads} threads at "
             f"once, as a pass runs): a map {rate['mmap']:.1f} GB/s, pread {rate['pread']:.1f} GB/s "
             f"({rounds} rounds each way of {PIECES_PER_THREAD} {piece}-byte pieces per thread, "
             f"alternating); the map is used when at least {1 / MARGIN:.2f}x faster"
@@ -233,6 +245,7 @@ def choose_read_method(
     piece: int,
     *,
     defer: bool = False,
+    digest_sweep: bool = True,
 ) -> ReadChoice:
     """How to read a chunk's pieces.
 
@@ -250,6 +263,9 @@ def choose_read_method(
     defer
         Do not measure now (a kernel is compiling in this process and would slow the
         probe's rounds): ``pread``, and the probe runs on a later chunk.
+    digest_sweep
+        Whether the pass hashes each piece in a sweep of its own before its kernels
+        (else the kernels carry the digest in their sweep): the probe sweeps the same.
     """
     checked_read_method(requested)
     if requested == "pread":
@@ -268,7 +284,8 @@ def choose_read_method(
         st = os.stat(path)
     except OSError:
         return ReadChoice("pread", "the file could not be examined; pread names what is wrong")
-    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, piece)
+    sweeps = 2 if digest_sweep else 1
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, piece, sweeps)
     found = _PROBES.get(key)  # decided: no wait on a probe of another file
     if found is not None:
         return found
@@ -285,7 +302,7 @@ def choose_read_method(
         earlier = _FIRST.get(key)
         # the second probe reads other pieces than the first (not the pages it left cached)
         start = 0 if earlier is None else nbytes // 2
-        probe = _probe(path, offset, nbytes, piece, start)
+        probe = _probe(path, offset, nbytes, piece, start, sweeps)
         if not probe.measured_GBps:  # a chunk too short to measure does not decide for the file
             return probe
         _FIRST.pop(key, None)
@@ -311,8 +328,9 @@ def choose_read_method(
                 (
                     f"{PROBES} probes on this file by this worker, on two chunks: "
                     f"{earlier.measured_GBps} then {probe.measured_GBps} GB/s; both found the map "
-                    f"at least {1 / MARGIN:.2f}x faster than pread (read, digest and sweep on "
-                    "every CPU thread at once)"
+                    f"at least {1 / MARGIN:.2f}x faster than pread (read and "
+                    f"{'digest and sweep' if sweeps == 2 else 'one sweep'} on every CPU thread "
+                    "at once)"
                 ),
                 {
                     k: round(max(earlier.measured_GBps[k], probe.measured_GBps[k]), 3)

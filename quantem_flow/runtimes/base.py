@@ -278,6 +278,22 @@ class FramePassStream(abc.ABC):
         """
         self.feed(stored.decode())
 
+    def hash_rows(self, *, row_frames: int, frame_nbytes: int) -> str | None:
+        """Take over the content digest: hash each scan row of the frames fed from now on.
+
+        A runtime whose kernels can carry XXH3-128 in their own sweep of the
+        frames (the CPU runtime's integer dot kernel: docs/digest-in-kernel.md)
+        returns a line saying how, and :meth:`row_digests` then gives each
+        finished row's digest (``xxhash.xxh3_128`` of its bytes, hex).  The
+        default, ``None``: the caller hashes the frames itself.  Asked before
+        the first :meth:`feed`, at the start of a scan row.
+        """
+        return None
+
+    def row_digests(self) -> list[str]:
+        """The digests of the scan rows finished so far, in order (after :meth:`hash_rows`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not hash rows (hash_rows)")
+
     @abc.abstractmethod
     def finish(self) -> tuple[FramePassResult, np.ndarray | None]:
         """The pass over every frame fed, and the gathered values ``(n, n_pixels)`` or ``None``."""

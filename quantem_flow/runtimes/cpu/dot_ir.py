@@ -27,7 +27,10 @@ computes ``out[i, j] = sum_p x[i, p] * w[j, p]`` exactly, in integers:
   frame at a time was bound by loading them from L2, measured 2.1x slower
   with ``F = 1`` than with ``F = 4`` on 128 x 128 u16 frames);
 * the last, partial vector of a frame is read with a masked load (nothing
-  past the frame is touched); the weights are zero-padded to whole vectors.
+  past the frame is touched); the weights are zero-padded to whole vectors;
+* given a row hasher's state block (:mod:`.xxh3_ir`), each group of frames
+  is hashed right after the group's dot products, while its bytes are still
+  in the core's cache (the content digest in the kernel's sweep).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .llvm_optimise import optimise_o3
+from .xxh3_ir import HASH_BLOCK
 
 __all__ = [
     "DotISA",
@@ -139,14 +143,14 @@ PARAMS = (
     "off",  # address of float64 per output
 )
 
-Kernel = Callable[[int, int, int, int, int, int, int], None]
+Kernel = Callable[[int, int, int, int, int, int, int, int], None]
 
 
 @dataclass(frozen=True)
 class DotKernel:
     """A compiled dot kernel (see the module docstring) and its epilogue.
 
-    ``run(frames, n, stride, out, out_stride, totals, params)``: ``frames`` the
+    ``run(frames, n, stride, out, out_stride, totals, params, hash)``: ``frames`` the
     address of the first pixel read, frames ``stride`` bytes apart; ``totals``
     an int64 buffer of ``n`` rows of ``totals_stride`` where the kernel writes
     each frame's ``n_vectors`` totals plus their corrections; ``out`` (or 0: no
@@ -154,8 +158,11 @@ class DotKernel:
     ``out[i, dst[t]] = float(total[src[t]])``, minus ``float(total[sub[t]]) *
     off[t]`` where ``sub[t] >= 0`` (two IEEE roundings, no FMA: NumPy's
     :func:`~quantem_flow.runtimes.cpu.structure.finish_moment_rows` bit for
-    bit); ``params`` the address of the int64 block laid out as :data:`PARAMS`.
-    ``finish(totals, n, 0, out, out_stride, 0, params)`` runs the epilogue
+    bit); ``params`` the address of the int64 block laid out as :data:`PARAMS`;
+    ``hash`` the address of a row hasher's state block
+    (:data:`~quantem_flow.runtimes.cpu.xxh3_ir.HASH_BLOCK`), whose function
+    hashes each group of frames after the kernel's sweep of it, or 0 (none).
+    ``finish(0, n, 0, out, out_stride, totals, params, 0)`` runs the epilogue
     alone (passes whose vectors span several kernels).
     """
 
@@ -188,7 +195,7 @@ def compile_dot_kernel(
             return hit
         t0 = time.perf_counter()
         engine = _compile(_module(element, n_vectors, frames_per_step, isa), isa)
-        proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] + [ctypes.c_int64] * 6))
+        proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] + [ctypes.c_int64] * 7))
         run = proto(engine.get_function_address("dot"))
         finish = proto(engine.get_function_address("finish"))
         _keep.append((engine, run, finish))
@@ -288,6 +295,7 @@ def _signature(ir: Any) -> Any:
             i64,
             ir.PointerType(i64),
             ir.PointerType(i64),
+            ir.PointerType(i64),
         ],
     )
 
@@ -385,10 +393,10 @@ def _emit_driver(module: Any, group: Any, single: Any, frames_per_step: int) -> 
 
     i64 = ir.IntType(64)
     fn = ir.Function(module, _signature(ir), "dot")
-    frames, n, stride, out, out_stride, totals, params = fn.args
+    frames, n, stride, out, out_stride, totals, params, hashed = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     m = b.sub(n, b.srem(n, ir.Constant(i64, frames_per_step)))
-    b.call(group, [frames, m, stride, out, out_stride, totals, params])
+    b.call(group, [frames, m, stride, out, out_stride, totals, params, hashed])
     ts = _param(b, params, "totals_stride")
     null = ir.Constant(out.type, None)
     has_out = b.icmp_unsigned("!=", b.ptrtoint(out, i64), ir.Constant(i64, 0))
@@ -403,12 +411,13 @@ def _emit_driver(module: Any, group: Any, single: Any, frames_per_step: int) -> 
             out_stride,
             b.gep(totals, [b.mul(m, ts)]),
             params,
+            hashed,
         ],
     )
     b.ret_void()
 
     fin = ir.Function(module, _signature(ir), "finish")
-    _, n, _, out, out_stride, totals, params = fin.args
+    _, n, _, out, out_stride, totals, params, _ = fin.args
     entry = fin.append_basic_block("entry")
     b = ir.IRBuilder(entry)
     ts = _param(b, params, "totals_stride")
@@ -453,7 +462,7 @@ def _emit_frames(
     )
     fn = ir.Function(module, _signature(ir), name)
     fn.linkage = "internal"
-    frames, n, stride, out, out_stride, totals, params = fn.args
+    frames, n, stride, out, out_stride, totals, params, hashed = fn.args
     entry = fn.append_basic_block("entry")
     b = ir.IRBuilder(entry)
     weights = b.inttoptr(_param(b, params, "weights"), ir.PointerType(i16))
@@ -543,6 +552,24 @@ def _emit_frames(
         _emit_epilogue(b, fn, rows[q], out_row, params, f"e{q}")
     b.branch(nxt)
     b.position_at_end(nxt)
+    _emit_hash_call(b, fn, hashed, bases[0], n_frames, stride)
     frame_loop.close(b, ir.Constant(i64, n_frames))
     b.ret_void()
     return fn
+
+
+def _emit_hash_call(b: Any, fn: Any, hashed: Any, first: Any, n_frames: int, stride: Any) -> None:
+    """Where ``hashed`` is not null: call its hasher on the ``n_frames`` frames just swept."""
+    import llvmlite.ir as ir
+
+    i64 = ir.IntType(64)
+    call = fn.append_basic_block("hash")
+    after = fn.append_basic_block("hashed")
+    b.cbranch(b.icmp_unsigned("!=", b.ptrtoint(hashed, i64), ir.Constant(i64, 0)), call, after)
+    b.position_at_end(call)
+    where = b.gep(hashed, [ir.Constant(i64, HASH_BLOCK.index("function"))])
+    hasher_type = ir.FunctionType(ir.VoidType(), [first.type, i64, i64, hashed.type])
+    hasher = b.inttoptr(b.load(where), ir.PointerType(hasher_type))
+    b.call(hasher, [first, ir.Constant(i64, n_frames), stride, hashed])
+    b.branch(after)
+    b.position_at_end(after)

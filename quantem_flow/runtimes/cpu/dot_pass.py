@@ -41,6 +41,7 @@ import numpy as np
 from ... import config
 from ...errors import DtypeError, ShapeError
 from .dot_ir import PARAMS, DotISA, DotKernel, compile_dot_kernel, host_isa, steps_per_widening
+from .row_hash import RowHasher
 from .structure import _KIND_SUM, WeightPlan, structured_vectors
 
 __all__ = ["DotPass", "dot_pass_for"]
@@ -172,12 +173,14 @@ class DotPass:
             f"32-bit lanes widened every {self.block} steps)"
         )
 
-    def run(self, frames: np.ndarray, out: np.ndarray) -> None:
+    def run(self, frames: np.ndarray, out: np.ndarray, *, hasher: RowHasher | None = None) -> None:
         """Write the plan's structured columns of ``out`` for ``(n, K)`` ``frames``.
 
         ``out`` is float64 ``(n, >= plan.n_out)`` with contiguous rows; every
         structured column is written finished (moment rows included), as
         :func:`~quantem_flow.runtimes.cpu.structure.structured_pass` leaves it.
+        ``hasher``: the frames' scan-row digests advance in the kernel's sweep
+        (each group of frames hashed right after its dot products).
         """
         n = frames.shape[0]
         if n == 0 or self.n_vectors == 0:
@@ -203,8 +206,10 @@ class DotPass:
         if out.strides[1] != 8:
             raise ShapeError(f"out must have contiguous rows, got strides {out.strides}")
         totals = self._totals(n)
-        base = frames.ctypes.data + self.first_pixel * frames.itemsize
+        back = self.first_pixel * frames.itemsize
+        base = frames.ctypes.data + back
         stride = frames.strides[0]
+        hashed = 0 if hasher is None else hasher.kernel_block(frames, back=back)
         kernels = self.kernels()
         if len(kernels) == 1:
             kernels[0].run(
@@ -215,10 +220,23 @@ class DotPass:
                 out.strides[0] // 8,
                 totals.ctypes.data,
                 self._params[0].ctypes.data,
+                hashed,
             )
             return
-        for (j0, _), kernel, params in zip(self.groups, kernels, self._params, strict=True):
-            kernel.run(base, n, stride, 0, 0, totals.ctypes.data + 8 * j0, params.ctypes.data)
+        for g, ((j0, _), kernel, params) in enumerate(
+            zip(self.groups, kernels, self._params, strict=True)
+        ):
+            # the first group's sweep hashes the frames; the others read them from cache
+            kernel.run(
+                base,
+                n,
+                stride,
+                0,
+                0,
+                totals.ctypes.data + 8 * j0,
+                params.ctypes.data,
+                hashed if g == 0 else 0,
+            )
         kernels[0].finish(
             0,
             n,
@@ -227,6 +245,7 @@ class DotPass:
             out.strides[0] // 8,
             totals.ctypes.data,
             self._finish_params.ctypes.data,
+            0,
         )
 
     def _totals(self, n: int) -> np.ndarray:

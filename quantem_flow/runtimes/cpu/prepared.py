@@ -30,6 +30,7 @@ from ...representations.stored import StoredFrames
 from . import warmup
 from .exact_numpy import ExactPass
 from .kernels import _fused, skip_zero_weights, sum_dtype
+from .row_hash import RowHasher
 
 __all__ = ["PreparedFramePass"]
 
@@ -184,11 +185,23 @@ class PreparedFramePass:
         """Frames run so far."""
         return self._pos
 
-    def run(self, frames: np.ndarray) -> None:
-        """Run the pass on the next ``(n, k_r * k_c)`` frames (any layout; copied if needed)."""
+    @property
+    def runs_dot_kernel(self) -> bool:
+        """Whether the next frames of the prepared dtype run the integer dot kernel."""
+        return self._dot is not None and self._exact is None
+
+    def run(self, frames: np.ndarray, *, hasher: RowHasher | None = None) -> None:
+        """Run the pass on the next ``(n, k_r * k_c)`` frames (any layout; copied if needed).
+
+        ``hasher``: the frames' scan-row digests advance too, in the integer
+        dot kernel's sweep where it runs them, else in a sweep of their own.
+        """
         from .structure import readonly, structured_pass
 
         frames = np.ascontiguousarray(frames)
+        if hasher is not None and not (self.runs_dot_kernel and frames.dtype == self._dtype):
+            hasher.update(frames)  # no dot kernel to carry the hash: a sweep of its own
+            hasher = None
         if frames.dtype == np.float16:
             frames = frames.astype(np.float32)
         n = frames.shape[0]
@@ -218,7 +231,7 @@ class PreparedFramePass:
                 f"prepared for {self._dtype.str})"
             )
         if self._dot is not None:
-            self._dot.run(frames, out)
+            self._dot.run(frames, out, hasher=hasher)
         elif self._plan is not None:
             structured_pass(
                 frames,

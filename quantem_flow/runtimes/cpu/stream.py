@@ -72,6 +72,37 @@ class CpuFramePassStream(FramePassStream):
             )
         )
         self._pos = 0
+        self._hasher: Any = None
+
+    def hash_rows(self, *, row_frames: int, frame_nbytes: int) -> str | None:
+        """Hash scan rows in the integer dot kernel's sweep, where it runs this pass.
+
+        Not taken (``None``) where the dot kernel does not run the pass or a
+        frame is not a whole number of XXH3's 1024-byte blocks; the caller
+        then hashes each piece itself.
+        """
+        if self._pos != 0 or self._hasher is not None:
+            raise ValueError("hash_rows is asked before the first frames are fed, once")
+        if self._pass is None or not self._pass.runs_dot_kernel:
+            return None
+        from .row_hash import RowHasher, why_not_row_hasher
+
+        if why_not_row_hasher(int(frame_nbytes)) is not None:
+            return None
+        try:
+            self._hasher = RowHasher(row_frames=row_frames, frame_nbytes=frame_nbytes)
+        except Exception:  # an llvmlite that cannot compile it: the caller hashes the pieces
+            return None
+        return (
+            "XXH3-128 per scan row, each group of four frames hashed by the integer dot "
+            "kernel right after its own sweep of them, while in cache (docs/digest-in-kernel.md)"
+        )
+
+    def row_digests(self) -> list[str]:
+        """The digests of the scan rows finished so far (after :meth:`hash_rows`)."""
+        if self._hasher is None:
+            raise ValueError("this stream does not hash rows (hash_rows was not taken)")
+        return list(self._hasher.digests())
 
     def feed(self, frames: np.ndarray) -> None:
         """Run the next ``(n, k_r * k_c)`` frames."""
@@ -81,7 +112,7 @@ class CpuFramePassStream(FramePassStream):
         if self._gather is not None and self._gathered is not None:
             self._gathered[:, self._pos : self._pos + n] = gather_columns(frames, self._gather).T
         if self._pass is not None:
-            self._pass.run(frames)
+            self._pass.run(frames, hasher=self._hasher)
         self._pos += n
 
     def feed_stored(self, stored: StoredFrames) -> None:
