@@ -21,6 +21,11 @@ name                          meaning                                    default
 ``stream_piece_mib``          MiB a streamed chunk pass reads, hashes    2
                               and runs at a time (0: whole chunks;
                               docs/streamed-pass.md)
+``map_piece_mib``             MiB a streamed pass maps and runs at a      16
+                              time where it reads through a map and its
+                              kernel carries the digest (one sweep: the
+                              piece need not fit a cache; bounds the
+                              mapped pages a task holds)
 ``pass_tasks_per_thread``     a pass over unpersisted data runs at       2
                               least this many tasks per thread of the
                               cluster, each running whole chunks in
@@ -117,6 +122,10 @@ _DEFAULTS: dict[str, Any] = {
     # measured (issue 14): 2 MiB pieces (64 frames of 128 x 128 u16) beat 8 MiB and whole
     # 128 MiB chunks on 2 threads; benchmarks/RESULTS.md, "Streamed chunk passes"
     "stream_piece_mib": 2.0,
+    # issue 24: a piece read through a map and swept once (the digest in the kernel's sweep)
+    # need not fit a cache: larger pieces spread each piece's fixed cost (Python, the call,
+    # madvise's TLB flush) over more bytes; 2 -> 8-64 MiB measured 1.2x (RESULTS.md, issue 24)
+    "map_piece_mib": 16.0,
     # issue 24: a page-cached file's pieces viewed in place through a map (pages dropped after
     # each piece) where that measures faster than pread on the worker
     "read_method": "auto",

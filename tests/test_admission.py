@@ -91,6 +91,10 @@ def test_a_streamed_pass_is_admitted_for_the_piece_it_holds(tmp_path: Path) -> N
 
     piece = streamed_piece_bytes(ds, "cpu", 2 * MiB)
     assert piece is not None and piece <= 2 * MiB
+    # a mapped piece (pages held until dropped) counts where it is the larger one
+    mapped = streamed_piece_bytes(ds, "cpu", 2 * MiB, map_piece=16 * MiB)
+    assert mapped is not None and 8 * MiB < mapped <= 16 * MiB
+    assert streamed_piece_bytes(ds, "cpu", 2 * MiB, map_piece=1 * MiB) == piece
     need = task_memory_need(ds, runtime="cpu", n_weights=1, piece_bytes=piece)
     assert need.parts["staging buffer (one streamed piece)"] <= 2 * MiB
     assert need.pools["host"] < 64 * MiB  # was > 400 MiB counted whole

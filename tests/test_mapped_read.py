@@ -328,3 +328,33 @@ def test_the_map_needs_two_probes_and_pread_needs_one(
     else:
         assert "2 probes on this file" in final.why and "both found the map" in final.why
     forget_probes()
+
+
+def test_the_probe_sweeps_each_piece_as_the_pass_will(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Twice where the digest is a sweep of its own, once where the kernel carries it."""
+    from quantem_flow.io import read_method
+
+    path = tmp_path / "p.bin"
+    np.zeros(40 << 20, dtype=np.uint8).tofile(path)
+    swept: list[int] = []
+
+    def fake(
+        path: Path, offset: int, nbytes: int, piece: int, start: int = 0, sweeps: int = 2
+    ) -> object:
+        swept.append(sweeps)
+        return read_method.ReadChoice("pread", f"{sweeps} sweeps", {"mmap": 1.0, "pread": 1.0})
+
+    monkeypatch.setattr(read_method, "_probe", fake)
+    forget_probes()
+    own = choose_read_method("auto", path, 0, 40 << 20, 1 << 20)
+    carried = choose_read_method("auto", path, 0, 40 << 20, 1 << 20, digest_sweep=False)
+    assert swept == [2, 1]  # each asked separately: a choice for one is not the other's
+    assert "2 sweeps" in own.why and "1 sweeps" in carried.why
+    # the real probe's rounds and its record say which
+    forget_probes()
+    monkeypatch.undo()
+    choice = read_method._probe(path, 0, 40 << 20, 1 << 20, sweeps=1)
+    assert "one sweep (the digest in the kernel's)" in choice.why
+    assert set(choice.measured_GBps) == {"mmap", "pread"}

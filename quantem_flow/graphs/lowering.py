@@ -42,7 +42,7 @@ from .annotations import validate_annotations
 from .capabilities import memory_pool
 from .pass_groups import group_chunks, run_chunk_group
 from .resident_query import run_resident_group
-from .streamed import piece_bytes
+from .streamed import map_piece_bytes, piece_bytes
 from .tasks import (
     PassSpec,
     combine_partials,
@@ -178,6 +178,7 @@ def lower_pass(
         runtime=runtime,
         gather=None if gather is None else np.unique(np.asarray(gather, dtype=np.int64)),
         stream_piece_bytes=piece_bytes(),
+        map_piece_bytes=map_piece_bytes(),
         complement_queries=bool(config.get("complement_queries")),
         radial=tuple((radial or {}).get(name) for name in keys),
         radial_queries=bool(config.get("radial_queries")),
@@ -267,7 +268,9 @@ def lower_pass(
             want_sum=want_sum,
             want_max=want_max,
             gather_pixels=gather_pixels,
-            piece_bytes=streamed_piece_bytes(ds, runtime, spec.stream_piece_bytes),
+            piece_bytes=streamed_piece_bytes(
+                ds, runtime, spec.stream_piece_bytes, map_piece=spec.map_piece_bytes
+            ),
             chunks_per_task=max(len(c) for c in covers.values()),
         ).to_annotation()
     for covered in covers.values():  # every per-key value is checked here, on the client
@@ -587,12 +590,16 @@ def _host_copy_value_bytes(runtime: str) -> int | None:
     return None if spec is None else spec.host_copy_value_bytes
 
 
-def streamed_piece_bytes(ds: Dataset4D, runtime: str, piece: int) -> int | None:
+def streamed_piece_bytes(
+    ds: Dataset4D, runtime: str, piece: int, *, map_piece: int = 0
+) -> int | None:
     """Bytes of the piece a chunk task of ``ds`` holds when every chunk streams, else ``None``.
 
     A streamed chunk task (:mod:`.streamed`) reads, decodes and runs its chunk one piece at
-    a time, so admission counts one piece, not the chunk.  Asked from the declarations on
-    the client: the runtime's class says whether it streams (nothing is started).
+    a time, so admission counts one piece, not the chunk: the larger of a read piece and a
+    mapped one (``map_piece``, whose pages the task holds until they are dropped).  Asked
+    from the declarations on the client: the runtime's class says whether it streams
+    (nothing is started).
     """
     from ..runtimes.registry import get_spec, load_attribute
     from .streamed import why_not_streamed
@@ -607,10 +614,14 @@ def streamed_piece_bytes(ds: Dataset4D, runtime: str, piece: int) -> int | None:
         return None
     frame = int(np.prod(ds.source.shape[2:])) * int(np.dtype(ds.source.dtype).itemsize)
     n_cols = int(ds.shape[1])
-    # stream_pieces: whole rows when one fits, else runs of a multiple of 4 frames
-    if n_cols * frame <= piece:
-        return (piece // (n_cols * frame)) * n_cols * frame
-    return max(4, (piece // max(frame, 1)) // 4 * 4) * frame
+    chunk = max(r1 - r0 for r0, r1 in ds.chunks) * n_cols * frame
+
+    def held(target: int) -> int:  # stream_pieces: whole rows when one fits, else 4k frames
+        if n_cols * frame <= target:
+            return min(chunk, (target // (n_cols * frame)) * n_cols * frame)
+        return max(4, (target // max(frame, 1)) // 4 * 4) * frame
+
+    return max(held(piece), held(map_piece) if map_piece > piece else 0)
 
 
 def _need_parts(

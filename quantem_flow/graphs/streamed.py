@@ -51,6 +51,7 @@ from .digest import DenseRowDigests, Units, hashes_stored, stored_row_units
 
 __all__ = [
     "StreamedChunk",
+    "map_piece_bytes",
     "piece_bytes",
     "run_streamed_chunk",
     "stored_pieces",
@@ -99,6 +100,11 @@ def compile_timer_for(runtime: Runtime, *, gather_only: bool) -> Any:
 def piece_bytes() -> int:
     """Bytes per piece from ``stream_piece_mib`` (read on the client when a pass is lowered)."""
     return max(0, int(float(config.get("stream_piece_mib")) * (1 << 20)))
+
+
+def map_piece_bytes() -> int:
+    """Bytes per mapped piece from ``map_piece_mib`` (read on the client when a pass is lowered)."""
+    return max(0, int(float(config.get("map_piece_mib")) * (1 << 20)))
 
 
 def stream_pieces(
@@ -159,6 +165,7 @@ def run_streamed_chunk(
     read_method: str = "auto",
     gather_into: np.ndarray | None = None,
     digest_in_kernel: bool = True,
+    map_piece_bytes: int = 0,
 ) -> StreamedChunk | str:
     """Read scan rows ``rows`` of ``ds`` piece by piece and run ``runtime``'s stream on them.
 
@@ -175,6 +182,8 @@ def run_streamed_chunk(
     carry the content digest in their own sweep of each piece
     (:meth:`~quantem_flow.runtimes.base.FramePassStream.hash_rows`), else each
     piece is hashed in a sweep of its own first.  The same digest either way.
+    Where they do and the pieces are read through a map, each piece is swept
+    once and need not fit a cache: pieces of ``map_piece_bytes`` (when larger).
 
     Returns
     -------
@@ -240,6 +249,15 @@ def run_streamed_chunk(
     )
     read_s += time.perf_counter() - t_choose
     mapped = mapped_file(where[0]) if choice.method == "mmap" and where is not None else None
+    piece_why = "cache-sized: the piece is swept more than once, or read into a buffer"
+    if mapped is not None and in_kernel is not None and map_piece_bytes > piece_bytes:
+        pieces = stream_pieces(rows, n_cols, frame_nbytes, map_piece_bytes)
+        largest = max((b - a) * (d - c) for (a, b), (c, d) in pieces)
+        piece_why = (
+            f"map_piece_mib ({map_piece_bytes / (1 << 20):g} MiB): read through a map and "
+            "swept once (the kernel hashes each group of frames in cache), so the piece need "
+            "not fit a cache; a larger piece spreads its fixed cost over more bytes"
+        )
     with (
         (
             contextlib.nullcontext(None)
@@ -282,6 +300,7 @@ def run_streamed_chunk(
         "streamed": {
             "pieces": len(pieces),
             "piece_frames": int(largest),
+            "piece_size": piece_why,
             "buffer_bytes": 0 if mapped is not None else int(largest * frame_nbytes),
             "read": choice.record(),
             "how": (

@@ -65,6 +65,10 @@ class PassSpec:
         Bytes a streamed chunk pass reads at a time (chosen on the client
         from ``stream_piece_mib``; 0 loads every chunk whole):
         :mod:`~quantem_flow.graphs.streamed`.
+    map_piece_bytes
+        Bytes a streamed chunk pass maps at a time where it reads through a map
+        and its kernels carry the digest (``map_piece_mib`` on the client; 0: the
+        same as ``stream_piece_bytes``).
     complement_queries
         Whether a query on resident chunks may read a wide 0/1 detector through its
         complement (chosen on the client from ``complement_queries``):
@@ -91,6 +95,7 @@ class PassSpec:
     runtime: str
     gather: np.ndarray | None = None
     stream_piece_bytes: int = 0
+    map_piece_bytes: int = 0
     complement_queries: bool = True
     read_method: str = "auto"
     radial: tuple[tuple[float, float, float, float] | None, ...] = ()
@@ -392,6 +397,7 @@ def _run_streamed(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial 
         want_max=spec.want_max,
         gather=spec.gather,
         piece_bytes=spec.stream_piece_bytes,
+        map_piece_bytes=spec.map_piece_bytes,
         read_method=spec.read_method,
         gather_into=into,
         digest_in_kernel=spec.digest_in_kernel,

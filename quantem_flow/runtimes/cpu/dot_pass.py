@@ -146,6 +146,9 @@ class DotPass:
         single = len(self.groups) == 1
         self._params = [params(j0, len(program) if single else 0) for j0, _ in self.groups]
         self._finish_params = params(0, len(program))
+        # addresses asked once (an array's .ctypes costs a microsecond per call)
+        self._params_at = [int(p.ctypes.data) for p in self._params]
+        self._finish_at = int(self._finish_params.ctypes.data)
         self._kernels: list[DotKernel] | None = None
         self._scratch = threading.local()
 
@@ -205,7 +208,7 @@ class DotPass:
             )
         if out.strides[1] != 8:
             raise ShapeError(f"out must have contiguous rows, got strides {out.strides}")
-        totals = self._totals(n)
+        totals_at = self._totals_at(n)
         back = self.first_pixel * frames.itemsize
         base = frames.ctypes.data + back
         stride = frames.strides[0]
@@ -218,13 +221,13 @@ class DotPass:
                 stride,
                 out.ctypes.data,
                 out.strides[0] // 8,
-                totals.ctypes.data,
-                self._params[0].ctypes.data,
+                totals_at,
+                self._params_at[0],
                 hashed,
             )
             return
         for g, ((j0, _), kernel, params) in enumerate(
-            zip(self.groups, kernels, self._params, strict=True)
+            zip(self.groups, kernels, self._params_at, strict=True)
         ):
             # the first group's sweep hashes the frames; the others read them from cache
             kernel.run(
@@ -233,8 +236,8 @@ class DotPass:
                 stride,
                 0,
                 0,
-                totals.ctypes.data + 8 * j0,
-                params.ctypes.data,
+                totals_at + 8 * j0,
+                params,
                 hashed if g == 0 else 0,
             )
         kernels[0].finish(
@@ -243,18 +246,19 @@ class DotPass:
             0,
             out.ctypes.data,
             out.strides[0] // 8,
-            totals.ctypes.data,
-            self._finish_params.ctypes.data,
+            totals_at,
+            self._finish_at,
             0,
         )
 
-    def _totals(self, n: int) -> np.ndarray:
-        """A reused C-contiguous ``(n, n_vectors)`` int64 buffer of the calling thread."""
+    def _totals_at(self, n: int) -> int:
+        """The address of a reused C-contiguous ``(n, n_vectors)`` int64 buffer of this thread."""
         buf = getattr(self._scratch, "totals", None)
         if buf is None or buf.shape[0] < n:
             buf = np.empty((max(n, 64), self.n_vectors), dtype=np.int64)
             self._scratch.totals = buf
-        return buf
+            self._scratch.totals_at = int(buf.ctypes.data)
+        return int(self._scratch.totals_at)
 
 
 _cache: dict[tuple[int, str, DotISA], tuple[WeightPlan, DotPass | None, str]] = {}

@@ -33,6 +33,11 @@ def _slot(name: str) -> int:
     return HASH_BLOCK.index(name)
 
 
+_DONE, _COL, _OUT, _BACK, _CAPACITY = (
+    _slot(name) for name in ("done", "col", "out", "back", "capacity")
+)
+
+
 class RowHasher:
     """XXH3-128 of each scan row of frames fed in scan order, from column 0 of a row.
 
@@ -63,6 +68,7 @@ class RowHasher:
         self.block[_slot("frame_bytes")] = self.frame_nbytes
         self.block[_slot("row_frames")] = self.row_frames
         self.block[_slot("function")] = self._code.address
+        self._address = int(self.block.ctypes.data)
         self._out = np.zeros((0, 2), dtype=np.uint64)
         self._reserve(0)
 
@@ -74,12 +80,12 @@ class RowHasher:
     @property
     def rows_done(self) -> int:
         """Scan rows whose digest is finished."""
-        return int(self.block[_slot("done")])
+        return int(self.block[_DONE])
 
     @property
     def column(self) -> int:
         """The column of the next frame to be hashed (0: at a row's start)."""
-        return int(self.block[_slot("col")])
+        return int(self.block[_COL])
 
     def _reserve(self, n_frames: int) -> None:
         """Room in the output for every row the next ``n_frames`` frames can finish."""
@@ -88,8 +94,8 @@ class RowHasher:
             grown = np.zeros((max(need, 2 * self._out.shape[0], 8), 2), dtype=np.uint64)
             grown[: self.rows_done] = self._out[: self.rows_done]
             self._out = grown
-            self.block[_slot("out")] = self._out.ctypes.data
-            self.block[_slot("capacity")] = self._out.shape[0]
+            self.block[_OUT] = self._out.ctypes.data
+            self.block[_CAPACITY] = self._out.shape[0]
 
     def kernel_block(self, frames: np.ndarray, *, back: int) -> int:
         """The state block's address for a kernel about to hash ``frames``.
@@ -99,8 +105,8 @@ class RowHasher:
         """
         self._check(frames)
         self._reserve(frames.shape[0])
-        self.block[_slot("back")] = int(back)
-        return int(self.block.ctypes.data)
+        self.block[_BACK] = back
+        return self._address
 
     def _check(self, frames: np.ndarray) -> None:
         if frames.ndim != 2 or frames.shape[1] * frames.itemsize != self.frame_nbytes:

@@ -43,6 +43,7 @@ __all__ = [
     "HASH_BLOCK",
     "RowHasherCode",
     "compile_row_hasher",
+    "row_hasher_assembly",
 ]
 
 #: XXH3's default secret (192 bytes), as the algorithm's specification gives it.
@@ -105,7 +106,7 @@ _keep: list[Any] = []
 
 
 def compile_row_hasher() -> RowHasherCode:
-    """The row hasher for this CPU (compiled once per process, ~20-60 ms)."""
+    """The row hasher for this CPU (compiled once per process, ~0.1 s)."""
     with _lock:
         if _compiled:
             return _compiled[0]
@@ -113,21 +114,8 @@ def compile_row_hasher() -> RowHasherCode:
         import llvmlite.binding as llvm
         from numba.core.compiler_lock import global_compiler_lock
 
-        from .llvm_optimise import optimise_o3
-
-        module = _module()
         with global_compiler_lock:  # LLVM's global context is Numba's too (dot_ir.py)
-            llvm.initialize_native_target()
-            llvm.initialize_native_asmprinter()
-            parsed = llvm.parse_assembly(str(module))
-            parsed.verify()
-            target = llvm.Target.from_triple(module.triple)
-            machine = target.create_target_machine(
-                cpu=llvm.get_host_cpu_name(),
-                features=llvm.get_host_cpu_features().flatten(),
-                opt=3,
-            )
-            optimise_o3(parsed, machine)
+            parsed, machine = _optimised_locked()
             engine = llvm.create_mcjit_compiler(parsed, machine)
             engine.finalize_object()
         address = int(engine.get_function_address("xxh3_frames"))
@@ -139,6 +127,34 @@ def compile_row_hasher() -> RowHasherCode:
         code = RowHasherCode(run=run, address=address, compile_s=time.perf_counter() - t0)
         _compiled.append(code)
         return code
+
+
+def row_hasher_assembly() -> str:
+    """The row hasher's machine code for this CPU, as assembly text (inspection and tests)."""
+    from numba.core.compiler_lock import global_compiler_lock
+
+    with global_compiler_lock:
+        parsed, machine = _optimised_locked()
+        return str(machine.emit_assembly(parsed))
+
+
+def _optimised_locked() -> tuple[Any, Any]:
+    """The module parsed, verified and optimised for the host (Numba's compiler lock held)."""
+    import llvmlite.binding as llvm
+
+    from .llvm_optimise import optimise_o3
+
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    module = _module()
+    parsed = llvm.parse_assembly(str(module))
+    parsed.verify()
+    target = llvm.Target.from_triple(module.triple)
+    machine = target.create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3
+    )
+    optimise_o3(parsed, machine)
+    return parsed, machine
 
 
 def _signed(value: int) -> int:
