@@ -21,7 +21,10 @@ from quantem_flow.graphs.digest import DenseRowDigests, payload_digests
 from quantem_flow.graphs.streamed import stream_pieces, why_not_streamed
 from quantem_flow.graphs.tasks import PassSpec, run_chunk_pass
 from quantem_flow.runtimes import Runtime, available_runtimes, get_runtime
-from quantem_flow.testing.runtime_conformance import check_frame_pass_stream
+from quantem_flow.testing.runtime_conformance import (
+    check_frame_pass_stream,
+    check_stream_row_digests,
+)
 
 DET = (16, 12)
 SCAN = (9, 13)
@@ -286,6 +289,14 @@ def test_runtime_streams_conform_or_load_whole_chunks(
     assert offered == overrides
     if runtime_name == "cpu":
         assert offered
+    # a stream that takes over the content digest hashes every row exactly
+    took = check_stream_row_digests(lambda: runtime, dtype, rng=rng)
+    if runtime_name == "cpu" and dtype in ("uint8", "uint16"):
+        from quantem_flow.runtimes.cpu.dot_ir import host_isa
+
+        assert took == (host_isa() is not None)  # where the integer dot kernel runs
+    elif runtime_name == "cpu":
+        assert not took  # the cell kernels leave the digest to the caller
 
 
 @pytest.mark.parametrize("dtype", ["uint16", "float32"])

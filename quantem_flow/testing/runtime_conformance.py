@@ -104,6 +104,7 @@ __all__ = [
     "check_nonfinite_support",
     "check_release",
     "check_ssb_case",
+    "check_stream_row_digests",
     "check_wide_integer_sums",
     "conformance_cases",
     "conformance_params",
@@ -938,6 +939,88 @@ def check_frame_pass_stream(
     assert result.pattern_sum is None and result.pattern_max is None
     assert values is not None
     np.testing.assert_array_equal(values, frames[:, idx], err_msg=f"{label} gather only")
+    return True
+
+
+def check_stream_row_digests(
+    factory: RuntimeFactory,
+    dtype: str,
+    *,
+    rng: np.random.Generator,
+    detector: tuple[int, int] = (64, 64),
+) -> bool:
+    """A stream that takes over the content digest hashes every scan row exactly.
+
+    A pass of masks and moments only (BF, an annulus, a centre of mass: the
+    pass a kernel may carry the digest in) over frames of whole 1024-byte
+    blocks.  Where :meth:`~quantem_flow.runtimes.base.FramePassStream.hash_rows`
+    returns a line, frames fed in uneven pieces, splitting scan rows, must give
+    ``row_digests()`` equal to ``xxhash.xxh3_128`` of each finished row's bytes
+    (in order, none for the unfinished row), and the pass's values must equal
+    the CPU reference's.
+
+    Returns
+    -------
+    bool
+        ``False`` when the runtime offers no stream or its stream leaves the
+        digest to the caller (``None``), ``True`` once checked.
+    """
+    import xxhash
+
+    runtime = factory()
+    k = detector[0] * detector[1]
+    row_frames = 7
+    n = 3 * row_frames + 2  # the last row unfinished
+    frames = frames_for(rng, dtype, n, n_pixels=k)
+    rr, cc = np.mgrid[: detector[0], : detector[1]]
+    centre = ((detector[0] - 1) / 2 + 0.3, (detector[1] - 1) / 2 - 0.2)
+    d = np.hypot(rr - centre[0], cc - centre[1])
+    reach = min(detector) / 2
+    weights = np.stack(
+        [
+            (d < reach / 3).ravel(),
+            ((d >= reach / 2) & (d < reach)).ravel(),
+            np.ones(k),
+            (rr - centre[0]).ravel(),
+            (cc - centre[1]).ravel(),
+        ]
+    ).astype(np.float64)
+    label = f"{runtime.name} frame_pass_stream row digests {dtype}"
+    stream = runtime.frame_pass_stream(
+        weights,
+        n_frames=n,
+        frame_shape=detector,
+        dtype=frames.dtype,
+        want_sum=False,
+        want_max=False,
+        gather=None,
+    )
+    if stream is None:
+        return False
+    how = stream.hash_rows(row_frames=row_frames, frame_nbytes=k * frames.itemsize)
+    if how is None:
+        return False
+    assert isinstance(how, str) and how, f"{label}: hash_rows must say how, got {how!r}"
+    for a, b in ((0, 3), (3, 4), (4, 11), (11, 19), (19, n)):
+        stream.feed(frames[a:b])
+    digests = stream.row_digests()
+    expect = [
+        xxhash.xxh3_128_hexdigest(frames[r * row_frames : (r + 1) * row_frames].tobytes())
+        for r in range(n // row_frames)
+    ]
+    assert digests == expect, f"{label}: {digests} != the rows' XXH3-128 {expect}"
+    got, _ = stream.finish()
+    ref = _reference().frame_pass(frames, weights, want_sum=False, want_max=False)
+    check_frame_pass(
+        got,
+        ref,
+        frames,
+        weights,
+        want_sum=False,
+        want_max=False,
+        what=label,
+        precision=runtime.precision(),
+    )
     return True
 
 
