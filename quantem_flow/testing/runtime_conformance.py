@@ -846,6 +846,16 @@ def check_gather_case(
             runtime.release(handle)
 
 
+def _mask_and_moment_rows(detector: tuple[int, int]) -> np.ndarray:
+    """BF, ADF and a centre of mass's three rows about an off-grid centre, float64."""
+    rr, cc = np.mgrid[: detector[0], : detector[1]]
+    centre = ((detector[0] - 1) / 2 + 0.3, (detector[1] - 1) / 2 - 0.2)
+    d = np.hypot(rr - centre[0], cc - centre[1])
+    reach = min(detector) / 2
+    rows = [d < reach / 3, d >= reach / 2, np.ones(detector), rr - centre[0], cc - centre[1]]
+    return np.stack([np.asarray(r, dtype=np.float64).ravel() for r in rows])
+
+
 def check_frame_pass_stream(
     factory: RuntimeFactory,
     dtype: str,
@@ -874,21 +884,7 @@ def check_frame_pass_stream(
     k = detector[0] * detector[1]
     n = 37
     frames = frames_for(rng, dtype, n, nonfinite=True, n_pixels=k)
-    rr, cc = np.mgrid[: detector[0], : detector[1]]
-    centre = ((detector[0] - 1) / 2 + 0.3, (detector[1] - 1) / 2 - 0.2)
-    d = np.hypot(rr - centre[0], cc - centre[1])
-    reach = min(detector) / 2
-    ones = np.ones(detector)
-    weights = np.stack(
-        [
-            (d < reach / 3).ravel(),
-            (d >= reach / 2).ravel(),
-            ones.ravel(),
-            ((rr - centre[0]) * ones).ravel(),
-            ((cc - centre[1]) * ones).ravel(),
-            rng.standard_normal(k),
-        ]
-    ).astype(np.float64)
+    weights = np.concatenate([_mask_and_moment_rows(detector), rng.standard_normal((1, k))])
     idx = np.unique(np.concatenate([[0, k - 1], rng.integers(0, k, 11)]))
     label = f"{runtime.name} frame_pass_stream {dtype}"
     stream = runtime.frame_pass_stream(
@@ -951,7 +947,7 @@ def check_stream_row_digests(
 ) -> bool:
     """A stream that takes over the content digest hashes every scan row exactly.
 
-    A pass of masks and moments only (BF, an annulus, a centre of mass: the
+    A pass of masks and moments only (BF, ADF, a centre of mass: the
     pass a kernel may carry the digest in) over frames of whole 1024-byte
     blocks.  Where :meth:`~quantem_flow.runtimes.base.FramePassStream.hash_rows`
     returns a line, frames fed in uneven pieces, splitting scan rows, must give
@@ -972,19 +968,7 @@ def check_stream_row_digests(
     row_frames = 7
     n = 3 * row_frames + 2  # the last row unfinished
     frames = frames_for(rng, dtype, n, n_pixels=k)
-    rr, cc = np.mgrid[: detector[0], : detector[1]]
-    centre = ((detector[0] - 1) / 2 + 0.3, (detector[1] - 1) / 2 - 0.2)
-    d = np.hypot(rr - centre[0], cc - centre[1])
-    reach = min(detector) / 2
-    weights = np.stack(
-        [
-            (d < reach / 3).ravel(),
-            ((d >= reach / 2) & (d < reach)).ravel(),
-            np.ones(k),
-            (rr - centre[0]).ravel(),
-            (cc - centre[1]).ravel(),
-        ]
-    ).astype(np.float64)
+    weights = _mask_and_moment_rows(detector)
     label = f"{runtime.name} frame_pass_stream row digests {dtype}"
     stream = runtime.frame_pass_stream(
         weights,
