@@ -398,3 +398,31 @@ def test_the_encoded_block_table_of_a_subset_matches_a_fresh_one(rng: np.random.
         np.testing.assert_array_equal(
             decode_host(payload, pieces, cut), decode_host(payload, pieces)
         )
+
+
+def test_a_failed_import_of_cupy_is_not_searched_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``backend="auto"`` asks CUDA twice per pass; without CuPy each ask searched the path."""
+    import builtins
+    import importlib.util
+
+    from quantem_flow.runtimes import cuda
+
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here: nothing fails to import")
+    monkeypatch.setattr(cuda, "_NO_CUPY", [])
+    asked: list[str] = []
+    real_import = builtins.__import__
+
+    def counting(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "cupy":
+            asked.append(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", counting)
+    first = cuda.CudaRuntime.available()
+    second = cuda.CudaRuntime.available()
+    assert first == second and first[0] is False and "CuPy is not installed" in first[1]
+    assert asked == ["cupy"]  # the second answer came from the memo
+    monkeypatch.setitem(sys.modules, "cupy", FakeCupy())  # a module that appears is seen
+    third = cuda.CudaRuntime.available()
+    assert asked == ["cupy", "cupy"] and third != first
