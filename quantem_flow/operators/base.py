@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import hashlib
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -46,10 +45,12 @@ __all__ = [
 
 def weight_key(weights: np.ndarray) -> str:
     """Return a content key for a detector weight map (identical maps share a row)."""
+    import xxhash  # XXH3: 40x SHA-256's speed on the 0.6 MB of a BF + ADF + CoM pass's maps
+
     a = np.ascontiguousarray(weights, dtype=np.float64)
-    h = hashlib.sha256(repr(a.shape).encode())
-    h.update(a.tobytes())
-    return h.hexdigest()[:24]
+    h = xxhash.xxh3_128(repr(a.shape).encode())
+    h.update(a.reshape(-1).view(np.uint8).data)
+    return str(h.hexdigest())[:24]
 
 
 @dataclasses.dataclass

@@ -53,11 +53,26 @@ def detector_distance(
     Returns
     -------
     numpy.ndarray
-        ``(k_r, k_c)`` float64 distances in the units of ``scale``.
+        ``(k_r, k_c)`` float64 distances in the units of ``scale``, read-only:
+        the same geometry is asked by every operator of every pass (a pass of
+        BF, ADF and CoM asked it four times), so the last few are kept.
     """
+    return _distance(
+        (int(shape[0]), int(shape[1])),
+        (float(center[0]), float(center[1])),
+        (float(scale[0]), float(scale[1])),
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _distance(
+    shape: tuple[int, int], center: tuple[float, float], scale: tuple[float, float]
+) -> np.ndarray:
     r = (np.arange(shape[0], dtype=np.float64) - center[0]) * scale[0]
     c = (np.arange(shape[1], dtype=np.float64) - center[1]) * scale[1]
-    return np.asarray(np.hypot(r[:, None], c[None, :]))
+    d = np.asarray(np.hypot(r[:, None], c[None, :]))
+    d.setflags(write=False)
+    return d
 
 
 def annulus(
