@@ -150,7 +150,7 @@ def _outputs(
 ) -> PassOutputs:
     R, C = ds.scan_shape
     n_w = len(lowered.weight_keys)
-    per_frame = np.full((R, C, n_w), np.nan)
+    per_frame = np.empty((R, C, n_w))  # every row is written, or the pass fails below
     covered = np.zeros(R, dtype=bool)
     for (r0, r1), block in partial.blocks:
         per_frame[r0:r1] = block
