@@ -21,13 +21,15 @@ of its own, once where the kernel carries the digest in its sweep
 into cache, at the same cost whichever way the piece was read).  The map is chosen when its fastest
 round is at least 15 % faster than ``pread``'s (the fastest, because other
 work, a compiler or other tasks, only ever slows a round down; while a kernel
-compiles in the process the probe waits for a later chunk), and two probes on
-two chunks must both find the map faster: one probe whose ``pread`` rounds
-met other work (an exact-NumPy chunk on the other thread) once measured the
-map 3x faster here.  Until then, ``pread``; a probe that finds ``pread`` as
-fast decides at once (the map could no longer be chosen, so a second probe
-would read 128 MiB for nothing).  One probe
-runs at a time per process, and every chunk of the file then agrees.  The choice and
+compiles in the process the probe waits for a later chunk), and a verdict
+needs two probes on different chunks to agree, either way, with a third to
+settle a disagreement: one probe whose ``pread`` rounds met other work (an
+exact-NumPy chunk on the other thread) once measured the map 3x faster here,
+and a single probe finding ``pread`` as fast once kept an HDF5 file on
+``pread`` (1.6x slower) for a worker's life while three fresh workers chose
+the map (benchmarks/RESULTS.md, issue 24, tenth stop).  Until a verdict,
+``pread``.  One probe runs at a time per process, and every chunk of the file
+then agrees.  The choice and
 both rates are recorded in every chunk's record.  On this project's 2-vCPU
 VM ``pread`` wins: a map's page faults cost more than the copy, and the copy
 leaves the piece in the core's cache for the two sweeps (benchmarks/RESULTS.md,
@@ -97,8 +99,9 @@ class ReadChoice:
 
 
 _PROBES: dict[tuple[Any, ...], ReadChoice] = {}
-_FIRST: dict[tuple[Any, ...], ReadChoice] = {}
-#: Probes (on different chunks) that must agree before a file is read through a map.
+_FIRST: dict[tuple[Any, ...], list[ReadChoice]] = {}
+#: Probes (on different chunks) that must agree on a file's read method; at most
+#: ``2 * PROBES - 1`` are run.
 PROBES = 2
 _LOCK = threading.Lock()
 
@@ -299,43 +302,38 @@ def choose_read_method(
                 "not measured yet: a kernel was compiling in this worker (it would slow the "
                 "probe); measured on a later chunk",
             )
-        earlier = _FIRST.get(key)
-        # the second probe reads other pieces than the first (not the pages it left cached)
-        start = 0 if earlier is None else nbytes // 2
+        earlier = _FIRST.get(key, [])
+        # each probe reads other pieces than the earlier ones (not the pages they left cached)
+        start = (0, nbytes // 2, nbytes // 4, 3 * nbytes // 4)[min(len(earlier), 3)]
         probe = _probe(path, offset, nbytes, piece, start, sweeps)
         if not probe.measured_GBps:  # a chunk too short to measure does not decide for the file
             return probe
-        _FIRST.pop(key, None)
-        if probe.method == "pread":  # one probe for pread decides: the map needs both
-            decided = ReadChoice(
-                "pread",
-                (
-                    f"{probe.why}; the map was not, so pread for every chunk of this file "
-                    f"(the map needs {PROBES} probes on two chunks to agree)"
-                ),
-                probe.measured_GBps,
-            )
-        elif earlier is None:  # one probe can be hit by other work: a second one, later, decides
-            _FIRST[key] = probe
+        probes = [*earlier, probe]
+        agreeing = [p for p in probes if p.method == probe.method]
+        if len(agreeing) < PROBES:  # one probe can be hit by other work: another one decides
+            _FIRST[key] = probes
             return ReadChoice(
                 "pread",
-                f"first of {PROBES} probes ({probe.why}); pread until the next one agrees",
+                f"probe {len(probes)} of this file ({probe.why}); pread until {PROBES} probes "
+                "agree",
                 probe.measured_GBps,
             )
-        else:
-            decided = ReadChoice(
-                "mmap",
-                (
-                    f"{PROBES} probes on this file by this worker, on two chunks: "
-                    f"{earlier.measured_GBps} then {probe.measured_GBps} GB/s; both found the map "
-                    f"at least {1 / MARGIN:.2f}x faster than pread (read and "
-                    f"{'digest and sweep' if sweeps == 2 else 'one sweep'} on every CPU thread "
-                    "at once)"
-                ),
-                {
-                    k: round(max(earlier.measured_GBps[k], probe.measured_GBps[k]), 3)
-                    for k in probe.measured_GBps
-                },
-            )
+        _FIRST.pop(key, None)
+        what = "read, digest and sweep" if sweeps == 2 else "read and one sweep"
+        verdict = (
+            f"found the map at least {1 / MARGIN:.2f}x faster than pread"
+            if probe.method == "mmap"
+            else f"found pread within {1 / MARGIN:.2f}x of the map or faster"
+        )
+        decided = ReadChoice(
+            probe.method,
+            (
+                f"{len(probes)} probes on this file by this worker, on different chunks: "
+                f"{', then '.join(str(p.measured_GBps) for p in probes)} GB/s; "
+                f"{len(agreeing)} {verdict} ({what} on every CPU thread at once), so "
+                f"{'the map' if probe.method == 'mmap' else 'pread'} for every chunk of this file"
+            ),
+            {k: round(max(p.measured_GBps[k] for p in agreeing), 3) for k in probe.measured_GBps},
+        )
         _PROBES[key] = decided
         return decided
