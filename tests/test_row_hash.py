@@ -348,3 +348,28 @@ def test_mapped_pieces_swept_once_need_not_fit_a_cache(
     for key in [(True, "pread"), (False, "mmap"), (False, "pread")]:
         assert records[key]["piece_frames"] == 4, key
         assert "cache-sized" in records[key]["piece_size"], key
+
+
+@needs_dot
+def test_a_hasher_that_cannot_compile_leaves_the_digest_to_the_pass(
+    rng: np.random.Generator,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from quantem_flow.runtimes.cpu import row_hash
+
+    def broken() -> None:
+        raise RuntimeError("no such LLVM pass")
+
+    ds = _dataset(rng, tmp_path)
+    (expected,) = qf.compute(qf.virtual_bf(ds, radius=12), client="synchronous", progress=False)
+    monkeypatch.setattr(row_hash, "compile_row_hasher", broken)
+    assert _stream("uint16", (64, 64)).hash_rows(row_frames=4, frame_nbytes=8192) is None
+    assert "could not be compiled (RuntimeError: no such LLVM pass)" in caplog.text
+    with config.set(stream_piece_mib=4 * 8192 / (1 << 20)):
+        got = qf.compute(*_ops(ds), client="synchronous", progress=False)[0]
+    chunks = got.provenance.execution["chunks"]
+    assert all("sweep of its own" in c["streamed"]["digest"] for c in chunks)
+    digest = got.provenance.source["content_digest"]["digest"]
+    assert digest == expected.provenance.source["content_digest"]["digest"]

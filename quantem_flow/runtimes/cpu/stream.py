@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,8 @@ from ..base import FramePassResult, FramePassStream, is_gather_only
 from ..host_arrays import fresh_zeros
 
 __all__ = ["CpuFramePassStream"]
+
+logger = logging.getLogger("quantem_flow.cpu.stream")
 
 
 class CpuFramePassStream(FramePassStream):
@@ -91,7 +94,13 @@ class CpuFramePassStream(FramePassStream):
             return None
         try:
             self._hasher = RowHasher(row_frames=row_frames, frame_nbytes=frame_nbytes)
-        except Exception:  # an llvmlite that cannot compile it: the caller hashes the pieces
+        except Exception as exc:  # an llvmlite that cannot compile it: the caller hashes
+            logger.warning(
+                "quantem-flow: the row hasher could not be compiled (%s: %s); each piece is "
+                "hashed in a sweep of its own (the same digest)",
+                type(exc).__name__,
+                exc,
+            )
             return None
         return (
             "XXH3-128 per scan row, each group of four frames hashed by the integer dot "
