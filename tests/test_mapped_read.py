@@ -282,7 +282,13 @@ def _fake_probes(monkeypatch: pytest.MonkeyPatch, methods: list[str]) -> list[tu
     asked: list[tuple[int, int]] = []
 
     def fake(
-        path: Path, offset: int, nbytes: int, piece: int, start: int = 0, sweeps: int = 2
+        path: Path,
+        offset: int,
+        nbytes: int,
+        piece: int,
+        start: int = 0,
+        sweeps: int = 2,
+        map_piece: int = 0,
     ) -> object:
         method = methods[len(asked)]
         asked.append((nbytes, start))
@@ -342,7 +348,13 @@ def test_the_probe_sweeps_each_piece_as_the_pass_will(
     swept: list[int] = []
 
     def fake(
-        path: Path, offset: int, nbytes: int, piece: int, start: int = 0, sweeps: int = 2
+        path: Path,
+        offset: int,
+        nbytes: int,
+        piece: int,
+        start: int = 0,
+        sweeps: int = 2,
+        map_piece: int = 0,
     ) -> object:
         swept.append(sweeps)
         return read_method.ReadChoice("pread", f"{sweeps} sweeps", {"mmap": 1.0, "pread": 1.0})
@@ -359,3 +371,9 @@ def test_the_probe_sweeps_each_piece_as_the_pass_will(
     choice = read_method._probe(path, 0, 40 << 20, 1 << 20, sweeps=1)
     assert "one sweep (the digest in the kernel's)" in choice.why
     assert set(choice.measured_GBps) == {"mmap", "pread"}
+    # the map probed in the pieces the pass maps (map_piece_mib), pread in its own
+    larger = read_method._probe(path, 0, 40 << 20, 1 << 20, sweeps=1, map_piece=8 << 20)
+    assert "pread in 1048576-byte pieces, the map in 8388608-byte pieces" in larger.why
+    assert set(larger.measured_GBps) == {"mmap", "pread"}
+    small = read_method._probe(path, 0, 40 << 20, 1 << 20, sweeps=1, map_piece=16 << 20)
+    assert small.method == "pread" and "too few bytes" in small.why  # 2 x 2 x 16 MiB > 40

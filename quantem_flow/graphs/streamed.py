@@ -246,6 +246,8 @@ def run_streamed_chunk(
         int(largest * frame_nbytes),
         defer=_compiling(),  # a compiler in this process would slow the probe
         digest_sweep=in_kernel is None,
+        # a piece swept once is mapped in pieces of map_piece_bytes (below): probed so too
+        map_piece=map_piece_bytes if in_kernel is not None else 0,
     )
     read_s += time.perf_counter() - t_choose
     mapped = mapped_file(where[0]) if choice.method == "mmap" and where is not None else None

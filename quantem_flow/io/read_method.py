@@ -18,7 +18,8 @@ the map here), each piece read and then swept as the pass will sweep it:
 twice (the content digest, then a kernel's read) where the digest is a sweep
 of its own, once where the kernel carries the digest in its sweep
 (docs/digest-in-kernel.md: the hash then reads what the kernel just brought
-into cache, at the same cost whichever way the piece was read).  The map is chosen when its fastest
+into cache, at the same cost whichever way the piece was read), and the map
+in the pieces the pass maps (``map_piece_mib`` where the piece is swept once).  The map is chosen when its fastest
 round is at least 15 % faster than ``pread``'s (the fastest, because other
 work, a compiler or other tasks, only ever slows a round down; while a kernel
 compiles in the process the probe waits for a later chunk), and a verdict
@@ -142,9 +143,12 @@ def _round(
     method: str,
     at: list[list[int]],
     sweeps: int,
+    piece: int,
 ) -> float:
-    """Seconds for ``len(bufs)`` threads to read and sweep their pieces ``at[i]``, one way."""
-    piece = bufs[0].size
+    """Seconds for ``len(bufs)`` threads to read and sweep their pieces ``at[i]``, one way.
+
+    ``piece``: bytes per piece (the buffers' size for ``pread``; a mapped piece may be larger).
+    """
     failed: list[BaseException] = []
 
     def one(i: int) -> None:
@@ -172,17 +176,31 @@ def _round(
 
 
 def _probe(
-    path: Path, offset: int, nbytes: int, piece: int, start: int = 0, sweeps: int = 2
+    path: Path,
+    offset: int,
+    nbytes: int,
+    piece: int,
+    start: int = 0,
+    sweeps: int = 2,
+    map_piece: int = 0,
 ) -> ReadChoice:
-    """Measure both ways on ``[offset, offset + nbytes)``, from byte ``offset + start`` on."""
+    """Measure both ways on ``[offset, offset + nbytes)``, from byte ``offset + start`` on.
+
+    Each thread reads a run of ``span`` bytes per round: ``pread`` in pieces of
+    ``piece``, the map in pieces of ``map_piece`` where larger (as the pass maps them).
+    """
     n_threads = _probe_threads(piece)
-    n = nbytes // piece
-    per_round = n_threads * PIECES_PER_THREAD
-    rounds = min(PROBE_ROUNDS, n // (2 * per_round))
+    sizes = {"pread": piece, "mmap": max(piece, map_piece)}
+    span = max(PIECES_PER_THREAD * piece, sizes["mmap"])
+    per_round = n_threads * span
+    rounds = min(PROBE_ROUNDS, nbytes // (2 * per_round))
     if rounds < 1:
-        return ReadChoice("pread", f"too few bytes to measure ({nbytes} bytes, pieces of {piece})")
+        return ReadChoice(
+            "pread",
+            f"too few bytes to measure ({nbytes} bytes, runs of {span} bytes per thread)",
+        )
     used = 2 * rounds * per_round
-    first = (start // piece) if (start // piece) + used <= n else 0
+    first = start if start + used <= nbytes else 0
     bufs = [np.zeros(piece, dtype=np.uint8) for _ in range(n_threads)]  # faulted in, as reused
     _touch(bufs[0])  # buffers are; the digest's first call is not timed
     try:
@@ -192,18 +210,16 @@ def _probe(
         raise CorruptChunkError(f"cannot open {str(path)!r} to measure reads: {exc}") from exc
     try:
         times: dict[str, list[float]] = {"pread": [], "mmap": []}
-        next_piece = first
+        at_byte = first
         for _ in range(rounds):
             for method in ("pread", "mmap"):
+                size = sizes[method]
                 at = [
-                    [
-                        offset + (next_piece + i * PIECES_PER_THREAD + j) * piece
-                        for j in range(PIECES_PER_THREAD)
-                    ]
+                    [offset + at_byte + i * span + j * size for j in range(span // size)]
                     for i in range(n_threads)
                 ]
-                next_piece += per_round
-                times[method].append(_round(fd, mapped, bufs, method, at, sweeps))
+                at_byte += per_round
+                times[method].append(_round(fd, mapped, bufs, method, at, sweeps, size))
     except OSError as exc:
         raise CorruptChunkError(
             f"reading {str(path)!r} to measure reads failed: {exc}; check the storage"
@@ -212,8 +228,9 @@ def _probe(
         os.close(fd)
         del mapped
     # the fastest round of each: other work (a compiler, other tasks) only slows a round down
-    rate = {k: per_round * piece / min(v) / 1e9 for k, v in times.items()}
-    faster = min(times["mmap"]) <= MARGIN * min(times["pread"])
+    read = {k: n_threads * (span // sizes[k]) * sizes[k] for k in times}
+    rate = {k: read[k] / min(v) / 1e9 for k, v in times.items()}
+    faster = rate["pread"] <= MARGIN * rate["mmap"]
     method = "mmap" if faster else "pread"
     what = "read, digest, sweep" if sweeps == 2 else "read, one sweep (the digest in the kernel's)"
     return ReadChoice(
@@ -221,8 +238,9 @@ def _probe(
         (
             f"measured on this file by this worker ({what} on {n_threads} threads at "
             f"once, as a pass runs): a map {rate['mmap']:.1f} GB/s, pread {rate['pread']:.1f} GB/s "
-            f"({rounds} rounds each way of {PIECES_PER_THREAD} {piece}-byte pieces per thread, "
-            f"alternating); the map is used when at least {1 / MARGIN:.2f}x faster"
+            f"({rounds} rounds each way of {span} bytes per thread, pread in {piece}-byte "
+            f"pieces, the map in {sizes['mmap']}-byte pieces, alternating); the map is used "
+            f"when at least {1 / MARGIN:.2f}x faster"
         ),
         {k: round(v, 3) for k, v in rate.items()},
     )
@@ -249,6 +267,7 @@ def choose_read_method(
     *,
     defer: bool = False,
     digest_sweep: bool = True,
+    map_piece: int = 0,
 ) -> ReadChoice:
     """How to read a chunk's pieces.
 
@@ -269,6 +288,9 @@ def choose_read_method(
     digest_sweep
         Whether the pass hashes each piece in a sweep of its own before its kernels
         (else the kernels carry the digest in their sweep): the probe sweeps the same.
+    map_piece
+        Bytes per piece the pass maps at a time, where larger than ``piece``
+        (``map_piece_mib``): the probe maps pieces of that size too.
     """
     checked_read_method(requested)
     if requested == "pread":
@@ -288,7 +310,7 @@ def choose_read_method(
     except OSError:
         return ReadChoice("pread", "the file could not be examined; pread names what is wrong")
     sweeps = 2 if digest_sweep else 1
-    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, piece, sweeps)
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, piece, sweeps, map_piece)
     found = _PROBES.get(key)  # decided: no wait on a probe of another file
     if found is not None:
         return found
@@ -305,7 +327,7 @@ def choose_read_method(
         earlier = _FIRST.get(key, [])
         # each probe reads other pieces than the earlier ones (not the pages they left cached)
         start = (0, nbytes // 2, nbytes // 4, 3 * nbytes // 4)[min(len(earlier), 3)]
-        probe = _probe(path, offset, nbytes, piece, start, sweeps)
+        probe = _probe(path, offset, nbytes, piece, start, sweeps, map_piece)
         if not probe.measured_GBps:  # a chunk too short to measure does not decide for the file
             return probe
         probes = [*earlier, probe]
