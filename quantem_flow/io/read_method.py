@@ -19,8 +19,9 @@ twice (the content digest, then a kernel's read) where the digest is a sweep
 of its own, once where the kernel carries the digest in its sweep
 (docs/digest-in-kernel.md: the hash then reads what the kernel just brought
 into cache, at the same cost whichever way the piece was read), and the map
-in the pieces the pass maps (``map_piece_mib`` where the piece is swept once).  The map is chosen when its fastest
-round is at least 15 % faster than ``pread``'s (the fastest, because other
+in the pieces the pass maps (``map_piece_mib`` where the piece is swept
+once).  The map is chosen when its fastest round is at least 15 % faster
+than ``pread``'s (the fastest, because other
 work, a compiler or other tasks, only ever slows a round down; while a kernel
 compiles in the process the probe waits for a later chunk), and a verdict
 needs two probes on different chunks to agree, either way, with a third to
