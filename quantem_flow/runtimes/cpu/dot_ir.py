@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .llvm_optimise import optimise_o3
+from .llvm_optimise import assembly, compiled
 from .xxh3_ir import HASH_BLOCK
 
 __all__ = [
@@ -194,7 +194,9 @@ def compile_dot_kernel(
         if hit is not None:
             return hit
         t0 = time.perf_counter()
-        engine = _compile(_module(element, n_vectors, frames_per_step, isa), isa)
+        engine = compiled(
+            _module(element, n_vectors, frames_per_step, isa), cpu=isa.cpu, features=_features(isa)
+        )
         proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] + [ctypes.c_int64] * 7))
         run = proto(engine.get_function_address("dot"))
         finish = proto(engine.get_function_address("finish"))
@@ -214,11 +216,8 @@ def compile_dot_kernel(
 
 def kernel_assembly(element: str, n_vectors: int, frames_per_step: int, isa: DotISA) -> str:
     """The machine code of one kernel module, as assembly text (for inspection and tests)."""
-    from numba.core.compiler_lock import global_compiler_lock
-
-    with global_compiler_lock:
-        parsed, machine = _optimised_locked(_module(element, n_vectors, frames_per_step, isa), isa)
-        return str(machine.emit_assembly(parsed))
+    module = _module(element, n_vectors, frames_per_step, isa)
+    return assembly(module, cpu=isa.cpu, features=_features(isa))
 
 
 def _module(element: str, n_vectors: int, frames_per_step: int, isa: DotISA) -> Any:
@@ -231,25 +230,6 @@ def _module(element: str, n_vectors: int, frames_per_step: int, isa: DotISA) -> 
     single = _emit_frames(module, "dot_single", element, n_vectors, 1, isa)
     _emit_driver(module, group, single, frames_per_step)
     return module
-
-
-def _optimised_locked(module: Any, isa: DotISA) -> tuple[Any, Any]:
-    """Parse, verify and optimise ``module`` for the host (the caller holds Numba's lock).
-
-    llvmlite's parser and passes share LLVM's global context with Numba's code
-    generator, which other worker threads run: every use here is under
-    ``numba.core.compiler_lock.global_compiler_lock``.
-    """
-    import llvmlite.binding as llvm
-
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    parsed = llvm.parse_assembly(str(module))
-    parsed.verify()
-    target = llvm.Target.from_triple(module.triple)
-    machine = target.create_target_machine(cpu=isa.cpu, features=_features(isa), opt=3)
-    optimise_o3(parsed, machine)
-    return parsed, machine
 
 
 def _features(isa: DotISA) -> str:
@@ -270,17 +250,6 @@ def _features(isa: DotISA) -> str:
             flag = "-" + name
         out.append(flag)
     return ",".join(out)
-
-
-def _compile(module: Any, isa: DotISA) -> Any:
-    import llvmlite.binding as llvm
-    from numba.core.compiler_lock import global_compiler_lock
-
-    with global_compiler_lock:
-        parsed, machine = _optimised_locked(module, isa)
-        engine = llvm.create_mcjit_compiler(parsed, machine)
-        engine.finalize_object()
-    return engine
 
 
 def _signature(ir: Any) -> Any:

@@ -38,6 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .llvm_optimise import assembly, compiled, host_target
+
 __all__ = [
     "BLOCK_BYTES",
     "HASH_BLOCK",
@@ -111,13 +113,7 @@ def compile_row_hasher() -> RowHasherCode:
         if _compiled:
             return _compiled[0]
         t0 = time.perf_counter()
-        import llvmlite.binding as llvm
-        from numba.core.compiler_lock import global_compiler_lock
-
-        with global_compiler_lock:  # LLVM's global context is Numba's too (dot_ir.py)
-            parsed, machine = _optimised_locked()
-            engine = llvm.create_mcjit_compiler(parsed, machine)
-            engine.finalize_object()
+        engine = compiled(_module(), **host_target())
         address = int(engine.get_function_address("xxh3_frames"))
         proto = ctypes.CFUNCTYPE(
             None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p
@@ -131,30 +127,7 @@ def compile_row_hasher() -> RowHasherCode:
 
 def row_hasher_assembly() -> str:
     """The row hasher's machine code for this CPU, as assembly text (inspection and tests)."""
-    from numba.core.compiler_lock import global_compiler_lock
-
-    with global_compiler_lock:
-        parsed, machine = _optimised_locked()
-        return str(machine.emit_assembly(parsed))
-
-
-def _optimised_locked() -> tuple[Any, Any]:
-    """The module parsed, verified and optimised for the host (Numba's compiler lock held)."""
-    import llvmlite.binding as llvm
-
-    from .llvm_optimise import optimise_o3
-
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    module = _module()
-    parsed = llvm.parse_assembly(str(module))
-    parsed.verify()
-    target = llvm.Target.from_triple(module.triple)
-    machine = target.create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3
-    )
-    optimise_o3(parsed, machine)
-    return parsed, machine
+    return assembly(_module(), **host_target())
 
 
 def _signed(value: int) -> int:
