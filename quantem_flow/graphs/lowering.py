@@ -602,7 +602,7 @@ def streamed_piece_bytes(
     (nothing is started).
     """
     from ..runtimes.registry import get_spec, load_attribute
-    from .streamed import why_not_streamed
+    from .streamed import largest_piece, raw_frame_nbytes, stream_pieces, why_not_streamed
 
     if piece <= 0 or runtime in ("any", "auto"):
         return None
@@ -612,14 +612,11 @@ def streamed_piece_bytes(
         return None
     if not streams or any(why_not_streamed(ds, rows, piece) for rows in ds.chunks):
         return None
-    frame = int(np.prod(ds.source.shape[2:])) * int(np.dtype(ds.source.dtype).itemsize)
-    n_cols = int(ds.shape[1])
-    chunk = max(r1 - r0 for r0, r1 in ds.chunks) * n_cols * frame
+    frame = raw_frame_nbytes(ds)
+    rows = (0, max(r1 - r0 for r0, r1 in ds.chunks))  # the largest chunk's pieces
 
-    def held(target: int) -> int:  # stream_pieces: whole rows when one fits, else 4k frames
-        if n_cols * frame <= target:
-            return min(chunk, (target // (n_cols * frame)) * n_cols * frame)
-        return max(4, (target // max(frame, 1)) // 4 * 4) * frame
+    def held(target: int) -> int:
+        return largest_piece(stream_pieces(rows, int(ds.shape[1]), frame, target)) * frame
 
     return max(held(piece), held(map_piece) if map_piece > piece else 0)
 

@@ -51,8 +51,10 @@ from .digest import DenseRowDigests, Units, hashes_stored, stored_row_units
 
 __all__ = [
     "StreamedChunk",
+    "largest_piece",
     "map_piece_bytes",
     "piece_bytes",
+    "raw_frame_nbytes",
     "run_streamed_chunk",
     "stored_pieces",
     "stream_pieces",
@@ -127,7 +129,13 @@ def stream_pieces(
     ]
 
 
-def _raw_frame_nbytes(ds: Dataset4D) -> int:
+def largest_piece(pieces: list[Piece]) -> int:
+    """Frames in the largest of ``pieces`` (as :func:`stream_pieces` cuts them)."""
+    return max((b - a) * (d - c) for (a, b), (c, d) in pieces)
+
+
+def raw_frame_nbytes(ds: Dataset4D) -> int:
+    """Bytes of one frame as the source stores it (before detector crops and binning)."""
     return int(np.prod(ds.source.shape[2:])) * int(ds.source.dtype.itemsize)
 
 
@@ -146,7 +154,7 @@ def why_not_streamed(ds: Dataset4D, rows: tuple[int, int], target: int) -> str |
             f"the {ds.source.format} reader decodes stored units larger than a piece "
             "(streams_blocks is False)"
         )
-    chunk = (rows[1] - rows[0]) * ds.shape[1] * _raw_frame_nbytes(ds)
+    chunk = (rows[1] - rows[0]) * ds.shape[1] * raw_frame_nbytes(ds)
     if chunk < 2 * target:
         return f"the chunk ({chunk} bytes) is under two pieces of {target} bytes"
     return None
@@ -216,9 +224,9 @@ def run_streamed_chunk(
     prepare_s = time.perf_counter() - t_prepare  # weight analysis, outputs: kernel time
     if hashes_stored(ds):
         return _run_stored_chunk(ds, runtime, stream, rows, piece_bytes, prepare_s)
-    frame_nbytes = _raw_frame_nbytes(ds)
+    frame_nbytes = raw_frame_nbytes(ds)
     pieces = stream_pieces(rows, n_cols, frame_nbytes, piece_bytes)
-    largest = max((b - a) * (d - c) for (a, b), (c, d) in pieces)
+    largest = largest_piece(pieces)
     digests = DenseRowDigests(n_cols)
     read_s = hash_s = 0.0
     kernel_s = prepare_s
@@ -254,7 +262,7 @@ def run_streamed_chunk(
     piece_why = "cache-sized: the piece is swept more than once, or read into a buffer"
     if mapped is not None and in_kernel is not None and map_piece_bytes > piece_bytes:
         pieces = stream_pieces(rows, n_cols, frame_nbytes, map_piece_bytes)
-        largest = max((b - a) * (d - c) for (a, b), (c, d) in pieces)
+        largest = largest_piece(pieces)
         piece_why = (
             f"map_piece_mib ({map_piece_bytes / (1 << 20):g} MiB): read through a map and "
             "swept once (the kernel hashes each group of frames in cache), so the piece need "
@@ -382,7 +390,7 @@ def _run_stored_chunk(
     """
     n_cols = ds.shape[1]
     kr, kc = (int(n) for n in ds.source.shape[2:])
-    frame_nbytes = _raw_frame_nbytes(ds)
+    frame_nbytes = raw_frame_nbytes(ds)
     pieces = stored_pieces(rows, n_cols * frame_nbytes, piece_bytes)
     plain = ds.is_plain_view
     units: Units = []
