@@ -275,11 +275,11 @@ def test_read_method_setting_is_checked_and_the_probe_is_kept(tmp_path: Path) ->
     assert choose_read_method("auto", path, 0, size, 1 << 20).measured_GBps
 
 
-def _fake_probes(monkeypatch: pytest.MonkeyPatch, methods: list[str]) -> list[tuple[int, int]]:
-    """Make the probes answer ``methods`` in turn; returns the (nbytes, start) each was asked."""
+def _fake_probes(monkeypatch: pytest.MonkeyPatch, methods: list[str]) -> list[tuple[int, int, int]]:
+    """Make the probes answer ``methods`` in turn; returns each one's (nbytes, start, sweeps)."""
     from quantem_flow.io import read_method
 
-    asked: list[tuple[int, int]] = []
+    asked: list[tuple[int, int, int]] = []
 
     def fake(
         path: Path,
@@ -291,9 +291,10 @@ def _fake_probes(monkeypatch: pytest.MonkeyPatch, methods: list[str]) -> list[tu
         map_piece: int = 0,
     ) -> object:
         method = methods[len(asked)]
-        asked.append((nbytes, start))
+        asked.append((nbytes, start, sweeps))
         rates = {"mmap": 2.0, "pread": 1.0} if method == "mmap" else {"mmap": 1.0, "pread": 1.0}
-        return read_method.ReadChoice(method, f"probe {len(asked)} found {method}", rates)
+        why = f"probe {len(asked)} found {method} ({sweeps} sweeps)"
+        return read_method.ReadChoice(method, why, rates)
 
     monkeypatch.setattr(read_method, "_probe", fake)
     forget_probes()
@@ -327,7 +328,7 @@ def test_a_read_method_needs_two_probes_that_agree(
         assert f"probe {i + 1} of this file" in choices[i].why
         assert "until 2 probes agree" in choices[i].why
     # each probe reads other pieces than the earlier ones
-    assert [start for _, start in asked] == [0, size // 2, size // 4][:n_probes]
+    assert [start for _, start, _ in asked] == [0, size // 2, size // 4][:n_probes]
     final = choices[n_probes - 1]
     assert final.method == decision
     assert all(c is final for c in choices[n_probes - 1 :])  # kept for every later chunk
@@ -345,25 +346,11 @@ def test_the_probe_sweeps_each_piece_as_the_pass_will(
 
     path = tmp_path / "p.bin"
     np.zeros(40 << 20, dtype=np.uint8).tofile(path)
-    swept: list[int] = []
-
-    def fake(
-        path: Path,
-        offset: int,
-        nbytes: int,
-        piece: int,
-        start: int = 0,
-        sweeps: int = 2,
-        map_piece: int = 0,
-    ) -> object:
-        swept.append(sweeps)
-        return read_method.ReadChoice("pread", f"{sweeps} sweeps", {"mmap": 1.0, "pread": 1.0})
-
-    monkeypatch.setattr(read_method, "_probe", fake)
-    forget_probes()
+    asked = _fake_probes(monkeypatch, ["pread", "pread"])
     own = choose_read_method("auto", path, 0, 40 << 20, 1 << 20)
     carried = choose_read_method("auto", path, 0, 40 << 20, 1 << 20, digest_sweep=False)
-    assert swept == [2, 1]  # each asked separately: a choice for one is not the other's
+    # each asked separately: a choice for one is not the other's
+    assert [sweeps for _, _, sweeps in asked] == [2, 1]
     assert "2 sweeps" in own.why and "1 sweeps" in carried.why
     # the real probe's rounds and its record say which
     forget_probes()
