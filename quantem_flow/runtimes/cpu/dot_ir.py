@@ -37,10 +37,11 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .ir_loops import open_loop
 from .llvm_optimise import assembly, compiled
 from .xxh3_ir import HASH_BLOCK
 
@@ -275,57 +276,6 @@ def _param(b: Any, params: Any, name: str) -> Any:
     return b.load(b.gep(params, [ir.Constant(ir.IntType(64), PARAMS.index(name))]))
 
 
-@dataclass
-class _Loop:
-    """A loop being emitted: its counter, carried values and blocks (see :func:`_open_loop`)."""
-
-    counter: Any
-    carried: list[Any]
-    head: Any
-    body: Any
-    done: Any
-
-    def close(self, b: Any, step: Any, carried: Sequence[Any] = ()) -> None:
-        """Branch back to the head with ``counter + step`` and the new carried values."""
-        self.counter.add_incoming(b.add(self.counter, step), b.block)
-        for phi, value in zip(self.carried, carried, strict=True):
-            phi.add_incoming(value, b.block)
-        b.branch(self.head)
-        b.position_at_end(self.done)
-
-
-def _open_loop(
-    b: Any,
-    fn: Any,
-    tag: str,
-    start: Any,
-    limit: Any,
-    carried: Sequence[tuple[Any, Any]] = (),
-) -> _Loop:
-    """Emit a loop head (``counter`` from ``start`` while ``< limit``) and enter its body.
-
-    ``carried``: ``(type, initial value)`` of values the loop carries (phis);
-    the caller emits the body, then calls :meth:`_Loop.close`, after which the
-    builder is at the loop's exit (where the phis hold the final values).
-    """
-    pre = b.block
-    head = fn.append_basic_block(tag)
-    body = fn.append_basic_block(f"{tag}_body")
-    done = fn.append_basic_block(f"{tag}_done")
-    b.branch(head)
-    b.position_at_end(head)
-    counter = b.phi(start.type, f"{tag}_i")
-    counter.add_incoming(start, pre)
-    phis = []
-    for k, (ty, init) in enumerate(carried):
-        phi = b.phi(ty, f"{tag}_v{k}")
-        phi.add_incoming(init, pre)
-        phis.append(phi)
-    b.cbranch(b.icmp_signed("<", counter, limit), body, done)
-    b.position_at_end(body)
-    return _Loop(counter, phis, head, body, done)
-
-
 def _emit_epilogue(b: Any, fn: Any, row: Any, out_row: Any, params: Any, tag: str) -> None:
     """``out_row[dst[t]] = float(row[src[t]]) - float(row[sub[t]]) * off[t]`` for every ``t``."""
     import llvmlite.ir as ir
@@ -337,7 +287,7 @@ def _emit_epilogue(b: Any, fn: Any, row: Any, out_row: Any, params: Any, tag: st
     src = b.inttoptr(_param(b, params, "src"), p64)
     sub = b.inttoptr(_param(b, params, "sub"), p64)
     off = b.inttoptr(_param(b, params, "off"), pf)
-    loop = _open_loop(b, fn, tag, ir.Constant(i64, 0), count)
+    loop = open_loop(b, fn, tag, ir.Constant(i64, 0), count)
     t, body = loop.counter, loop.body
     minus = fn.append_basic_block(f"{tag}_minus")
     store = fn.append_basic_block(f"{tag}_store")
@@ -390,7 +340,7 @@ def _emit_driver(module: Any, group: Any, single: Any, frames_per_step: int) -> 
     entry = fin.append_basic_block("entry")
     b = ir.IRBuilder(entry)
     ts = _param(b, params, "totals_stride")
-    frames = _open_loop(b, fin, "frames", ir.Constant(i64, 0), n)
+    frames = open_loop(b, fin, "frames", ir.Constant(i64, 0), n)
     i = frames.counter
     row = b.gep(totals, [b.mul(i, ts)])
     _emit_epilogue(b, fin, row, b.gep(out, [b.mul(i, out_stride)]), params, "e")
@@ -478,14 +428,14 @@ def _emit_frames(
     def load_weight(j: int, offset: Any) -> Any:
         return b.load(b.bitcast(b.gep(vec_w[j], [offset]), ir.PointerType(v16)), align=2)
 
-    frame_loop = _open_loop(b, fn, "frames", ir.Constant(i64, 0), n)
+    frame_loop = open_loop(b, fn, "frames", ir.Constant(i64, 0), n)
     i = frame_loop.counter
     bases = [b.gep(frames, [b.mul(b.add(i, ir.Constant(i64, q)), stride)]) for q in range(n_frames)]
     # blocks of steps in 32-bit lanes, widened into 64-bit lanes after each block
-    blocks = _open_loop(b, fn, "blocks", ir.Constant(i64, 0), full, [(v64, zero64)] * nacc)
+    blocks = open_loop(b, fn, "blocks", ir.Constant(i64, 0), full, [(v64, zero64)] * nacc)
     s0, acc64 = blocks.counter, blocks.carried
     s_end = b.select(b.icmp_signed("<", b.add(s0, block), full), b.add(s0, block), full)
-    steps_loop = _open_loop(b, fn, "steps", s0, s_end, [(v32, zero32)] * nacc)
+    steps_loop = open_loop(b, fn, "steps", s0, s_end, [(v32, zero32)] * nacc)
     s, acc32 = steps_loop.counter, steps_loop.carried
     offset = b.mul(s, ir.Constant(i64, lanes))
     xs = [load_pixels(base, offset, False) for base in bases]

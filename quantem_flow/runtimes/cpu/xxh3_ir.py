@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .ir_loops import open_loop
 from .llvm_optimise import assembly, compiled, host_target
 
 __all__ = [
@@ -229,49 +230,22 @@ def emit_row_hasher(module: Any) -> Any:
     low_start = b.mul(row_len, const(_P64_1))
     high_start = b.xor(b.mul(row_len, const(_P64_2)), const(-1))
 
-    pre = b.block
-    frames_head = fn.append_basic_block("frames")
-    frames_body = fn.append_basic_block("frames_body")
-    blocks_head = fn.append_basic_block("blocks")
-    blocks_body = fn.append_basic_block("blocks_body")
-    last_block = fn.append_basic_block("last_block")
+    frames = open_loop(
+        b, fn, "frames", ir.Constant(i64, 0), n, [(v8, acc0), (i64, col0), (i64, done0)]
+    )
+    q, (acc_f, col, done) = frames.counter, frames.carried
+    start = b.gep(first, [b.sub(b.mul(q, stride), back)])
+    # every block of the frame but its last: 16 stripes, then a scramble
+    blocks = open_loop(b, fn, "blocks", ir.Constant(i64, 0), inner, [(v8, acc_f)])
+    t, (acc_b,) = blocks.counter, blocks.carried
+    at = b.gep(start, [b.mul(t, const(BLOCK_BYTES))])
+    blocks.close(b, ir.Constant(i64, 1), [scramble(stripes(acc_b, at, _STRIPES))])
+    # the frame's last block: the row's last (digest finished) or not (as any other)
+    at = b.gep(start, [b.mul(inner, const(BLOCK_BYTES))])
+    row_ends = b.icmp_signed("==", col, last_col)
     normal = fn.append_basic_block("normal")
     final = fn.append_basic_block("final")
     join = fn.append_basic_block("join")
-    exit_ = fn.append_basic_block("exit")
-
-    b.branch(frames_head)
-    b.position_at_end(frames_head)
-    q = b.phi(i64, "q")
-    acc_f = b.phi(v8, "acc_f")
-    col = b.phi(i64, "col")
-    done = b.phi(i64, "done")
-    q.add_incoming(ir.Constant(i64, 0), pre)
-    acc_f.add_incoming(acc0, pre)
-    col.add_incoming(col0, pre)
-    done.add_incoming(done0, pre)
-    b.cbranch(b.icmp_signed("<", q, n), frames_body, exit_)
-
-    b.position_at_end(frames_body)
-    start = b.gep(first, [b.sub(b.mul(q, stride), back)])
-    b.branch(blocks_head)
-    b.position_at_end(blocks_head)
-    t = b.phi(i64, "t")
-    acc_b = b.phi(v8, "acc_b")
-    t.add_incoming(ir.Constant(i64, 0), frames_body)
-    acc_b.add_incoming(acc_f, frames_body)
-    b.cbranch(b.icmp_signed("<", t, inner), blocks_body, last_block)
-
-    b.position_at_end(blocks_body)
-    at = b.gep(start, [b.mul(t, const(BLOCK_BYTES))])
-    advanced = scramble(stripes(acc_b, at, _STRIPES))
-    t.add_incoming(b.add(t, ir.Constant(i64, 1)), blocks_body)
-    acc_b.add_incoming(advanced, blocks_body)
-    b.branch(blocks_head)
-
-    b.position_at_end(last_block)
-    at = b.gep(start, [b.mul(inner, const(BLOCK_BYTES))])
-    row_ends = b.icmp_signed("==", col, last_col)
     b.cbranch(row_ends, final, normal)
 
     b.position_at_end(normal)
@@ -294,13 +268,8 @@ def emit_row_hasher(module: Any) -> Any:
     acc_j.add_incoming(init, final)
     done_j = b.select(row_ends, b.add(done, const(1)), done)
     col_j = b.select(row_ends, const(0), b.add(col, const(1)))
-    q.add_incoming(b.add(q, ir.Constant(i64, 1)), join)
-    acc_f.add_incoming(acc_j, join)
-    col.add_incoming(col_j, join)
-    done.add_incoming(done_j, join)
-    b.branch(frames_head)
+    frames.close(b, ir.Constant(i64, 1), [acc_j, col_j, done_j])
 
-    b.position_at_end(exit_)
     b.store(acc_f, b.bitcast(slot("acc0"), ir.PointerType(v8)), align=8)
     b.store(col, slot("col"))
     b.store(done, slot("done"))
