@@ -19,6 +19,7 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -36,16 +37,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_read_method import _ops  # BF + ADF + CoM, as every issue-24 benchmark runs it
+
     import quantem_flow as qf
 
     ds = qf.open(a.npy)
-    k = ds.shape[2]
-    c = (k / 2, k / 2)
-    ops = [
-        qf.virtual_bf(ds, radius=k / 6, center=c),
-        qf.virtual_adf(ds, inner=k / 4, outer=k / 2, center=c),
-        qf.center_of_mass(ds, center=c),
-    ]
+    ops = _ops(ds, ds.shape[2])
     sizes = [float(x) for x in a.sizes.split(",")]
     # (stream_piece_mib, map_piece_mib, read_method); map_piece_mib equal to the piece: the
     # map reads cache-sized pieces as before

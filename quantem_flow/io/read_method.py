@@ -32,10 +32,11 @@ and a single probe finding ``pread`` as fast once kept an HDF5 file on
 the map (benchmarks/RESULTS.md, issue 24, tenth stop).  Until a verdict,
 ``pread``.  One probe runs at a time per process, and every chunk of the file
 then agrees.  The choice and
-both rates are recorded in every chunk's record.  On this project's 2-vCPU
-VM ``pread`` wins: a map's page faults cost more than the copy, and the copy
-leaves the piece in the core's cache for the two sweeps (benchmarks/RESULTS.md,
-"Mapped reads").
+both rates are recorded in every chunk's record.  With the digest as a sweep
+of its own, ``pread`` won on this project's AMD VM: a map's page faults cost
+more than the copy, and the copy leaves the piece in the core's cache for the
+two sweeps (benchmarks/RESULTS.md, "Mapped reads"); with the digest in the
+kernel's sweep the map won by 1.35-1.63x on the Intel VM (issue 24, tenth stop).
 """
 
 from __future__ import annotations
@@ -327,7 +328,7 @@ def choose_read_method(
             )
         earlier = _FIRST.get(key, [])
         # each probe reads other pieces than the earlier ones (not the pages they left cached)
-        start = (0, nbytes // 2, nbytes // 4, 3 * nbytes // 4)[min(len(earlier), 3)]
+        start = (0, nbytes // 2, nbytes // 4)[len(earlier)]  # at most 2 * PROBES - 1 probes
         probe = _probe(path, offset, nbytes, piece, start, sweeps, map_piece)
         if not probe.measured_GBps:  # a chunk too short to measure does not decide for the file
             return probe

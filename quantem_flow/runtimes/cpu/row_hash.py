@@ -33,8 +33,9 @@ def _slot(name: str) -> int:
     return HASH_BLOCK.index(name)
 
 
-_DONE, _COL, _OUT, _BACK, _CAPACITY = (
-    _slot(name) for name in ("done", "col", "out", "back", "capacity")
+_FRAME_BYTES, _ROW_FRAMES, _COL, _OUT, _DONE, _BACK, _FUNCTION, _CAPACITY = (
+    _slot(name)
+    for name in ("frame_bytes", "row_frames", "col", "out", "done", "back", "function", "capacity")
 )
 
 
@@ -65,9 +66,9 @@ class RowHasher:
         self._code = compile_row_hasher()
         self.block = np.zeros(len(HASH_BLOCK), dtype=np.int64)
         self.block[:8] = np.array(INIT_ACC, dtype=np.uint64).view(np.int64)
-        self.block[_slot("frame_bytes")] = self.frame_nbytes
-        self.block[_slot("row_frames")] = self.row_frames
-        self.block[_slot("function")] = self._code.address
+        self.block[_FRAME_BYTES] = self.frame_nbytes
+        self.block[_ROW_FRAMES] = self.row_frames
+        self.block[_FUNCTION] = self._code.address
         self._address = int(self.block.ctypes.data)
         self._out = np.zeros((0, 2), dtype=np.uint64)
         self._reserve(0)

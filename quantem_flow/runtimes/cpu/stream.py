@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -12,6 +12,9 @@ from ...representations.base import gather_columns
 from ...representations.stored import StoredFrames
 from ..base import FramePassResult, FramePassStream, is_gather_only
 from ..host_arrays import fresh_zeros
+
+if TYPE_CHECKING:
+    from .row_hash import RowHasher
 
 __all__ = ["CpuFramePassStream"]
 
@@ -75,7 +78,7 @@ class CpuFramePassStream(FramePassStream):
             )
         )
         self._pos = 0
-        self._hasher: Any = None
+        self._hasher: RowHasher | None = None
 
     def hash_rows(self, *, row_frames: int, frame_nbytes: int) -> str | None:
         """Hash scan rows in the integer dot kernel's sweep, where it runs this pass.
@@ -111,7 +114,7 @@ class CpuFramePassStream(FramePassStream):
         """The digests of the scan rows finished so far (after :meth:`hash_rows`)."""
         if self._hasher is None:
             raise ValueError("this stream does not hash rows (hash_rows was not taken)")
-        return list(self._hasher.digests())
+        return self._hasher.digests()
 
     def feed(self, frames: np.ndarray) -> None:
         """Run the next ``(n, k_r * k_c)`` frames."""
