@@ -14,6 +14,7 @@ from quantem_flow.runtimes.cpu.dot_ir import (
     compile_dot_kernel,
     host_isa,
     kernel_assembly,
+    runnable_isas,
     steps_per_widening,
 )
 from quantem_flow.runtimes.cpu.dot_pass import DotPass, dot_pass_for
@@ -26,15 +27,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _isas() -> list[DotISA]:
-    assert HOST is not None
-    out = [HOST]
-    if HOST.bits == 512:  # the AVX2 form runs on an AVX-512 CPU too
-        out.append(DotISA(bits=256, vnni=False, cpu=HOST.cpu))
-    return out
-
-
-ISAS = _isas() if HOST is not None else []
+ISAS = runnable_isas()  # the AVX2 form runs on an AVX-512 CPU too
 
 
 def _weights(shape: tuple[int, int], center: tuple[float, float], com: bool = True) -> np.ndarray:

@@ -21,7 +21,7 @@ import quantem_flow as qf
 from quantem_flow import config
 from quantem_flow.graphs.streamed import run_streamed_chunk
 from quantem_flow.runtimes import get_runtime
-from quantem_flow.runtimes.cpu.dot_ir import DotISA, host_isa
+from quantem_flow.runtimes.cpu.dot_ir import DotISA, host_isa, runnable_isas
 from quantem_flow.runtimes.cpu.dot_pass import DotPass
 from quantem_flow.runtimes.cpu.prepared import PreparedFramePass
 from quantem_flow.runtimes.cpu.row_hash import RowHasher, why_not_row_hasher
@@ -31,15 +31,6 @@ from quantem_flow.runtimes.cpu.xxh3_ir import row_hasher_assembly
 
 HOST = host_isa()
 needs_dot = pytest.mark.skipif(HOST is None, reason="the integer dot kernel needs x86-64 with AVX2")
-
-
-def _isas() -> list[DotISA]:
-    if HOST is None:
-        return []
-    out = [HOST]
-    if HOST.bits == 512:  # the AVX2 form runs on an AVX-512 CPU too
-        out.append(DotISA(bits=256, vnni=False, cpu=HOST.cpu))
-    return out
 
 
 def _rows(frames: np.ndarray, row_frames: int) -> list[str]:
@@ -144,7 +135,7 @@ def _plan_weights(shape: tuple[int, int], n_annuli: int) -> np.ndarray:
 
 
 @needs_dot
-@pytest.mark.parametrize("isa", _isas(), ids=lambda i: f"{i.bits}bit")
+@pytest.mark.parametrize("isa", runnable_isas(), ids=lambda i: f"{i.bits}bit")
 @pytest.mark.parametrize(
     ("dtype", "shape", "n_rows_w"),
     [

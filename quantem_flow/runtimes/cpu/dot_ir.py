@@ -50,6 +50,7 @@ __all__ = [
     "DotKernel",
     "compile_dot_kernel",
     "host_isa",
+    "runnable_isas",
     "steps_per_widening",
 ]
 
@@ -96,6 +97,20 @@ def host_isa() -> DotISA | None:
     if not _isa_cache:
         _isa_cache.append(_detect_isa())
     return _isa_cache[0]
+
+
+def runnable_isas() -> list[DotISA]:
+    """Every ISA a dot kernel compiled here runs on this CPU (none without AVX2).
+
+    The host's and, on an AVX-512 CPU, the AVX2 form compiled with the
+    AVX-512 features off: the code an AVX2-only CPU runs.
+    """
+    host = host_isa()
+    if host is None:
+        return []
+    if host.bits == 512:
+        return [host, DotISA(bits=256, vnni=False, cpu=host.cpu)]
+    return [host]
 
 
 def _detect_isa() -> DotISA | None:
