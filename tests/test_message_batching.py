@@ -11,6 +11,7 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+import numpy as np
 import pytest
 
 import quantem_flow as qf
@@ -60,6 +61,13 @@ def test_a_cluster_started_by_others_keeps_dasks_intervals() -> None:
 def test_the_embedded_clients_stream_to_the_scheduler_has_it() -> None:
     client = qc.embedded_client()
     assert client.scheduler_comm.interval == pytest.approx(batch_interval_s())
+
+
+def test_the_embedded_client_fetches_results_from_the_workers_directly() -> None:
+    client = qc.embedded_client()
+    assert client.direct_to_workers is True
+    future = client.submit(np.arange, 5, pure=False)
+    np.testing.assert_array_equal(client.gather(future), np.arange(5))
 
 
 def test_bad_intervals_are_refused_with_the_value() -> None:

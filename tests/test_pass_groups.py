@@ -147,6 +147,40 @@ def test_a_group_returns_what_its_chunks_return_one_by_one(rng: np.random.Genera
         np.testing.assert_array_equal(got, one.gathered[0][1])
 
 
+def test_a_partials_values_pickle_out_of_band(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks are contiguous, so they pickle without a copy, whatever view a kernel returns.
+
+    The worker's event loop serialises the partials; the integer dot kernel
+    returns its values as columns of a wider array (moment supports beside them).
+    """
+    from quantem_flow.runtimes import get_runtime
+
+    runtime = get_runtime("cpu")
+    run = runtime.run_frame_pass
+
+    def as_columns_of_a_wider_array(*args: Any, **kwargs: Any) -> Any:
+        out = run(*args, **kwargs)
+        wide = np.zeros((out.per_frame.shape[0], out.per_frame.shape[1] + 2))
+        wide[:, : out.per_frame.shape[1]] = out.per_frame
+        out.per_frame = wide[:, : out.per_frame.shape[1]]
+        return out
+
+    monkeypatch.setattr(runtime, "run_frame_pass", as_columns_of_a_wider_array)
+    ds = qf.open(probe_data(rng, scan=(6, 5)), chunk_rows=2)
+    lowered = lower_pass(ds, _weights(ds), want_sum=False, want_max=False, runtime="cpu")
+    monkeypatch.setattr(lowered.spec, "stream_piece_bytes", 0)  # the chunk's kernels, in one
+    part = run_chunk_group(lowered.spec, tuple((i, *c) for i, c in enumerate(ds.chunks)))
+    assert all(block.flags.c_contiguous for _, block in part.blocks)
+    buffers: list[pickle.PickleBuffer] = []
+    inband = pickle.dumps(part, protocol=5, buffer_callback=buffers.append)
+    assert sum(memoryview(b).nbytes for b in buffers) == sum(b.nbytes for _, b in part.blocks)
+    again = pickle.loads(inband, buffers=buffers)
+    for (_, got), (_, want) in zip(again.blocks, part.blocks, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def _pipeline(ds: Any) -> list[Any]:
     return [
         qf.virtual_bf(ds, radius=3, center=(8, 13)),

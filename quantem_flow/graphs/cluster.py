@@ -629,7 +629,9 @@ def embedded_client() -> Any:
         if client is not None and client.status == "running":
             return client
         cluster = start_local_cluster()
-        client = Client(cluster, set_as_default=False)
+        # the client fetches results from the workers itself, one hop fewer than through the
+        # scheduler (3.6 ms less for a 2 GiB pass's four partials: docs/architecture-notes.md)
+        client = Client(cluster, set_as_default=False, direct_to_workers=True)
         set_interval(getattr(client, "scheduler_comm", None), batch_interval_s())
         _embedded.update(cluster=cluster, client=client)
         return client

@@ -338,7 +338,10 @@ def _package(
         **({"frame_pass_variant": out.variant} if out.variant is not None else {}),
         **(made or {}),
     }
-    blocks = [(rows, out.per_frame.reshape(shape[0], shape[1], -1))]
+    # Contiguous, so the partial pickles its values out of band (no copy into the pickle, no
+    # scan of it on the worker's event loop): kernels hand back column views of a wider array
+    # (docs/architecture-notes.md, "The fixed cost of a pass through a cluster")
+    blocks = [(rows, np.ascontiguousarray(out.per_frame).reshape(shape[0], shape[1], -1))]
     return ChunkPartial(
         blocks=blocks,
         pattern_sum=out.pattern_sum,
