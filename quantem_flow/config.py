@@ -91,6 +91,11 @@ name                          meaning                                    default
                               of a cluster quantem-flow starts waits to
                               be batched with others (Dask: 2-10 ms;
                               graphs/message_batching.py)
+``held_weights_mib``          MiB of weight maps a client keeps on its   64
+                              cluster between passes (the last 8
+                              sets): a pass with the same maps sends
+                              only their key (graphs/held_weights.py;
+                              0: every pass sends its maps)
 ============================  =========================================  ==========================
 """
 
@@ -163,6 +168,10 @@ _DEFAULTS: dict[str, Any] = {
     # issue 24, goal 5: a pass is a chain of small messages; Dask's 2-10 ms batching intervals
     # were half of a small pass's cost on the embedded default (graphs/message_batching.py)
     "message_batch_ms": 0.5,
+    # issue 24: a pass's weight maps (0.66 MB for BF + ADF + CoM at 128 x 128) travel to the
+    # cluster once and are kept there; the next pass with them sends a key, and its chunk
+    # tasks start without waiting for a spec task (graphs/held_weights.py)
+    "held_weights_mib": 64.0,
 }
 
 

@@ -42,8 +42,21 @@ def check_against_reference(data: np.ndarray, bf: Any, adf: Any, com: Any) -> No
 
 
 def incoming_bytes(client: Any) -> int:
+    """Bytes the workers fetched from each other, but the weight maps a pass sends them.
+
+    A pass's weights are a task of their own (graphs/held_weights.py): the workers
+    that did not run it fetch them (kilobytes), as they fetched the spec before.
+    """
+
     def total(dask_worker: Any) -> int:
-        return int(sum(t.get("total", 0) for t in dask_worker.transfer_incoming_log))
+        return int(
+            sum(
+                n
+                for t in dask_worker.transfer_incoming_log
+                for key, n in t.get("keys", {}).items()
+                if not str(key).startswith("qf-weights-")
+            )
+        )
 
     return sum(client.run(total).values())
 

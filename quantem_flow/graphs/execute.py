@@ -139,6 +139,21 @@ def _pass_choice(ds: Dataset4D, backend: str, operations: tuple[str, ...]) -> Ba
     return resident
 
 
+def _weights_travel(lowered: LoweredPass, runner: Runner, index: int) -> str:
+    """How a pass's weight rows reached its chunk tasks, for provenance (:mod:`.held_weights`)."""
+    route = runner.routes[index] if index < len(runner.routes) else None
+    if route is not None and route.get("path") != "graph":
+        return "in the query message to the workers holding the chunks (direct route)"
+    if not lowered.weights_task:
+        return "inside the pass spec"
+    if runner.client is None:
+        return "in a task of their own, in this process"
+    held = runner.weights_held[index] if index < len(runner.weights_held) else False
+    if held:
+        return f"held on the cluster since an earlier pass (task {lowered.weights_key})"
+    return f"in a task of their own, held for later passes (task {lowered.weights_key})"
+
+
 def _outputs(
     ds: Dataset4D,
     lowered: LoweredPass,
@@ -147,6 +162,7 @@ def _outputs(
     runner: Runner,
     timings: dict[str, float],
     route: dict[str, Any] | None = None,
+    index: int = 0,
 ) -> PassOutputs:
     R, C = ds.scan_shape
     n_w = len(lowered.weight_keys)
@@ -193,6 +209,7 @@ def _outputs(
         "dataset_read_bytes": ds.read_nbytes,
         "read_once": bytes_read == ds.read_nbytes,
         "weights_in_pass": n_w,
+        "weights_travel": _weights_travel(lowered, runner, index),
         "representation": ds.representation,
         "storage_schema": ds.storage_schema,
         "payload_bytes": payload_bytes,
@@ -334,6 +351,7 @@ def compute(
                     gather=np.unique(np.concatenate(gathers)) if gathers else None,
                     radial=radial,
                     threads=runner.task_threads,
+                    weights_task=runner.weights_task,
                 ),
                 nodes,
             )
@@ -351,7 +369,7 @@ def compute(
                 "pass_bytes_per_s": ds.read_nbytes / max(t_pass - t_lower, 1e-12),
             }
             route = runner.routes[i] if i < len(runner.routes) else None
-            outputs = _outputs(ds, lp, partial, choices[i], runner, timings, route)
+            outputs = _outputs(ds, lp, partial, choices[i], runner, timings, route, i)
             if lp.spec.gather is not None:
                 outputs.gathered = runner.gathered[i]
                 outputs.gather_indices = lp.spec.gather

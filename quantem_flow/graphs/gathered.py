@@ -32,21 +32,20 @@ from ..runtimes.host_arrays import fresh_zeros
 
 __all__ = ["GatheredPixels", "gathered_in_place", "in_place_sink"]
 
-_IN_PLACE: dict[int, np.ndarray] = {}
+_IN_PLACE: dict[str, np.ndarray] = {}
 _IN_PLACE_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def gathered_in_place(sinks: Mapping[int, np.ndarray]) -> Iterator[None]:
+def gathered_in_place(sinks: Mapping[str, np.ndarray]) -> Iterator[None]:
     """While the block runs, tasks of these passes in this process gather into these arrays.
 
     Parameters
     ----------
     sinks
-        ``id(pass spec) -> (n_pixels, R, C)`` array.  The tasks of a pass
-        run in this process hold the very spec object (Dask's local
-        schedulers do not copy task arguments); on workers nothing is found
-        and the values travel with the chunk.
+        ``pass name -> (n_pixels, R, C)`` array (the spec's ``pass_name``).
+        Registered only around a run in this process; on workers nothing is
+        found and the values travel with the chunk.
     """
     with _IN_PLACE_LOCK:
         _IN_PLACE.update(sinks)
@@ -58,10 +57,11 @@ def gathered_in_place(sinks: Mapping[int, np.ndarray]) -> Iterator[None]:
                 _IN_PLACE.pop(key, None)
 
 
-def in_place_sink(spec: object, rows: tuple[int, int]) -> np.ndarray | None:
+def in_place_sink(spec: Any, rows: tuple[int, int]) -> np.ndarray | None:
     """The ``(n_pixels, n_frames)`` view of scan rows ``rows`` to gather into, or ``None``."""
+    name = str(getattr(spec, "pass_name", "") or "")
     with _IN_PLACE_LOCK:
-        sink = _IN_PLACE.get(id(spec))
+        sink = _IN_PLACE.get(name) if name else None
     if sink is None:
         return None
     into = sink[:, rows[0] : rows[1], :]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,7 @@ from .tasks import (
     load_resident_chunk,
     run_chunk_pass,
     run_resident_kernels,
+    with_weights,
 )
 
 __all__ = [
@@ -94,6 +95,12 @@ class LoweredPass:
     tasks
         How the chunks went to tasks, for provenance: ``{"n_tasks", "chunks_per_task",
         "threads", "rule"}``.
+    weights_key
+        Key of the weight rows' data task (their content: :mod:`.held_weights`);
+        ``None`` where ``held_weights_mib`` is 0.
+    weights_task
+        Whether the graph has that task and the chunk tasks take the rows from
+        it; otherwise they travel inside the spec.
     """
 
     graph: HighLevelGraph
@@ -103,6 +110,8 @@ class LoweredPass:
     spec: PassSpec
     covers: list[tuple[int, ...]]
     tasks: dict[str, Any]
+    weights_key: str | None = None
+    weights_task: bool = False
 
 
 #: Partials per combine task when they hold sum or maximum patterns.
@@ -121,6 +130,7 @@ def lower_pass(
     gather: np.ndarray | None = None,
     radial: Mapping[str, tuple[float, float, float, float]] | None = None,
     threads: int | None = None,
+    weights_task: Callable[[str], bool] | None = None,
 ) -> LoweredPass:
     """Build the graph of one fused pass over ``ds``.
 
@@ -155,6 +165,13 @@ def lower_pass(
         go to tasks in groups, at least ``pass_tasks_per_thread`` per thread
         (:func:`~quantem_flow.graphs.pass_groups.group_chunks`); ``None``: one
         task per chunk.
+    weights_task
+        Given the weights' task key, whether a pass of ONE chunk task takes its
+        weight rows from a data task (the runner's
+        :meth:`~quantem_flow.graphs.runner.Runner.weights_task`: the client holds
+        them, or sent them lately); ``None``: such a pass carries them in its task.
+        A pass of several tasks always does while ``held_weights_mib`` is above 0
+        (:mod:`.held_weights`).
 
     Returns
     -------
@@ -184,9 +201,10 @@ def lower_pass(
         radial_queries=bool(config.get("radial_queries")),
         read_method=checked_read_method(str(config.get("read_method"))),
         digest_in_kernel=bool(config.get("digest_in_kernel")),
+        pass_name=f"qf-pass-{token}",
     )
     spec_name = f"qf-spec-{token}"
-    pass_name = f"qf-pass-{token}"
+    pass_name = spec.pass_name
     comb_name = f"qf-combine-{token}"
 
     kind = "pass" if resident is None else "resident pass"
@@ -208,18 +226,11 @@ def lower_pass(
             threads=threads,
         )
     n_tasks = len(spans) if spans is not None else len(groups) if groups else len(ds.chunks)
-    # The spec is a data task every chunk task depends on, so it travels to each worker once;
-    # a pass of ONE chunk task carries it in that task instead (the same bytes, and one task
-    # round trip fewer before the work starts: docs/architecture-notes.md, "The fixed cost")
-    inline_spec = n_tasks == 1
     layers: dict[str, Any] = {}
     dependencies: dict[str, set[str]] = {}
-    if not inline_spec:
-        layers[spec_name] = MaterializedLayer(
-            {spec_name: DataNode(spec_name, spec)}, annotations=announce
-        )
-        dependencies[spec_name] = set()
-    spec_arg: Any = spec if inline_spec else TaskRef(spec_name)
+    spec_arg, weights_key, weights_as_task, inline_spec = _spec_argument(
+        spec, spec_name, n_tasks, weights_task, layers, dependencies, announce
+    )
     chunk_keys: list[Key] = []
     chunk_tasks: dict[Key, Task] = {}
     covers: dict[Key, tuple[int, ...]] = {}
@@ -288,8 +299,10 @@ def lower_pass(
         layers[f"qf-resident-{token}"] = MaterializedLayer(local)
         dependencies[f"qf-resident-{token}"] = set()
     layers[pass_name] = MaterializedLayer(chunk_tasks, annotations=pass_annotations)
-    dependencies[pass_name] = ({spec_name} if not inline_spec else set()) | (
-        {f"qf-resident-{token}"} if local else set()
+    dependencies[pass_name] = (
+        ({spec_name} if not inline_spec else set())
+        | ({weights_key} if weights_as_task and weights_key is not None else set())
+        | ({f"qf-resident-{token}"} if local else set())
     )
 
     if spans is not None and threads is not None:
@@ -318,6 +331,8 @@ def lower_pass(
             spec=spec,
             covers=[covers[k] for k in chunk_keys],
             tasks=tasks_record,
+            weights_key=weights_key,
+            weights_task=weights_as_task,
         )
     if fan_in is None:
         fan_in = PATTERN_FAN_IN
@@ -347,7 +362,76 @@ def lower_pass(
         spec=spec,
         covers=[covers[k] for k in chunk_keys],
         tasks=tasks_record,
+        weights_key=weights_key,
+        weights_task=weights_as_task,
     )
+
+
+#: Largest pickled spec (without its weight rows) that each chunk task carries itself.
+INLINE_SPEC_BYTES = 64 * 1024
+
+
+def _spec_argument(
+    spec: PassSpec,
+    spec_name: str,
+    n_tasks: int,
+    weights_task: Callable[[str], bool] | None,
+    layers: dict[str, Any],
+    dependencies: dict[str, set[str]],
+    announce: dict[str, Any],
+) -> tuple[Any, str | None, bool, bool]:
+    """How the chunk tasks get the spec: ``(argument, weights key, weights as a task, inline)``.
+
+    Adds the spec's and the weights' data tasks to ``layers`` where they are
+    used.  The weight rows are a data task of their own, keyed by their
+    content (:mod:`.held_weights`), in a pass of several tasks (while
+    ``held_weights_mib`` is above 0) and in a pass of one task whose weights the
+    runner holds or sent lately (``weights_task``).  The rest of the spec
+    (about 2 KB for a file) then travels in every chunk task: no spec task
+    round trip before the work starts.  A spec that carries its data (an
+    in-memory array) or pickles above :data:`INLINE_SPEC_BYTES` stays a data
+    task, sent to each worker once.  A pass of one task whose weights are not
+    held carries the whole spec in its task (docs/architecture-notes.md, "The
+    fixed cost of a pass through a cluster").
+    """
+    from .held_weights import held_weights_bytes, weights_task_key
+
+    holding = held_weights_bytes() > 0
+    key = weights_task_key(spec.weights) if holding else None
+    as_task = key is not None and (n_tasks > 1 or (weights_task is not None and weights_task(key)))
+    if not as_task:
+        if n_tasks == 1:
+            return spec, key, False, True
+        layers[spec_name] = MaterializedLayer(
+            {spec_name: DataNode(spec_name, spec)}, annotations=announce
+        )
+        dependencies[spec_name] = set()
+        return TaskRef(spec_name), key, False, False
+    assert key is not None
+    layers[key] = MaterializedLayer({key: DataNode(key, spec.weights)})
+    dependencies[key] = set()
+    slim = dataclasses.replace(spec, weights=spec.weights[:0])
+    inline = _travels_inline(slim)
+    if not inline:
+        layers[spec_name] = MaterializedLayer(
+            {spec_name: DataNode(spec_name, slim)}, annotations=announce
+        )
+        dependencies[spec_name] = set()
+    spec_value = slim if inline else TaskRef(spec_name)
+    return Task(None, with_weights, spec_value, TaskRef(key)), key, True, inline
+
+
+def _travels_inline(slim: PassSpec) -> bool:
+    """Whether every chunk task may carry ``slim`` (a spec without its weight rows)."""
+    source = slim.dataset.source
+    if source.for_resident_tasks() is not source:  # it carries its data (an in-memory array)
+        return False
+    import pickle
+
+    try:
+        return len(pickle.dumps(slim, protocol=5)) <= INLINE_SPEC_BYTES
+    except Exception:  # whatever Dask does with it, it is not small and plain
+        return False
 
 
 def relower(lowered: LoweredPass) -> LoweredPass:

@@ -166,6 +166,8 @@ class Runner:
     """
 
     def __init__(self, client: Any):
+        #: Per pass of the last :meth:`run`: whether its weights were held on the cluster.
+        self.weights_held: list[bool] = []
         self.gathered: list[Any] = []
         self.routes: list[dict[str, Any] | None] = []
         self._temp: list[str] = []
@@ -261,6 +263,21 @@ class Runner:
                 total = 0
         return max(1, int(total))
 
+    def weights_task(self, key: str) -> bool:
+        """Whether a pass of one task should take its weights from their data task ``key``.
+
+        True where this runner's client holds them on its cluster, or sent them
+        in one of its last :data:`~quantem_flow.graphs.held_weights.HELD_SETS`
+        passes (the pass sends them in their own task, then holds them:
+        :mod:`.held_weights`); always False in this process.
+        """
+        if self.client is None:
+            return False
+        from .held_weights import held_weights
+
+        held = held_weights(self.client)
+        return held.holds(key) or held.seen(key)
+
     @property
     def scheduler_address(self) -> str | None:
         """Address of the scheduler, ``None`` in this process."""
@@ -304,6 +321,7 @@ class Runner:
         """
         self.gathered = [self._sink(p) for p in passes]
         self.routes = [None] * len(passes)
+        self.weights_held = [False] * len(passes)
         self.departures = []
         passes = list(passes)
         if self.client is None:
@@ -313,7 +331,7 @@ class Runner:
             for i, p in enumerate(passes):
                 sink = self.gathered[i]
                 # in this process the tasks write their pixels straight into the array
-                here = {} if sink is None else {id(p.spec): sink}
+                here = {} if sink is None else {p.spec.pass_name: sink}
                 outputs = [] if p.output_key is None else [p.output_key]
                 with gathered_in_place(here):
                     values = self._get(dict(p.graph), [*outputs, *p.chunk_keys])
@@ -437,12 +455,18 @@ class Runner:
         # a task may run several chunks (graphs/pass_groups.py): the bar counts chunks
         n_covered = {k: len(c) for p in passes for k, c in zip(p.chunk_keys, p.covers, strict=True)}
         graph = HighLevelGraph.merge(*(p.graph for p in passes))
+        graph, weights_keys = self._held_weights_out(graph, indexed)
         chunk_keys = [k for p in passes for k in p.chunk_keys]
         out_keys = [p.output_key for p in passes if p.output_key is not None]
         # passes without combine tasks: the chunk partials themselves, merged here
         merged_here = {k for p in passes if p.output_key is None for k in p.chunk_keys}
         events = self._begin()
-        futures = self.client.get(graph, [*out_keys, *chunk_keys], sync=False)
+        futures = self.client.get(graph, [*out_keys, *chunk_keys, *weights_keys], sync=False)
+        futures, weights_futures = (
+            futures[: len(futures) - len(weights_keys)],
+            futures[len(futures) - len(weights_keys) :],
+        )
+        self._hold_weights(weights_futures, passes)
         out_futures, chunk_futures = futures[: len(out_keys)], futures[len(out_keys) :]
         fetched: dict[Any, ChunkPartial] = {}
         try:
@@ -489,6 +513,51 @@ class Runner:
                 if resident is not None and hasattr(resident, "forget_route"):
                     resident.forget_route()
         return results
+
+    def _held_weights_out(
+        self, graph: Any, indexed: list[tuple[int, LoweredPass]]
+    ) -> tuple[Any, list[str]]:
+        """The graph without the weights tasks the client holds; the keys of those it sends.
+
+        Sets :attr:`weights_held` at each pass's index in the run.
+        """
+        from dask.highlevelgraph import HighLevelGraph
+
+        from .held_weights import held_weights
+
+        assert self.client is not None
+        held = held_weights(self.client)
+        drop: set[str] = set()
+        send: list[str] = []
+        for i, p in indexed:
+            key = p.weights_key if p.weights_task else None
+            if key is None:
+                continue
+            if key in drop or (key not in send and held.holds(key)):
+                drop.add(key)
+                self.weights_held[i] = True
+            elif key not in send:
+                send.append(key)
+        for _, p in indexed:
+            held.saw(p.weights_key)
+        if not drop:
+            return graph, send
+        layers = {name: layer for name, layer in graph.layers.items() if name not in drop}
+        deps = {name: set(d) - drop for name, d in graph.dependencies.items() if name in layers}
+        return HighLevelGraph(layers, deps), send
+
+    def _hold_weights(self, futures: list[Any], passes: list[LoweredPass]) -> None:
+        """Keep the futures of the weights tasks this graph sends (:mod:`.held_weights`)."""
+        if not futures:
+            return
+        from .held_weights import held_weights, held_weights_bytes
+
+        assert self.client is not None
+        held = held_weights(self.client)
+        nbytes = {p.weights_key: int(p.spec.weights.nbytes) for p in passes if p.weights_task}
+        capacity = held_weights_bytes()
+        for f in futures:
+            held.keep(f, nbytes.get(f.key, 0), capacity_bytes=capacity)
 
     def _sink(self, lowered: LoweredPass) -> Any:
         spec = lowered.spec

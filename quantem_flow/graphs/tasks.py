@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..dataset import Dataset4D
+from ..errors import ShapeError
 from ..representations import Chunk
 from ..runtimes import get_runtime
 from ..runtimes.base import FramePassResult, is_gather_only
@@ -41,6 +42,7 @@ __all__ = [
     "run_chunk_pass",
     "run_resident_kernels",
     "running_on",
+    "with_weights",
 ]
 
 
@@ -86,6 +88,9 @@ class PassSpec:
         Whether a streamed chunk may let the runtime's kernels carry the content
         digest in their own sweep (``digest_in_kernel`` on the client):
         docs/digest-in-kernel.md.
+    pass_name
+        The pass's name (``qf-pass-<token>``): names its gathered-pixel array in a
+        process that runs its tasks itself (:mod:`.gathered`).
     """
 
     dataset: Dataset4D
@@ -101,6 +106,24 @@ class PassSpec:
     radial: tuple[tuple[float, float, float, float] | None, ...] = ()
     radial_queries: bool = True
     digest_in_kernel: bool = True
+    pass_name: str = ""
+
+
+def with_weights(spec: PassSpec, weights: np.ndarray) -> PassSpec:
+    """``spec`` with its weight rows, which travel as a task of their own (:mod:`.held_weights`).
+
+    Raises
+    ------
+    ShapeError
+        When ``spec`` already has rows, or ``weights`` are not ``(n, k_r * k_c)``.
+    """
+    k = int(np.prod(spec.dataset.detector_shape))
+    if spec.weights.shape[0] != 0 or weights.ndim != 2 or weights.shape[1] != k:
+        raise ShapeError(
+            f"a pass spec takes its weight rows once, as (n_weights, {k}); the spec has "
+            f"{spec.weights.shape[0]} rows and was given an array of shape {weights.shape}"
+        )
+    return dataclasses.replace(spec, weights=weights)
 
 
 @dataclasses.dataclass
