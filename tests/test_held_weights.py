@@ -64,11 +64,19 @@ def test_the_oldest_sets_are_released_beyond_the_count_and_the_bytes() -> None:
     assert held.keys() == [] and futures[2].released
 
 
-def test_a_future_that_is_not_finished_is_not_held() -> None:
+@pytest.mark.parametrize("status", ["lost", "error", "cancelled"])
+def test_a_future_that_erred_or_was_cancelled_is_not_held(status: str) -> None:
     held = HeldWeights()
-    lost = _Future("k", status="lost")
-    held.keep(lost, 10, capacity_bytes=1000)
-    assert not held.holds("k") and lost.released and held.keys() == []
+    gone = _Future("k", status=status)
+    held.keep(gone, 10, capacity_bytes=1000)
+    assert not held.holds("k") and gone.released and held.keys() == []
+
+
+def test_a_pending_future_is_held() -> None:
+    held = HeldWeights()
+    on_its_way = _Future("k", status="pending")
+    held.keep(on_its_way, 10, capacity_bytes=1000)
+    assert held.holds("k") and not on_its_way.released
 
 
 def test_the_last_sets_used_are_remembered() -> None:
@@ -227,3 +235,28 @@ def test_a_client_holds_at_most_the_last_sets(tmp_path: Path, rng: np.random.Gen
 
 def _weights_tasks(dask_scheduler: Any) -> list[str]:
     return [str(k) for k in dask_scheduler.tasks if str(k).startswith("qf-weights-")]
+
+
+def test_passes_computed_at_once_from_threads_share_the_weights(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from distributed import Client
+
+    ds = qf.open(_file(tmp_path, rng), chunk_rows=2)
+    expected = qf.compute(*_ops(ds), client="synchronous", progress=False)
+    with (
+        dask_thread_cluster(threads_per_worker=2) as cluster,
+        Client(cluster, set_as_default=False) as client,
+        ThreadPoolExecutor(4) as pool,
+    ):
+        runs = list(
+            pool.map(lambda _: qf.compute(*_ops(ds), client=client, progress=False), range(8))
+        )
+        held = held_weights(client).keys()
+        on_cluster = client.run_on_scheduler(_weights_tasks)
+    for got in runs:
+        for a, b in zip(got, expected, strict=True):
+            np.testing.assert_array_equal(a.data, b.data)
+    assert len(held) == 1 and on_cluster == held

@@ -93,12 +93,17 @@ class HeldWeights:
             return key in self._seen
 
     def holds(self, key: str) -> bool:
-        """Whether ``key``'s task is held and its value on the cluster (marked most recent)."""
+        """Whether ``key``'s task is held, its value on the cluster or on its way there.
+
+        A held key is marked most recent.  A pending task (sent by a pass still
+        running, or computed again after its worker was lost) is held; an erred or
+        cancelled one (its client closed, say) is released and forgotten.
+        """
         with self._lock:
             entry = self._held.get(key)
             if entry is None:
                 return False
-            if entry[0].status != "finished":  # erred, cancelled, lost with its client
+            if entry[0].status not in ("finished", "pending"):
                 del self._held[key]
                 entry[0].release()
                 return False

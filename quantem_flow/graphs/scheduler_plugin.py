@@ -36,6 +36,7 @@ import collections
 import html
 import json
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -809,16 +810,20 @@ def _has_plugin(dask_scheduler: Any) -> bool:
 
 
 _installed: set[str] = set()
+_installing = threading.Lock()
 
 
 def ensure_placement(client: Any) -> None:
-    """Install the placement plugin on a client's scheduler once."""
+    """Install the placement plugin on a client's scheduler once (threads computing at once)."""
     address = str(client.scheduler.address)
     if address in _installed:
         return
-    if not client.run_on_scheduler(_has_plugin):
-        client.register_plugin(PlacementSchedulerPlugin(), name=PLUGIN_NAME)
-    _installed.add(address)
+    with _installing:
+        if address in _installed:
+            return
+        if not client.run_on_scheduler(_has_plugin):
+            client.register_plugin(PlacementSchedulerPlugin(), name=PLUGIN_NAME)
+        _installed.add(address)
 
 
 def _plugin(dask_scheduler: Any) -> PlacementSchedulerPlugin | None:
