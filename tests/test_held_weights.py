@@ -260,3 +260,84 @@ def test_passes_computed_at_once_from_threads_share_the_weights(
         for a, b in zip(got, expected, strict=True):
             np.testing.assert_array_equal(a.data, b.data)
     assert len(held) == 1 and on_cluster == held
+
+
+def _wait_until(check: Any, timeout_s: float = 5.0) -> bool:
+    import time
+
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(0.02)
+    return bool(check())
+
+
+def test_a_pinned_set_outlives_its_eviction_until_the_pin_goes(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    from distributed import Client
+
+    ds = qf.open(_file(tmp_path, rng), chunk_rows=2)
+    with dask_thread_cluster() as cluster, Client(cluster, set_as_default=False) as client:
+        qf.compute(*_ops(ds), client=client, progress=False)
+        held = held_weights(client)
+        (key,) = held.keys()
+        pin = held.pin(key)
+        assert pin is not None and pin.key == key
+        held.clear()  # another thread's eviction, say
+        assert held.keys() == [] and held.pin(key) is None
+        assert not _wait_until(lambda: not client.run_on_scheduler(_in_memory, key=key), 0.3)
+        pin.release()
+        assert _wait_until(lambda: not client.run_on_scheduler(_in_memory, key=key))
+
+
+def test_a_lower_capacity_releases_what_is_held_at_the_next_pass(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    from distributed import Client
+
+    ds = qf.open(_file(tmp_path, rng), chunk_rows=2)
+    with dask_thread_cluster() as cluster, Client(cluster, set_as_default=False) as client:
+        qf.compute(*_ops(ds), client=client, progress=False)
+        assert len(held_weights(client).keys()) == 1
+        with qf.config.set(held_weights_mib=0):
+            (bf, _) = qf.compute(*_ops(ds), client=client, progress=False)
+        assert bf.provenance.execution["weights_travel"] == "inside the pass spec"
+        assert held_weights(client).keys() == []
+        assert _wait_until(lambda: client.run_on_scheduler(_weights_tasks) == [])
+
+
+def test_a_set_larger_than_the_capacity_is_sent_and_not_held(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    from distributed import Client
+
+    ds = qf.open(_file(tmp_path, rng), chunk_rows=2)  # 2 rows x 520 px x 8 B = 8320 B of rows
+    with (
+        dask_thread_cluster() as cluster,
+        Client(cluster, set_as_default=False) as client,
+        qf.config.set(held_weights_mib=4096 / 2**20),
+    ):
+        runs = [qf.compute(*_ops(ds), client=client, progress=False) for _ in range(2)]
+        travel = [got[0].provenance.execution["weights_travel"] for got in runs]
+        key = travel[0].rsplit("task ", 1)[-1].rstrip(")")
+        assert held_weights(client).keys() == []
+        assert key.startswith("qf-weights-") and not held_weights(client).seen(key)
+    assert travel == [f"in a task of their own (task {key})"] * 2
+
+
+def test_a_closed_clients_sets_are_forgotten(tmp_path: Path, rng: np.random.Generator) -> None:
+    from distributed import Client
+
+    from quantem_flow.graphs import held_weights as module
+
+    ds = qf.open(_file(tmp_path, rng), chunk_rows=2)
+    with dask_thread_cluster() as cluster:
+        with Client(cluster, set_as_default=False) as first:
+            qf.compute(*_ops(ds), client=first, progress=False)
+            first_id = first.id
+            assert first_id in module._BY_CLIENT
+        with Client(cluster, set_as_default=False) as second:
+            held_weights(second)
+            assert first_id not in module._BY_CLIENT and second.id in module._BY_CLIENT

@@ -139,21 +139,6 @@ def _pass_choice(ds: Dataset4D, backend: str, operations: tuple[str, ...]) -> Ba
     return resident
 
 
-def _weights_travel(lowered: LoweredPass, runner: Runner, index: int) -> str:
-    """How a pass's weight rows reached its chunk tasks, for provenance (:mod:`.held_weights`)."""
-    route = runner.routes[index] if index < len(runner.routes) else None
-    if route is not None and route.get("path") != "graph":
-        return "in the query message to the workers holding the chunks (direct route)"
-    if not lowered.weights_task:
-        return "inside the pass spec"
-    if runner.client is None:
-        return "in a task of their own, in this process"
-    held = runner.weights_held[index] if index < len(runner.weights_held) else False
-    if held:
-        return f"held on the cluster since an earlier pass (task {lowered.weights_key})"
-    return f"in a task of their own, held for later passes (task {lowered.weights_key})"
-
-
 def _outputs(
     ds: Dataset4D,
     lowered: LoweredPass,
@@ -209,7 +194,9 @@ def _outputs(
         "dataset_read_bytes": ds.read_nbytes,
         "read_once": bytes_read == ds.read_nbytes,
         "weights_in_pass": n_w,
-        "weights_travel": _weights_travel(lowered, runner, index),
+        "weights_travel": runner.weights_travel[index]
+        if index < len(runner.weights_travel)
+        else "inside the pass spec",
         "representation": ds.representation,
         "storage_schema": ds.storage_schema,
         "payload_bytes": payload_bytes,

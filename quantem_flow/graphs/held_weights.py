@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import math
 import threading
-import weakref
 from typing import Any
 
 import numpy as np
@@ -36,7 +35,18 @@ WEIGHTS_PREFIX = "qf-weights-"
 
 
 def weights_task_key(weights: np.ndarray) -> str:
-    """The key of the data task holding ``weights``: their shape, dtype and bytes (XXH3-128)."""
+    """The key of the data task holding ``weights``.
+
+    Parameters
+    ----------
+    weights
+        The pass's stacked weight rows.
+
+    Returns
+    -------
+    str
+        ``qf-weights-`` and the XXH3-128 of their shape, dtype and bytes (C order).
+    """
     import xxhash
 
     w = np.ascontiguousarray(weights)
@@ -46,7 +56,23 @@ def weights_task_key(weights: np.ndarray) -> str:
 
 
 def held_weights_bytes(value: Any = None) -> int:
-    """``held_weights_mib`` (or ``value``) in bytes; refuses a negative or non-finite value."""
+    """The capacity for held weights in bytes.
+
+    Parameters
+    ----------
+    value
+        MiB; ``None`` reads ``qf.config`` ``held_weights_mib``.
+
+    Returns
+    -------
+    int
+        Bytes (0: every pass sends its weight maps).
+
+    Raises
+    ------
+    ParameterError
+        For a negative, non-finite or non-numeric value.
+    """
     from .. import config
 
     raw = config.get("held_weights_mib") if value is None else value
@@ -62,6 +88,13 @@ def held_weights_bytes(value: Any = None) -> int:
     return int(mib * 2**20)
 
 
+def _another_reference(future: Any) -> Any:
+    """A new future of ``future``'s key on its client: one more reference, taken now."""
+    from distributed import Future
+
+    return Future(future.key, future.client)
+
+
 class HeldWeights:
     """The futures of one client's held weights tasks, least recently used first.
 
@@ -71,7 +104,7 @@ class HeldWeights:
         Most sets held (:data:`HELD_SETS`).
     """
 
-    def __init__(self, capacity_sets: int = HELD_SETS):
+    def __init__(self, capacity_sets: int = HELD_SETS) -> None:
         self.capacity_sets = int(capacity_sets)
         self._held: collections.OrderedDict[str, tuple[Any, int]] = collections.OrderedDict()
         self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -93,37 +126,39 @@ class HeldWeights:
             return key in self._seen
 
     def holds(self, key: str) -> bool:
-        """Whether ``key``'s task is held, its value on the cluster or on its way there.
+        """Whether ``key``'s task is held (marked most recent); see :meth:`pin`."""
+        return self._usable(key, pin=False) is not None
 
-        A held key is marked most recent.  A pending task (sent by a pass still
-        running, or computed again after its worker was lost) is held; an erred or
-        cancelled one (its client closed, say) is released and forgotten.
+    def pin(self, key: str) -> Any | None:
+        """A reference of the pass's own to ``key``'s held task, or ``None`` if it is not held.
+
+        Taken under the lock, so another thread evicting the set cannot release
+        the task before the graph naming it reaches the scheduler; the pass
+        releases it when it ends.  A pending task (sent by a pass still running)
+        is held; a lost, erred or cancelled one (its worker died and its client
+        was told, or its client closed) is released and forgotten.
         """
+        return self._usable(key, pin=True)
+
+    def _usable(self, key: str, *, pin: bool) -> Any | None:
+        gone = None
         with self._lock:
             entry = self._held.get(key)
             if entry is None:
-                return False
-            if entry[0].status not in ("finished", "pending"):
-                del self._held[key]
-                entry[0].release()
-                return False
-            self._held.move_to_end(key)
-            return True
+                return None
+            future = entry[0]
+            if future.status in ("finished", "pending"):
+                self._held.move_to_end(key)
+                return _another_reference(future) if pin else future
+            del self._held[key]
+            gone = future
+        gone.release()
+        return None
 
-    def keep(self, future: Any, nbytes: int, *, capacity_bytes: int) -> None:
-        """Hold ``future`` (a weights task of ``nbytes``); release the oldest beyond capacity.
-
-        A set larger than ``capacity_bytes`` is not held: its future is released.
-        """
+    def trim(self, capacity_bytes: int) -> None:
+        """Release the oldest sets beyond ``capacity_bytes`` and :attr:`capacity_sets`."""
         released: list[Any] = []
         with self._lock:
-            old = self._held.pop(future.key, None)
-            if old is not None and old[0] is not future:
-                released.append(old[0])
-            if nbytes > capacity_bytes:
-                released.append(future)
-            else:
-                self._held[future.key] = (future, int(nbytes))
             total = sum(n for _, n in self._held.values())
             while self._held and (len(self._held) > self.capacity_sets or total > capacity_bytes):
                 _, (gone, n) = self._held.popitem(last=False)
@@ -131,6 +166,30 @@ class HeldWeights:
                 released.append(gone)
         for f in released:
             f.release()
+
+    def keep(self, future: Any, nbytes: int, *, capacity_bytes: int) -> bool:
+        """Hold ``future`` (a weights task of ``nbytes``); release the oldest beyond capacity.
+
+        Returns
+        -------
+        bool
+            Whether it is held: a set larger than ``capacity_bytes`` is not (its
+            future is released).
+        """
+        released: list[Any] = []
+        with self._lock:
+            old = self._held.pop(future.key, None)
+            if old is not None and old[0] is not future:
+                released.append(old[0])
+            kept = nbytes <= capacity_bytes
+            if kept:
+                self._held[future.key] = (future, int(nbytes))
+            else:
+                released.append(future)
+        for f in released:
+            f.release()
+        self.trim(capacity_bytes)
+        return kept
 
     def keys(self) -> list[str]:
         """The held keys, least recently used first."""
@@ -146,14 +205,30 @@ class HeldWeights:
             f.release()
 
 
-_BY_CLIENT: weakref.WeakKeyDictionary[Any, HeldWeights] = weakref.WeakKeyDictionary()
+#: Per client id: the client and what it holds (a held future keeps its client alive, so
+#: the entries of closed clients are dropped at the next look-up).
+_BY_CLIENT: dict[str, tuple[Any, HeldWeights]] = {}
 _BY_CLIENT_LOCK = threading.Lock()
 
 
 def held_weights(client: Any) -> HeldWeights:
-    """The weights ``client`` holds on its cluster (made on first use)."""
+    """The weights ``client`` holds on its cluster (made on first use).
+
+    Parameters
+    ----------
+    client
+        A ``distributed.Client``.
+
+    Returns
+    -------
+    HeldWeights
+        The same object for the same client while it runs.
+    """
     with _BY_CLIENT_LOCK:
-        held = _BY_CLIENT.get(client)
-        if held is None:
-            held = _BY_CLIENT[client] = HeldWeights()
-        return held
+        for cid in [c for c, (cl, _) in _BY_CLIENT.items() if cl.status in ("closing", "closed")]:
+            del _BY_CLIENT[cid]  # their futures went with the client
+        key = str(getattr(client, "id", id(client)))
+        entry = _BY_CLIENT.get(key)
+        if entry is None or entry[0] is not client:
+            entry = _BY_CLIENT[key] = (client, HeldWeights())
+        return entry[1]

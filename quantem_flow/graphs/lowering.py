@@ -1,11 +1,17 @@
 """Lowering a pass over one dataset to a Dask graph with per-key annotations.
 
-The graph has three kinds of layer:
+The graph has these kinds of layer:
 
+``qf-weights-<content digest>``
+    One data node holding the pass's weight rows, keyed by their content;
+    the client holds it between passes, and a pass that repeats them names
+    the held key instead (:mod:`.held_weights`).
 ``qf-spec-<token>``
     One data node holding the :class:`~quantem_flow.graphs.tasks.PassSpec`
-    (dataset description and weight rows), shipped once to each worker; a
-    pass of one chunk task carries the spec in that task instead.
+    without its weight rows, shipped once to each worker, where the spec
+    carries its data (an in-memory array) or pickles large; otherwise every
+    chunk task carries it (about 2 KB).  A pass of one chunk task whose
+    weights are not held carries the whole spec, rows included.
 ``qf-pass-<token>``
     One task per chunk: load (read + decode + transform) and run every
     requested kernel on the chunk while it is in memory.  The chunk is read
@@ -434,8 +440,13 @@ def _travels_inline(slim: PassSpec) -> bool:
         return False
 
 
-def relower(lowered: LoweredPass) -> LoweredPass:
-    """The same pass lowered again (new keys; resident groups from a fresh placement)."""
+def relower(
+    lowered: LoweredPass, *, weights_task: Callable[[str], bool] | None = None
+) -> LoweredPass:
+    """The same pass lowered again (new keys; resident groups from a fresh placement).
+
+    ``weights_task`` as :func:`lower_pass` takes it.
+    """
     spec = lowered.spec
     ds = spec.dataset
     resident = ds.resident.graph_refs() if ds.is_persisted else None
@@ -452,6 +463,7 @@ def relower(lowered: LoweredPass) -> LoweredPass:
             for key, hint in zip(lowered.weight_keys, spec.radial, strict=False)
             if hint is not None
         },
+        weights_task=weights_task,
     )
 
 

@@ -166,8 +166,9 @@ class Runner:
     """
 
     def __init__(self, client: Any):
-        #: Per pass of the last :meth:`run`: whether its weights were held on the cluster.
-        self.weights_held: list[bool] = []
+        #: Per pass of the last :meth:`run`: how its weight rows reached its tasks (provenance).
+        self.weights_travel: list[str] = []
+        self._pins: list[Any] = []
         self.gathered: list[Any] = []
         self.routes: list[dict[str, Any] | None] = []
         self._temp: list[str] = []
@@ -321,7 +322,7 @@ class Runner:
         """
         self.gathered = [self._sink(p) for p in passes]
         self.routes = [None] * len(passes)
-        self.weights_held = [False] * len(passes)
+        self.weights_travel = [_travel_in_process(p) for p in passes]
         self.departures = []
         passes = list(passes)
         if self.client is None:
@@ -398,8 +399,9 @@ class Runner:
             resident.forget_route()
             logger.info("quantem-flow: direct query route failed (%s); running it as a graph", exc)
             self.routes[i] = {"path": "graph", "why": f"the direct route failed: {exc}"}
-            return relower(lowered)
+            return relower(lowered, weights_task=self.weights_task)
         self.routes[i] = record
+        self.weights_travel[i] = "in the query message to the workers holding the chunks"
         self._report_direct(lowered, partial, record)
         return partial
 
@@ -466,7 +468,7 @@ class Runner:
             futures[: len(futures) - len(weights_keys)],
             futures[len(futures) - len(weights_keys) :],
         )
-        self._hold_weights(weights_futures, passes)
+        self._hold_weights(weights_futures, indexed)
         out_futures, chunk_futures = futures[: len(out_keys)], futures[len(out_keys) :]
         fetched: dict[Any, ChunkPartial] = {}
         try:
@@ -496,8 +498,9 @@ class Runner:
             wanted = [f for f in wanted if f.key not in fetched]
             values = self.client.gather(wanted)
         finally:
-            for f in futures:
+            for f in [*futures, *self._pins]:  # the pins: the held weights this graph named
                 f.release()
+            self._pins = []
         by_key = dict(fetched)
         by_key.update({f.key: v for f, v in zip(wanted, values, strict=True)})
         results: list[ChunkPartial] = [
@@ -519,34 +522,46 @@ class Runner:
     ) -> tuple[Any, list[str]]:
         """The graph without the weights tasks the client holds; the keys of those it sends.
 
-        Sets :attr:`weights_held` at each pass's index in the run.
+        Each held set the graph names is pinned (:meth:`HeldWeights.pin`) until the
+        pass ends, so another thread cannot release it before the graph arrives.
+        Sets :attr:`weights_travel` at each pass's index in the run.
         """
         from dask.highlevelgraph import HighLevelGraph
 
-        from .held_weights import held_weights
+        from .held_weights import held_weights, held_weights_bytes
 
         assert self.client is not None
         held = held_weights(self.client)
+        capacity = held_weights_bytes()
+        held.trim(capacity)  # a capacity lowered since the last pass
         drop: set[str] = set()
         send: list[str] = []
         for i, p in indexed:
             key = p.weights_key if p.weights_task else None
             if key is None:
                 continue
-            if key in drop or (key not in send and held.holds(key)):
-                drop.add(key)
-                self.weights_held[i] = True
-            elif key not in send:
-                send.append(key)
+            if key not in drop and key not in send:
+                pin = held.pin(key)
+                if pin is not None:
+                    self._pins.append(pin)
+                    drop.add(key)
+                else:
+                    send.append(key)
+            self.weights_travel[i] = (
+                f"held on the cluster since an earlier pass (task {key})"
+                if key in drop
+                else f"in a task of their own (task {key})"
+            )
         for _, p in indexed:
-            held.saw(p.weights_key)
+            if p.weights_key is not None and p.spec.weights.nbytes <= capacity:
+                held.saw(p.weights_key)
         if not drop:
             return graph, send
         layers = {name: layer for name, layer in graph.layers.items() if name not in drop}
         deps = {name: set(d) - drop for name, d in graph.dependencies.items() if name in layers}
         return HighLevelGraph(layers, deps), send
 
-    def _hold_weights(self, futures: list[Any], passes: list[LoweredPass]) -> None:
+    def _hold_weights(self, futures: list[Any], indexed: list[tuple[int, LoweredPass]]) -> None:
         """Keep the futures of the weights tasks this graph sends (:mod:`.held_weights`)."""
         if not futures:
             return
@@ -554,10 +569,14 @@ class Runner:
 
         assert self.client is not None
         held = held_weights(self.client)
-        nbytes = {p.weights_key: int(p.spec.weights.nbytes) for p in passes if p.weights_task}
+        nbytes = {p.weights_key: int(p.spec.weights.nbytes) for _, p in indexed if p.weights_task}
         capacity = held_weights_bytes()
-        for f in futures:
-            held.keep(f, nbytes.get(f.key, 0), capacity_bytes=capacity)
+        kept = {f.key: held.keep(f, nbytes.get(f.key, 0), capacity_bytes=capacity) for f in futures}
+        for i, p in indexed:
+            if p.weights_task and kept.get(p.weights_key):
+                self.weights_travel[i] = (
+                    f"in a task of their own, held for later passes (task {p.weights_key})"
+                )
 
     def _sink(self, lowered: LoweredPass) -> Any:
         spec = lowered.spec
@@ -607,6 +626,13 @@ class Runner:
         for folder in self._temp:
             shutil.rmtree(folder, ignore_errors=True)
         self._temp = []
+
+
+def _travel_in_process(lowered: LoweredPass) -> str:
+    """How a pass's weight rows reach its tasks before any cluster decides otherwise."""
+    if not lowered.weights_task:
+        return "inside the pass spec"
+    return "in a task of their own, in this process"
 
 
 def _without_pixels(part: ChunkPartial) -> ChunkPartial:
