@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,15 @@ from quantem_flow.graphs.held_weights import (
 from quantem_flow.graphs.lowering import lower_pass
 from quantem_flow.graphs.tasks import with_weights
 from tests.conftest import dask_thread_cluster, probe_data
+
+
+@pytest.fixture
+def client() -> Iterator[Any]:
+    """A client of a plain thread cluster in this process (one worker thread)."""
+    from distributed import Client
+
+    with dask_thread_cluster() as cluster, Client(cluster, set_as_default=False) as c:
+        yield c
 
 
 class _Future:
@@ -168,24 +178,21 @@ def _ops(ds: Any) -> list[Any]:
 
 
 def test_passes_that_repeat_their_weights_send_them_once(
-    tmp_path: Path, rng: np.random.Generator
+    tmp_path: Path, rng: np.random.Generator, client: Any
 ) -> None:
-    from distributed import Client
-
     path = _file(tmp_path, rng)
     ds = qf.open(path, chunk_rows=2)  # 6 chunks; one worker thread: two tasks
     expected = qf.compute(*_ops(ds), client="synchronous", progress=False)
-    with dask_thread_cluster() as cluster, Client(cluster, set_as_default=False) as client:
-        first = qf.compute(*_ops(ds), client=client, progress=False)
-        second = qf.compute(*_ops(ds), client=client, progress=False)
-        held = held_weights(client)
-        key = held.keys()[-1]
-        assert client.run_on_scheduler(_in_memory, key=key)
-        # the held task lost (a worker gone with it, say): the next pass sends it again
-        for f in held._held.values():
-            f[0].cancel()
-        third = qf.compute(*_ops(ds), client=client, progress=False)
-        assert held.keys() == [key]
+    first = qf.compute(*_ops(ds), client=client, progress=False)
+    second = qf.compute(*_ops(ds), client=client, progress=False)
+    held = held_weights(client)
+    key = held.keys()[-1]
+    assert client.run_on_scheduler(_in_memory, key=key)
+    # the held task lost (a worker gone with it, say): the next pass sends it again
+    for f in held._held.values():
+        f[0].cancel()
+    third = qf.compute(*_ops(ds), client=client, progress=False)
+    assert held.keys() == [key]
     for got in (first, second, third):
         for a, b in zip(got, expected, strict=True):
             np.testing.assert_array_equal(a.data, b.data)
@@ -203,14 +210,11 @@ def _in_memory(dask_scheduler: Any, key: str) -> bool:
 
 
 def test_a_pass_of_one_task_sends_its_weights_inline_until_they_repeat(
-    tmp_path: Path, rng: np.random.Generator
+    tmp_path: Path, rng: np.random.Generator, client: Any
 ) -> None:
-    from distributed import Client
-
     ds = qf.open(_file(tmp_path, rng, scan=(4, 5)))  # one chunk: one task
     expected = qf.compute(*_ops(ds), client="synchronous", progress=False)
-    with dask_thread_cluster() as cluster, Client(cluster, set_as_default=False) as client:
-        runs = [qf.compute(*_ops(ds), client=client, progress=False) for _ in range(3)]
+    runs = [qf.compute(*_ops(ds), client=client, progress=False) for _ in range(3)]
     travel = [r[0].provenance.execution["weights_travel"] for r in runs]
     assert travel[0] == "inside the pass spec"
     assert travel[1].startswith("in a task of their own")
@@ -220,15 +224,14 @@ def test_a_pass_of_one_task_sends_its_weights_inline_until_they_repeat(
             np.testing.assert_array_equal(a.data, b.data)
 
 
-def test_a_client_holds_at_most_the_last_sets(tmp_path: Path, rng: np.random.Generator) -> None:
-    from distributed import Client
-
+def test_a_client_holds_at_most_the_last_sets(
+    tmp_path: Path, rng: np.random.Generator, client: Any
+) -> None:
     ds = qf.open(_file(tmp_path, rng), chunk_rows=2)
-    with dask_thread_cluster() as cluster, Client(cluster, set_as_default=False) as client:
-        for radius in range(1, HELD_SETS + 3):
-            qf.compute(qf.virtual_bf(ds, radius=radius, center=(8, 13)), client=client)
-        held = held_weights(client).keys()
-        on_cluster = client.run_on_scheduler(_weights_tasks)
+    for radius in range(1, HELD_SETS + 3):
+        qf.compute(qf.virtual_bf(ds, radius=radius, center=(8, 13)), client=client)
+    held = held_weights(client).keys()
+    on_cluster = client.run_on_scheduler(_weights_tasks)
     assert len(held) == HELD_SETS
     assert sorted(on_cluster) == sorted(held)
 
@@ -274,38 +277,32 @@ def _wait_until(check: Any, timeout_s: float = 5.0) -> bool:
 
 
 def test_a_pinned_set_outlives_its_eviction_until_the_pin_goes(
-    tmp_path: Path, rng: np.random.Generator
+    tmp_path: Path, rng: np.random.Generator, client: Any
 ) -> None:
-    from distributed import Client
-
     ds = qf.open(_file(tmp_path, rng), chunk_rows=2)
-    with dask_thread_cluster() as cluster, Client(cluster, set_as_default=False) as client:
-        qf.compute(*_ops(ds), client=client, progress=False)
-        held = held_weights(client)
-        (key,) = held.keys()
-        pin = held.pin(key)
-        assert pin is not None and pin.key == key
-        held.clear()  # another thread's eviction, say
-        assert held.keys() == [] and held.pin(key) is None
-        assert not _wait_until(lambda: not client.run_on_scheduler(_in_memory, key=key), 0.3)
-        pin.release()
-        assert _wait_until(lambda: not client.run_on_scheduler(_in_memory, key=key))
+    qf.compute(*_ops(ds), client=client, progress=False)
+    held = held_weights(client)
+    (key,) = held.keys()
+    pin = held.pin(key)
+    assert pin is not None and pin.key == key
+    held.clear()  # another thread's eviction, say
+    assert held.keys() == [] and held.pin(key) is None
+    assert not _wait_until(lambda: not client.run_on_scheduler(_in_memory, key=key), 0.3)
+    pin.release()
+    assert _wait_until(lambda: not client.run_on_scheduler(_in_memory, key=key))
 
 
 def test_a_lower_capacity_releases_what_is_held_at_the_next_pass(
-    tmp_path: Path, rng: np.random.Generator
+    tmp_path: Path, rng: np.random.Generator, client: Any
 ) -> None:
-    from distributed import Client
-
     ds = qf.open(_file(tmp_path, rng), chunk_rows=2)
-    with dask_thread_cluster() as cluster, Client(cluster, set_as_default=False) as client:
-        qf.compute(*_ops(ds), client=client, progress=False)
-        assert len(held_weights(client).keys()) == 1
-        with qf.config.set(held_weights_mib=0):
-            (bf, _) = qf.compute(*_ops(ds), client=client, progress=False)
-        assert bf.provenance.execution["weights_travel"] == "inside the pass spec"
-        assert held_weights(client).keys() == []
-        assert _wait_until(lambda: client.run_on_scheduler(_weights_tasks) == [])
+    qf.compute(*_ops(ds), client=client, progress=False)
+    assert len(held_weights(client).keys()) == 1
+    with qf.config.set(held_weights_mib=0):
+        (bf, _) = qf.compute(*_ops(ds), client=client, progress=False)
+    assert bf.provenance.execution["weights_travel"] == "inside the pass spec"
+    assert held_weights(client).keys() == []
+    assert _wait_until(lambda: client.run_on_scheduler(_weights_tasks) == [])
 
 
 def test_a_set_larger_than_the_capacity_is_sent_and_not_held(
