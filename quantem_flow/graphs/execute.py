@@ -147,7 +147,7 @@ def _outputs(
     runner: Runner,
     timings: dict[str, float],
     route: dict[str, Any] | None = None,
-    index: int = 0,
+    weights_travel: str = "inside the pass spec",
 ) -> PassOutputs:
     R, C = ds.scan_shape
     n_w = len(lowered.weight_keys)
@@ -194,9 +194,7 @@ def _outputs(
         "dataset_read_bytes": ds.read_nbytes,
         "read_once": bytes_read == ds.read_nbytes,
         "weights_in_pass": n_w,
-        "weights_travel": runner.weights_travel[index]
-        if index < len(runner.weights_travel)
-        else "inside the pass spec",
+        "weights_travel": weights_travel,
         "representation": ds.representation,
         "storage_schema": ds.storage_schema,
         "payload_bytes": payload_bytes,
@@ -356,7 +354,9 @@ def compute(
                 "pass_bytes_per_s": ds.read_nbytes / max(t_pass - t_lower, 1e-12),
             }
             route = runner.routes[i] if i < len(runner.routes) else None
-            outputs = _outputs(ds, lp, partial, choices[i], runner, timings, route, i)
+            outputs = _outputs(
+                ds, lp, partial, choices[i], runner, timings, route, runner.weights_travel[i]
+            )
             if lp.spec.gather is not None:
                 outputs.gathered = runner.gathered[i]
                 outputs.gather_indices = lp.spec.gather

@@ -57,11 +57,13 @@ def gathered_in_place(sinks: Mapping[str, np.ndarray]) -> Iterator[None]:
                 _IN_PLACE.pop(key, None)
 
 
-def in_place_sink(spec: Any, rows: tuple[int, int]) -> np.ndarray | None:
-    """The ``(n_pixels, n_frames)`` view of scan rows ``rows`` to gather into, or ``None``."""
-    name = str(getattr(spec, "pass_name", "") or "")
+def in_place_sink(pass_name: str, rows: tuple[int, int]) -> np.ndarray | None:
+    """The ``(n_pixels, n_frames)`` view of scan rows ``rows`` to gather into, or ``None``.
+
+    ``pass_name``: the spec's (:func:`gathered_in_place`).
+    """
     with _IN_PLACE_LOCK:
-        sink = _IN_PLACE.get(name) if name else None
+        sink = _IN_PLACE.get(pass_name) if pass_name else None
     if sink is None:
         return None
     into = sink[:, rows[0] : rows[1], :]

@@ -234,9 +234,12 @@ def lower_pass(
     n_tasks = len(spans) if spans is not None else len(groups) if groups else len(ds.chunks)
     layers: dict[str, Any] = {}
     dependencies: dict[str, set[str]] = {}
-    spec_arg, weights_key, weights_as_task, inline_spec = _spec_argument(
+    spec_arg, weights_key = _spec_argument(
         spec, spec_name, n_tasks, weights_task, layers, dependencies, announce
     )
+    inline_spec = spec_name not in layers
+    weights_deps = {weights_key} if weights_key is not None and weights_key in layers else set()
+    weights_as_task = bool(weights_deps)
     chunk_keys: list[Key] = []
     chunk_tasks: dict[Key, Task] = {}
     covers: dict[Key, tuple[int, ...]] = {}
@@ -307,7 +310,7 @@ def lower_pass(
     layers[pass_name] = MaterializedLayer(chunk_tasks, annotations=pass_annotations)
     dependencies[pass_name] = (
         ({spec_name} if not inline_spec else set())
-        | ({weights_key} if weights_as_task and weights_key is not None else set())
+        | weights_deps
         | ({f"qf-resident-{token}"} if local else set())
     )
 
@@ -385,11 +388,12 @@ def _spec_argument(
     layers: dict[str, Any],
     dependencies: dict[str, set[str]],
     announce: dict[str, Any],
-) -> tuple[Any, str | None, bool, bool]:
-    """How the chunk tasks get the spec: ``(argument, weights key, weights as a task, inline)``.
+) -> tuple[Any, str | None]:
+    """How the chunk tasks get the spec: ``(argument, the weights' key)``.
 
-    Adds the spec's and the weights' data tasks to ``layers`` where they are
-    used.  The weight rows are a data task of their own, keyed by their
+    Adds the spec's data task (``spec_name``) and the weights' (their key) to
+    ``layers`` where they are used: whether they are tells the caller which way
+    each went.  The weight rows are a data task of their own, keyed by their
     content (:mod:`.held_weights`), in a pass of several tasks (while
     ``held_weights_mib`` is above 0) and in a pass of one task whose weights the
     runner holds or sent lately (``weights_task``).  The rest of the spec
@@ -398,33 +402,27 @@ def _spec_argument(
     in-memory array) or pickles above :data:`INLINE_SPEC_BYTES` stays a data
     task, sent to each worker once.  A pass of one task whose weights are not
     held carries the whole spec in its task (docs/architecture-notes.md, "The
-    fixed cost of a pass through a cluster").
+    fixed cost of a pass through a cluster").  The key is ``None`` where
+    ``held_weights_mib`` is 0.
     """
     from .held_weights import held_weights_bytes, weights_task_key
 
-    holding = held_weights_bytes() > 0
-    key = weights_task_key(spec.weights) if holding else None
-    as_task = key is not None and (n_tasks > 1 or (weights_task is not None and weights_task(key)))
-    if not as_task:
-        if n_tasks == 1:
-            return spec, key, False, True
+    def spec_task(value: PassSpec) -> TaskRef:
         layers[spec_name] = MaterializedLayer(
-            {spec_name: DataNode(spec_name, spec)}, annotations=announce
+            {spec_name: DataNode(spec_name, value)}, annotations=announce
         )
         dependencies[spec_name] = set()
-        return TaskRef(spec_name), key, False, False
-    assert key is not None
+        return TaskRef(spec_name)
+
+    key = weights_task_key(spec.weights) if held_weights_bytes() > 0 else None
+    as_task = key is not None and (n_tasks > 1 or (weights_task is not None and weights_task(key)))
+    if key is None or not as_task:
+        return (spec if n_tasks == 1 else spec_task(spec)), key
     layers[key] = MaterializedLayer({key: DataNode(key, spec.weights)})
     dependencies[key] = set()
     slim = dataclasses.replace(spec, weights=spec.weights[:0])
-    inline = _travels_inline(slim)
-    if not inline:
-        layers[spec_name] = MaterializedLayer(
-            {spec_name: DataNode(spec_name, slim)}, annotations=announce
-        )
-        dependencies[spec_name] = set()
-    spec_value = slim if inline else TaskRef(spec_name)
-    return Task(None, with_weights, spec_value, TaskRef(key)), key, True, inline
+    spec_value = slim if _travels_inline(slim) else spec_task(slim)
+    return Task(None, with_weights, spec_value, TaskRef(key)), key
 
 
 def _travels_inline(slim: PassSpec) -> bool:

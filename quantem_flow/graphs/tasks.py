@@ -413,7 +413,7 @@ def _run_streamed(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial 
     """The chunk read and run piece by piece (:mod:`.streamed`), or why it was not."""
     ds = spec.dataset
     runtime = get_runtime(spec.runtime)
-    into = None if spec.gather is None else in_place_sink(spec, (r0, r1))
+    into = None if spec.gather is None else in_place_sink(spec.pass_name, (r0, r1))
     done = run_streamed_chunk(
         ds,
         runtime,
