@@ -74,6 +74,14 @@ def timeline(path: str, passes: int, *, show: bool) -> list[dict[str, Any]]:
         ]
         first, last = min(s for s, _ in spans), max(e for _, e in spans)
         busy = sum(e - s for s, e in spans)
+        # each task thread's last end: how far apart the threads finish
+        ends: dict[Any, float] = {}
+        for x in ts.data:
+            if "qf-pass" in str(x["key"]):
+                for s in x["startstops"]:
+                    if s["action"] == "compute":
+                        who = (x.get("worker"), x.get("thread"))
+                        ends[who] = max(ends.get(who, 0.0), s["stop"])
         out.append(
             {
                 "pass_ms": (t1 - t0) * 1e3,
@@ -81,6 +89,10 @@ def timeline(path: str, passes: int, *, show: bool) -> list[dict[str, Any]]:
                 "tasks_ms": (last - first) * 1e3,
                 "tail_ms": (t1 - last) * 1e3,
                 "busy_per_thread_ms": busy / threads * 1e3,
+                "idle_in_span_ms": (threads * (last - first) - busy) * 1e3,
+                "finish_gap_ms": (max(ends.values()) - min(ends.values())) * 1e3
+                if len(ends) == threads
+                else (last - first) * 1e3,
                 "tasks": len(spans),
             }
         )
@@ -145,7 +157,14 @@ def main() -> None:
     for label, passes in runs.items():
         summary[label] = {
             key: round(statistics.median(p[key] for p in passes), 2)
-            for key in ("head_ms", "tail_ms", "pass_ms", "tasks_ms")
+            for key in (
+                "head_ms",
+                "tail_ms",
+                "pass_ms",
+                "tasks_ms",
+                "idle_in_span_ms",
+                "finish_gap_ms",
+            )
         }
         summary[label]["head_plus_tail_ms"] = round(
             statistics.median(p["head_ms"] + p["tail_ms"] for p in passes), 2

@@ -31,6 +31,11 @@ name                          meaning                                    default
                               cluster, each running whole chunks in
                               turn (graphs/pass_groups.py)
 ``pass_task_mib``             most logical MiB one such task covers      1024
+``share_work``                the tasks of a pass in one process share   True
+                              their work: a thread whose chunks are
+                              done runs another task's queued chunks,
+                              then the tail of a chunk another thread
+                              streams (graphs/work_sharing.py)
 ``read_method``               how a streamed pass reads contiguous       auto
                               frames: ``auto`` (each worker measures a
                               map against ``pread`` on the file),
@@ -138,6 +143,9 @@ _DEFAULTS: dict[str, Any] = {
     # faster than in 16 (graphs/pass_groups.py); two per thread let Dask balance the tail
     "pass_tasks_per_thread": 2,
     "pass_task_mib": 1024.0,
+    # issue 24: the two threads of a 2 GiB pass finished 3-14 ms apart on a shared VM; a
+    # thread whose own chunks are done takes the rest of another's (graphs/work_sharing.py)
+    "share_work": True,
     # issue 23: a compute no worker can run fails instead of waiting forever; a worker being
     # restarted (the local cluster's supervisor, a Nanny) is back in a few seconds
     "no_worker_timeout_s": 60.0,

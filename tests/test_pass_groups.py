@@ -101,7 +101,11 @@ def _weights(ds: Any) -> dict[str, np.ndarray]:
 
 def test_a_lowered_pass_groups_its_chunks_and_says_so(rng: np.random.Generator) -> None:
     ds = qf.open(probe_data(rng, scan=(16, 5)), chunk_rows=2)  # 8 chunks
-    lowered = lower_pass(ds, _weights(ds), want_sum=True, want_max=False, runtime="cpu", threads=2)
+    # two worker processes: two tasks per thread for Dask to balance (one process shares work:
+    # tests/test_work_sharing.py)
+    lowered = lower_pass(
+        ds, _weights(ds), want_sum=True, want_max=False, runtime="cpu", threads=2, processes=2
+    )
     assert lowered.covers == [(0, 1), (2, 3), (4, 5), (6, 7)]
     assert [k[1] for k in lowered.chunk_keys] == [0, 2, 4, 6]
     assert lowered.tasks["n_tasks"] == 4 and lowered.tasks["chunks_per_task"] == [2]
@@ -116,7 +120,9 @@ def test_a_lowered_pass_groups_its_chunks_and_says_so(rng: np.random.Generator) 
     assert need["parts"]["partial"] == 2 * partial_bytes(ds, 2, n_weights=2, gather_pixels=0)
     assert need["total"]["host"] - one.pools["host"] == one.parts["partial"]
     # enough threads: one task per chunk, as before
-    wide = lower_pass(ds, _weights(ds), want_sum=True, want_max=False, runtime="cpu", threads=4)
+    wide = lower_pass(
+        ds, _weights(ds), want_sum=True, want_max=False, runtime="cpu", threads=4, processes=2
+    )
     assert wide.covers == [(i,) for i in range(8)]
     assert wide.tasks["chunks_per_task"] == [1]
 
@@ -200,9 +206,9 @@ def test_grouped_passes_give_the_same_values_and_records_in_process(
     rng: np.random.Generator, client: str
 ) -> None:
     ds = qf.open(probe_data(rng, scan=(12, 5)), chunk_rows=2)  # 6 chunks
-    with qf.config.set(pass_tasks_per_thread=1000):
+    with qf.config.set(pass_tasks_per_thread=1000, share_work=False):
         alone = qf.compute(*_pipeline(ds), client=client, progress=False)
-    with qf.config.set(pass_tasks_per_thread=1):
+    with qf.config.set(pass_tasks_per_thread=1, share_work=False):
         grouped = qf.compute(*_pipeline(ds), client=client, progress=False)
     _same(list(alone), list(grouped))
     a, g = alone[0].provenance.execution, grouped[0].provenance.execution
@@ -218,7 +224,11 @@ def test_grouped_passes_on_a_cluster_show_every_chunk_done(rng: np.random.Genera
 
     data = probe_data(rng, scan=(12, 5))
     ds = qf.open(data, chunk_rows=2)  # 6 chunks, one worker thread: 2 tasks of 3
-    with dask_thread_cluster() as cluster, Client(cluster, set_as_default=False) as client:
+    with (
+        dask_thread_cluster() as cluster,
+        Client(cluster, set_as_default=False) as client,
+        qf.config.set(share_work=False),  # two tasks per thread (sharing: test_work_sharing.py)
+    ):
         with qf.config.set(pass_tasks_per_thread=1000):
             alone = qf.compute(*_pipeline(ds), client=client, progress=False)
         grouped = qf.compute(*_pipeline(ds), client=client, progress=False)
@@ -252,7 +262,14 @@ def test_gathered_pixels_of_grouped_tasks_reach_the_client(rng: np.random.Genera
     with dask_thread_cluster() as cluster, Client(cluster, set_as_default=False) as client:
         runner = Runner(client)
         lowered = lower_pass(
-            ds, {}, want_sum=False, want_max=False, runtime="cpu", gather=gather, threads=1
+            ds,
+            {},
+            want_sum=False,
+            want_max=False,
+            runtime="cpu",
+            gather=gather,
+            threads=1,
+            processes=2,
         )
         assert lowered.covers == [(0, 1), (2, 3)]
         runner.run([lowered], progress=False)

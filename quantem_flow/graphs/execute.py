@@ -336,6 +336,7 @@ def compute(
                     gather=np.unique(np.concatenate(gathers)) if gathers else None,
                     radial=radial,
                     threads=runner.task_threads,
+                    processes=runner.task_processes,
                     weights_task=runner.weights_task,
                 ),
                 nodes,

@@ -57,6 +57,7 @@ from .tasks import (
     run_resident_kernels,
     with_weights,
 )
+from .work_sharing import why_not_shared
 
 __all__ = [
     "PATTERN_FAN_IN",
@@ -137,6 +138,7 @@ def lower_pass(
     radial: Mapping[str, tuple[float, float, float, float]] | None = None,
     threads: int | None = None,
     weights_task: Callable[[str], bool] | None = None,
+    processes: int = 1,
 ) -> LoweredPass:
     """Build the graph of one fused pass over ``ds``.
 
@@ -178,6 +180,12 @@ def lower_pass(
         them, or sent them lately); ``None``: such a pass carries them in its task.
         A pass of several tasks always does while ``held_weights_mib`` is above 0
         (:mod:`.held_weights`).
+    processes
+        Processes those threads are in (the cluster's workers; 1 in this
+        process).  Where it is one and every task of the pass can start at once
+        (one task per thread), the tasks share their work
+        (:mod:`.work_sharing`, the ``share_work`` setting) instead of running
+        ``pass_tasks_per_thread`` tasks per thread for Dask to balance.
 
     Returns
     -------
@@ -220,17 +228,20 @@ def lower_pass(
     groups = None if resident is None else resident_groups(ds, resident)
     gather_pixels = 0 if spec.gather is None else len(spec.gather)
     spans: list[tuple[int, int]] | None = None  # chunk runs of unpersisted data, one per task
+    sharing = _work_sharing(ds, want_sum=want_sum, resident=resident is not None)
     if resident is None and threads is None:
         spans = [(i, i + 1) for i in range(len(ds.chunks))]
+        sharing = "off: one task per chunk (no threads given to group them for)"
     elif resident is None and threads is not None:
-        spans = group_chunks(
-            [(r1 - r0) * _row_bytes(ds) for r0, r1 in ds.chunks],
-            [
-                partial_bytes(ds, r1 - r0, n_weights=len(keys), gather_pixels=gather_pixels)
-                for r0, r1 in ds.chunks
-            ],
-            threads=threads,
-        )
+        sizes = [(r1 - r0) * _row_bytes(ds) for r0, r1 in ds.chunks]
+        partials = [
+            partial_bytes(ds, r1 - r0, n_weights=len(keys), gather_pixels=gather_pixels)
+            for r0, r1 in ds.chunks
+        ]
+        spans, sharing = _shared_spans(sizes, partials, threads, processes, sharing)
+        if spans is None:
+            spans = group_chunks(sizes, partials, threads=threads)
+    spec = dataclasses.replace(spec, share_work=sharing.startswith("on"))
     n_tasks = len(spans) if spans is not None else len(groups) if groups else len(ds.chunks)
     layers: dict[str, Any] = {}
     dependencies: dict[str, set[str]] = {}
@@ -249,7 +260,7 @@ def lower_pass(
         key = (pass_name, i0)
         chunk_keys.append(key)
         covers[key] = tuple(range(i0, i1))
-        if i1 - i0 == 1:
+        if i1 - i0 == 1 and not spec.share_work:
             chunk_tasks[key] = Task(key, run_chunk_pass, spec_arg, i0, *ds.chunks[i0])
         else:
             run = tuple((i, *ds.chunks[i]) for i in range(i0, i1))
@@ -314,7 +325,13 @@ def lower_pass(
         | ({f"qf-resident-{token}"} if local else set())
     )
 
-    if spans is not None and threads is not None:
+    if spans is not None and threads is not None and spec.share_work:
+        rule = (
+            f"whole chunks in contiguous groups: one task per thread of {threads} in one "
+            f"process (they share their work), each at most pass_task_mib="
+            f"{config.get('pass_task_mib')} MiB (graphs/pass_groups.py)"
+        )
+    elif spans is not None and threads is not None:
         rule = (
             f"whole chunks in contiguous groups: at least pass_tasks_per_thread="
             f"{config.get('pass_tasks_per_thread')} tasks per thread of {threads}, each at most "
@@ -329,6 +346,7 @@ def lower_pass(
         "chunks_per_task": sorted({len(c) for c in covers.values()}),
         "threads": threads,
         "rule": rule,
+        "work_sharing": sharing,
     }
     if fan_in is None and not (want_sum or want_max):
         graph = HighLevelGraph(layers, dependencies)
@@ -373,6 +391,50 @@ def lower_pass(
         tasks=tasks_record,
         weights_key=weights_key,
         weights_task=weights_as_task,
+    )
+
+
+def _shared_spans(
+    sizes: list[int], partials: list[int], threads: int, processes: int, sharing: str
+) -> tuple[list[tuple[int, int]] | None, str]:
+    """One task per thread where the pass's tasks may share their work, or ``None`` and why not.
+
+    Sharing needs every task of the pass to start at once in one process: a
+    thread whose help finds nothing leaves, and a task that starts later would
+    then run alone while it idles.
+    """
+    if not sharing.startswith("on"):
+        return None, sharing
+    if threads < 2:
+        return None, "off: one thread runs the pass (nothing to share)"
+    if processes != 1:
+        return None, (
+            f"off: the pass runs in {processes} worker processes; Dask balances their "
+            f"pass_tasks_per_thread tasks per thread"
+        )
+    spans = group_chunks(sizes, partials, threads=threads, tasks_per_thread=1)
+    if len(spans) > threads:
+        return None, (
+            f"off: {len(spans)} tasks for {threads} threads (pass_task_mib, or the results a "
+            "task keeps): a task that starts later would run alone"
+        )
+    return spans, sharing
+
+
+def _work_sharing(ds: Dataset4D, *, want_sum: bool, resident: bool) -> str:
+    """Whether a pass's tasks share their work (``on: ...``) or why not (``off: ...``)."""
+    if resident:
+        why: str | None = "resident chunks are queried where they are held, one task per holder"
+    elif not bool(config.get("share_work")):
+        why = "the share_work setting is off"
+    else:
+        why = why_not_shared(ds.dtype, want_sum=want_sum, representation=ds.representation)
+    if why is not None:
+        return f"off: {why}"
+    return (
+        "on: a task whose own chunks are done runs chunks still queued for another task of "
+        "the pass in its process, then the later half of the scan rows another thread's "
+        "stream has not started (graphs/work_sharing.py)"
     )
 
 

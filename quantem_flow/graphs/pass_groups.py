@@ -29,7 +29,8 @@ from collections.abc import Sequence
 
 from .. import config
 from ..errors import ParameterError
-from .tasks import ChunkPartial, PassSpec, combine_partials, run_chunk_pass
+from .tasks import ChunkPartial, PassSpec, combine_partials, run_chunk_pass, run_taken_rows
+from .work_sharing import pass_work
 
 __all__ = ["GROUP_PARTIAL_BYTES", "group_chunks", "run_chunk_group"]
 
@@ -141,7 +142,38 @@ def run_chunk_group(spec: PassSpec, chunks: tuple[tuple[int, int, int], ...]) ->
     """
     if not chunks:
         raise ParameterError("run_chunk_group needs at least one (index, r0, r1) chunk, got none")
-    parts = [run_chunk_pass(spec, i, r0, r1) for i, r0, r1 in chunks]
+    if spec.share_work and spec.pass_name:
+        parts = _shared_group(spec, chunks)
+    else:
+        parts = [run_chunk_pass(spec, i, r0, r1) for i, r0, r1 in chunks]
     merged = combine_partials(*parts)
     merged.gathered = [g for p in parts for g in p.gathered]
     return merged
+
+
+def _shared_group(spec: PassSpec, chunks: tuple[tuple[int, int, int], ...]) -> list[ChunkPartial]:
+    """The group's chunks, then help: other tasks' queued chunks, then their streams' tails.
+
+    Chunks taken from another task's queue come back in this task's partial
+    (the client places each chunk by its record); rows taken from a stream go
+    back to the stream's owner (:mod:`.work_sharing`).
+    """
+    parts: list[ChunkPartial] = []
+    with pass_work(spec.pass_name) as work:
+        for i, r0, r1 in work.queue(chunks):
+            parts.append(run_chunk_pass(spec, i, r0, r1, work=work))
+        while True:
+            queued = work.take_chunk()
+            if queued is not None:
+                taken = run_chunk_pass(spec, *queued, work=work)
+                for record in taken.records:
+                    record["taken_from_queue"] = (
+                        "run by a task of this pass whose own chunks were done "
+                        "(graphs/work_sharing.py)"
+                    )
+                parts.append(taken)
+                continue
+            tail = work.take_rows()
+            if tail is None:
+                return parts
+            run_taken_rows(spec, work, tail)

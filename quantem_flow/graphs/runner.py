@@ -264,6 +264,23 @@ class Runner:
                 total = 0
         return max(1, int(total))
 
+    @property
+    def task_processes(self) -> int:
+        """Processes those threads are in: the cluster's workers, or 1 here; at least 1.
+
+        As kept by the client's periodic scheduler update, like :attr:`task_threads`.
+        """
+        if self.client is None:
+            return 1
+        kept = getattr(self.client, "_scheduler_identity", None) or {}
+        n = kept.get("n_workers") if isinstance(kept, dict) else None
+        if not isinstance(n, int) or n < 1:
+            try:
+                n = len(self.client.scheduler_info().get("workers", {}))
+            except Exception:  # a closed or odd client: counted as several (no sharing)
+                n = 2
+        return max(1, int(n))
+
     def weights_task(self, key: str) -> bool:
         """Whether a pass of one task should take its weights from their data task ``key``.
 

@@ -37,6 +37,7 @@ import dataclasses
 import math
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,7 @@ from ..io.read_method import choose_read_method
 from ..runtimes.base import CompileTime, FramePassResult, Runtime, is_gather_only
 from ..runtimes.staging import staged
 from .digest import DenseRowDigests, Units, hashes_stored, stored_row_units
+from .work_sharing import PassWork, SharedRows
 
 __all__ = [
     "StreamedChunk",
@@ -174,6 +176,8 @@ def run_streamed_chunk(
     gather_into: np.ndarray | None = None,
     digest_in_kernel: bool = True,
     map_piece_bytes: int = 0,
+    work: PassWork | None = None,
+    part: SharedRows | None = None,
 ) -> StreamedChunk | str:
     """Read scan rows ``rows`` of ``ds`` piece by piece and run ``runtime``'s stream on them.
 
@@ -193,13 +197,19 @@ def run_streamed_chunk(
     Where they do and the pieces are read through a map, each piece is swept
     once and need not fit a cache: pieces of ``map_piece_bytes`` (when larger).
 
+    ``work`` (the pass's shared work in this process, :mod:`.work_sharing`):
+    other threads may take the scan rows this stream has not started; it then
+    stops where they begin, waits for their results and joins them to its own.
+    ``part``: these rows were taken from another thread's stream (they are
+    streamed whatever their size; others may take from them in turn).
+
     Returns
     -------
     StreamedChunk or str
         The pass, or why it was not streamed (the caller loads the chunk
         whole then; nothing was read).
     """
-    why = why_not_streamed(ds, rows, piece_bytes)
+    why = why_not_streamed(ds, rows, piece_bytes if part is None else 1)
     if why is not None:
         return why
     for operation in ("frame_pass",) + (("gather",) if gather is not None else ()):
@@ -268,6 +278,13 @@ def run_streamed_chunk(
             "swept once (the kernel hashes each group of frames in cache), so the piece need "
             "not fit a cache; a larger piece spreads its fixed cost over more bytes"
         )
+    shared = part
+    if shared is None and work is not None:
+        shared = work.running(
+            rows[0], rows[1], row_bytes=n_cols * frame_nbytes, piece_bytes=largest * frame_nbytes
+        )
+    if shared is not None:
+        shared.open(splittable=stream.can_stop_early)
     with (
         (
             contextlib.nullcontext(None)
@@ -278,8 +295,14 @@ def run_streamed_chunk(
             runtime,
             gather_only=is_gather_only(gather, weights, want_sum=want_sum, want_max=want_max),
         ) as compiled,
+        _closing(shared),
     ):
         for prows, pcols in pieces:
+            if shared is not None:
+                end = shared.begin(prows)
+                if end is None:
+                    break  # the rest was taken by other threads
+                prows = (prows[0], end)
             shape = ds.raw_block_shape(prows, pcols)
             t0 = time.perf_counter()
             if mapped is not None:
@@ -302,8 +325,11 @@ def run_streamed_chunk(
             read_s += t1 - t0
             hash_s += t2 - t1
             kernel_s += time.perf_counter() - t2
+        ran = rows if shared is None else (rows[0], shared.stop)
+        if ran[1] < rows[1]:
+            stream.stop_early((ran[1] - ran[0]) * n_cols)
         result, gathered = stream.finish()
-    units = digests.units if in_kernel is None else _row_units(stream.row_digests(), rows)
+    units = digests.units if in_kernel is None else _row_units(stream.row_digests(), ran)
     made = {
         "made": "dense read, streamed",
         "payload_bytes": int(n_frames * int(np.prod(ds.shape[2:])) * ds.dtype.itemsize),
@@ -333,7 +359,7 @@ def run_streamed_chunk(
             ),
         },
     }
-    return StreamedChunk(
+    done = StreamedChunk(
         result=result,
         gathered=gathered,
         units=units,
@@ -344,6 +370,68 @@ def run_streamed_chunk(
         compilations=compiled.compilations,
         made=made,
     )
+    if shared is None or not shared.parts:
+        return done
+    # a later take ends where an earlier one began: the parts joined in row order
+    return _joined(done, [(p, p.wait()) for p in sorted(shared.parts, key=lambda p: p.start)])
+
+
+@contextlib.contextmanager
+def _closing(shared: SharedRows | None) -> Iterator[None]:
+    """Close ``shared`` when its owner's pieces end, however they end."""
+    try:
+        yield
+    finally:
+        if shared is not None:
+            shared.close()
+
+
+def _joined(own: StreamedChunk, taken: list[tuple[SharedRows, StreamedChunk]]) -> StreamedChunk:
+    """A chunk's own rows and the rows other threads took from it, as one streamed chunk."""
+    parts = [own, *(done for _, done in taken)]
+    first = own.result
+    total, peak = first.pattern_sum, first.pattern_max
+    for p in parts[1:]:
+        if total is not None and p.result.pattern_sum is not None:
+            total = total + p.result.pattern_sum  # integer sums only (why_not_shared): exact
+        if peak is not None and p.result.pattern_max is not None:
+            peak = np.maximum(peak, p.result.pattern_max)
+    gathered = (
+        None
+        if own.gathered is None
+        else np.concatenate([p.gathered for p in parts if p.gathered is not None], axis=0)
+    )
+    streamed = dict(own.made.get("streamed", {}))
+    streamed["shared"] = [_shared_record(part, done) for part, done in taken]
+    return StreamedChunk(
+        result=FramePassResult(
+            np.concatenate([p.result.per_frame for p in parts], axis=0), total, peak, first.variant
+        ),
+        gathered=gathered,
+        units=[u for p in parts for u in p.units],
+        read_s=sum(p.read_s for p in parts),
+        hash_s=sum(p.hash_s for p in parts),
+        kernel_s=sum(p.kernel_s for p in parts),
+        compile_s=sum(p.compile_s for p in parts),
+        compilations=sum(p.compilations for p in parts),
+        made={**own.made, "streamed": streamed},
+    )
+
+
+def _shared_record(part: SharedRows, done: StreamedChunk) -> dict[str, Any]:
+    """What the chunk's record says of rows another thread ran (its own takers nested)."""
+    inner = done.made.get("streamed", {})
+    return {
+        "rows": [done.units[0][0], done.units[-1][1]] if done.units else [part.start, part.start],
+        "thread": part.ran_by,
+        "pieces": inner.get("pieces"),
+        "read_s": done.read_s,
+        "hash_s": done.hash_s,
+        "kernel_s": done.kernel_s,
+        "why": "taken by a thread of this process whose own chunks were done "
+        "(graphs/work_sharing.py)",
+        **({"shared": inner["shared"]} if "shared" in inner else {}),
+    }
 
 
 def _row_units(digests: list[str], rows: tuple[int, int]) -> Units:

@@ -31,7 +31,8 @@ from .complement_query import Complement, plan_complement
 from .digest import Units, chunk_digest, hashes_stored, payload_digests, stored_row_units
 from .gathered import in_place_sink
 from .radial_query import plan_radial
-from .streamed import compile_timer_for, run_streamed_chunk
+from .streamed import StreamedChunk, compile_timer_for, run_streamed_chunk
+from .work_sharing import PassWork, SharedRows
 
 __all__ = [
     "ChunkPartial",
@@ -41,6 +42,7 @@ __all__ = [
     "resident_digest",
     "run_chunk_pass",
     "run_resident_kernels",
+    "run_taken_rows",
     "running_on",
     "with_weights",
 ]
@@ -90,7 +92,11 @@ class PassSpec:
         docs/digest-in-kernel.md.
     pass_name
         The pass's name (``qf-pass-<token>``): names its gathered-pixel array in a
-        process that runs its tasks itself (:mod:`.gathered`).
+        process that runs its tasks itself (:mod:`.gathered`), and its shared work.
+    share_work
+        Whether the pass's tasks in one process share their chunks and stream
+        tails (``share_work`` on the client, where the results cannot depend on
+        the split): :mod:`.work_sharing`.
     """
 
     dataset: Dataset4D
@@ -107,6 +113,7 @@ class PassSpec:
     radial_queries: bool = True
     digest_in_kernel: bool = True
     pass_name: str = ""
+    share_work: bool = False
 
 
 def with_weights(spec: PassSpec, weights: np.ndarray) -> PassSpec:
@@ -395,12 +402,18 @@ def _host_chunk(ds: Dataset4D, r0: int, r1: int, payload: Any) -> Chunk:
     )
 
 
-def run_chunk_pass(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial:
-    """Load one chunk, put it in the runtime, run the fused pass, release it; return the partial."""
+def run_chunk_pass(
+    spec: PassSpec, index: int, r0: int, r1: int, *, work: PassWork | None = None
+) -> ChunkPartial:
+    """Load one chunk, put it in the runtime, run the fused pass, release it; return the partial.
+
+    ``work``: the pass's shared work in this process (:mod:`.work_sharing`): other
+    threads may take the tail of the chunk's scan rows while it streams.
+    """
     ds = spec.dataset
     if ds.representation != "dense":
         return _run_chunk_pass(spec, index, r0, r1, None)
-    streamed = _run_streamed(spec, index, r0, r1)
+    streamed = _run_streamed(spec, index, r0, r1, work)
     if not isinstance(streamed, str):
         return streamed
     made = {"streamed": {"used": False, "why": streamed}}
@@ -409,15 +422,18 @@ def run_chunk_pass(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial
         return _run_chunk_pass(spec, index, r0, r1, buffer, made)
 
 
-def _run_streamed(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial | str:
-    """The chunk read and run piece by piece (:mod:`.streamed`), or why it was not."""
-    ds = spec.dataset
-    runtime = get_runtime(spec.runtime)
-    into = None if spec.gather is None else in_place_sink(spec.pass_name, (r0, r1))
-    done = run_streamed_chunk(
-        ds,
-        runtime,
-        (r0, r1),
+def _streamed_rows(
+    spec: PassSpec,
+    rows: tuple[int, int],
+    work: PassWork | None = None,
+    part: SharedRows | None = None,
+) -> StreamedChunk | str:
+    """Scan rows ``rows`` read and run piece by piece (:mod:`.streamed`), or why they were not."""
+    into = None if spec.gather is None else in_place_sink(spec.pass_name, rows)
+    return run_streamed_chunk(
+        spec.dataset,
+        get_runtime(spec.runtime),
+        rows,
         spec.weights,
         want_sum=spec.want_sum,
         want_max=spec.want_max,
@@ -427,7 +443,40 @@ def _run_streamed(spec: PassSpec, index: int, r0: int, r1: int) -> ChunkPartial 
         read_method=spec.read_method,
         gather_into=into,
         digest_in_kernel=spec.digest_in_kernel,
+        work=work,
+        part=part,
     )
+
+
+def run_taken_rows(spec: PassSpec, work: PassWork, part: SharedRows) -> None:
+    """Run scan rows taken from another thread's stream and hand them back (work sharing).
+
+    The owner waits for them: whatever happens, ``part`` is delivered or failed
+    (the owner raises the error as its own).
+    """
+    try:
+        done = _streamed_rows(spec, (part.start, part.stop), work, part)
+        if isinstance(done, str):
+            raise RuntimeError(
+                f"scan rows {part.start}:{part.stop} taken from a streamed chunk could not be "
+                f"streamed: {done}"
+            )
+        part.deliver(done)
+    except BaseException as exc:
+        part.fail(exc)
+        if not isinstance(exc, Exception):
+            raise
+    finally:
+        part.close()
+
+
+def _run_streamed(
+    spec: PassSpec, index: int, r0: int, r1: int, work: PassWork | None = None
+) -> ChunkPartial | str:
+    """The chunk read and run piece by piece (:mod:`.streamed`), or why it was not."""
+    ds = spec.dataset
+    runtime = get_runtime(spec.runtime)
+    done = _streamed_rows(spec, (r0, r1), work)
     if isinstance(done, str):
         return done
     if spec.gather is not None:

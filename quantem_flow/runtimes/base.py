@@ -294,6 +294,23 @@ class FramePassStream(abc.ABC):
         """The digests of the scan rows finished so far, in order (after :meth:`hash_rows`)."""
         raise NotImplementedError(f"{type(self).__name__} does not hash rows (hash_rows)")
 
+    @property
+    def can_stop_early(self) -> bool:
+        """Whether :meth:`stop_early` may end this stream before every frame it was made for."""
+        return False
+
+    def stop_early(self, n_frames: int) -> None:
+        """End the stream after its first ``n_frames`` frames; another stream runs the rest.
+
+        The tasks of a pass share their work (``graphs/work_sharing.py``): a
+        thread with nothing left takes the later scan rows of a chunk another
+        thread is streaming, and the owner's stream then ends where they
+        begin.  :meth:`finish` then gives the pass over those ``n_frames``
+        (frames fed so far <= ``n_frames`` <= the frames it was made for).
+        Only where :attr:`can_stop_early`; the default cannot.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot stop early (can_stop_early)")
+
     @abc.abstractmethod
     def finish(self) -> tuple[FramePassResult, np.ndarray | None]:
         """The pass over every frame fed, and the gathered values ``(n, n_pixels)`` or ``None``."""

@@ -872,7 +872,9 @@ def check_frame_pass_stream(
     equal the CPU reference on the whole block under the runtime's
     tolerances and the gathered pixels must be exact.  A gather-only stream
     runs no frame pass.  Feeding more frames than declared, or finishing
-    early, raises ``ValueError``.
+    early, raises ``ValueError``.  A stream that can stop early
+    (:attr:`~quantem_flow.runtimes.base.FramePassStream.can_stop_early`) gives
+    the pass over the frames it kept.
 
     Returns
     -------
@@ -935,7 +937,57 @@ def check_frame_pass_stream(
     assert result.pattern_sum is None and result.pattern_max is None
     assert values is not None
     np.testing.assert_array_equal(values, frames[:, idx], err_msg=f"{label} gather only")
+    _check_stream_stops_early(runtime, frames, weights, idx, detector, label)
     return True
+
+
+def _check_stream_stops_early(
+    runtime: Any,
+    frames: np.ndarray,
+    weights: np.ndarray,
+    idx: np.ndarray,
+    detector: tuple[int, int],
+    label: str,
+) -> None:
+    """A stream that says it can stop early gives the pass over the frames it kept.
+
+    Fed 10 of 37 frames, it refuses to stop before them (``ValueError``); told to
+    stop after 23 and fed up to there, it equals the reference on those 23
+    frames, gather included (work sharing: graphs/work_sharing.py).
+    """
+    n = frames.shape[0]
+    stream = runtime.frame_pass_stream(
+        weights,
+        n_frames=n,
+        frame_shape=detector,
+        dtype=frames.dtype,
+        want_sum=True,
+        want_max=True,
+        gather=idx,
+    )
+    assert stream is not None, f"{label}: a stream offered once must be offered again"
+    if not stream.can_stop_early:
+        return
+    stream.feed(frames[:10])
+    with _raises(ValueError, f"{label}: stopping after 5 frames when 10 were fed"):
+        stream.stop_early(5)
+    stream.stop_early(23)
+    stream.feed(frames[10:23])
+    got, gathered = stream.finish()
+    kept = frames[:23]
+    ref = _reference().frame_pass(kept, weights, want_sum=True, want_max=True)
+    check_frame_pass(
+        got,
+        ref,
+        kept,
+        weights,
+        want_sum=True,
+        want_max=True,
+        what=f"{label} stopped early",
+        precision=runtime.precision(),
+    )
+    assert gathered is not None, f"{label}: stopped early, the gather was lost"
+    np.testing.assert_array_equal(gathered, kept[:, idx], err_msg=f"{label} stopped early")
 
 
 def check_stream_row_digests(

@@ -318,6 +318,16 @@ class PreparedFramePass:
             self.variant["stored"] = f"decoded, then the kernels below ({why})"
         return found, why
 
+    def stop_early(self, n_frames: int) -> None:
+        """Prepared for ``n_frames`` frames from now on (at least those run so far)."""
+        n = int(n_frames)
+        if not self._pos <= n <= self._out.shape[0]:
+            raise ValueError(
+                f"the pass was prepared for {self._out.shape[0]} frames and ran {self._pos}: "
+                f"it cannot stop after {n}"
+            )
+        self._out = self._out[:n]
+
     def result(
         self,
     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, dict[str, Any]]:

@@ -142,6 +142,24 @@ class CpuFramePassStream(FramePassStream):
         self._pass.run_stored(stored)
         self._pos += n
 
+    @property
+    def can_stop_early(self) -> bool:
+        """Yes: the prepared pass's outputs and the gather are cut to the frames it keeps."""
+        return True
+
+    def stop_early(self, n_frames: int) -> None:
+        """End after the first ``n_frames`` frames (another stream runs the rest)."""
+        n = int(n_frames)
+        if not self._pos <= n <= self._n:
+            raise ValueError(
+                f"a stream of {self._n} frames, {self._pos} fed, cannot stop after {n} frames"
+            )
+        self._n = n
+        if self._pass is not None:
+            self._pass.stop_early(n)
+        if self._gathered is not None and not self._in_place:
+            self._gathered = self._gathered[:, :n]
+
     def finish(self) -> tuple[FramePassResult, np.ndarray | None]:
         """The pass over every frame, and the gathered values."""
         if self._pos != self._n:
