@@ -265,6 +265,22 @@ _cache: dict[tuple[int, str, DotISA], tuple[WeightPlan, DotPass | None, str]] = 
 _cache_lock = threading.Lock()
 
 
+def holds_pass(
+    plan: WeightPlan, dtype: np.dtype[Any], *, want_patterns: bool, dot: DotPass | None
+) -> bool:
+    """Whether :func:`dot_pass_for` would still give ``dot`` (``None``: no dot pass).
+
+    A plan it refuses outright (general rows, patterns asked for, the setting
+    off) is refused again; otherwise its cache must still hold ``dot`` itself.
+    """
+    dt = np.dtype(dtype)
+    if _why_not(plan, dt, want_patterns=want_patterns) is not None:
+        return dot is None
+    with _cache_lock:
+        found = [d for key, (p, d, _) in _cache.items() if p is plan and key[1] == dt.str]
+    return bool(found) and found[0] is dot
+
+
 def _why_not(plan: WeightPlan, dt: np.dtype[Any], *, want_patterns: bool) -> str | None:
     """Why the dot kernel cannot run ``plan`` on ``dt`` frames, or ``None`` if it can."""
     if not config.get("integer_dot_kernel"):

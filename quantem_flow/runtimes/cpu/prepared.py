@@ -21,6 +21,9 @@ float64 sums in frame order, maxima are exact.
 
 from __future__ import annotations
 
+import dataclasses
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -33,6 +36,118 @@ from .kernels import _fused, skip_zero_weights, sum_dtype
 from .row_hash import RowHasher
 
 __all__ = ["PreparedFramePass"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _WeightState:
+    """What a pass makes of its weight rows, shared by every pass of the same rows."""
+
+    padded: np.ndarray
+    plan: Any
+    variant: dict[str, Any]
+    dot: Any
+    #: the structure analysis it was made from (None: none was made)
+    analysed: Any = None
+
+
+#: The last few weight states, keyed by the rows' XXH3-128 and how they are run: a streamed
+#: pass prepares one pass per chunk with the same rows (0.7 ms each, cache-cold, before).
+_STATES: OrderedDict[tuple[Any, ...], _WeightState] = OrderedDict()
+_STATES_LOCK = threading.Lock()
+_STATES_KEPT = 16
+
+
+def _weight_state(
+    w: np.ndarray,
+    dtype: np.dtype[Any],
+    want_sum: bool,
+    want_max: bool,
+    frame_shape: tuple[int, int] | None,
+    structured: bool | None,
+) -> _WeightState:
+    """The padded rows, the structure plan, the variant and the dot pass of ``w`` (cached).
+
+    Keyed by the rows' content (XXH3-128, one sweep) and every input of the choice,
+    the ``integer_dot_kernel`` setting included; nothing in a state is written after.
+    A state whose structure analysis left :func:`~.structure.analyse_weights`'s own
+    cache (evicted, or cleared where its tunables changed) is made again.
+    """
+    import xxhash
+
+    from ... import config
+
+    key = (
+        xxhash.xxh3_128_digest(w.reshape(-1).view(np.uint8).data),  # C-contiguous float64
+        w.shape,
+        dtype.str,
+        want_sum,
+        want_max,
+        None if frame_shape is None else tuple(frame_shape),
+        structured,
+        bool(config.get("integer_dot_kernel")),
+    )
+    with _STATES_LOCK:
+        hit = _STATES.get(key)
+        if hit is not None and _still_current(hit, dtype, want_patterns=want_sum or want_max):
+            _STATES.move_to_end(key)
+            return hit
+    state = _make_weight_state(w, dtype, want_sum, want_max, frame_shape, structured)
+    with _STATES_LOCK:
+        _STATES[key] = state
+        while len(_STATES) > _STATES_KEPT:
+            _STATES.popitem(last=False)
+    return state
+
+
+def _still_current(state: _WeightState, dtype: np.dtype[Any], *, want_patterns: bool) -> bool:
+    """Whether the analysis and the dot pass a state was made from are still the ones cached.
+
+    Their own caches are cleared where their tunables change (tests do): the state is
+    then made again, as a pass would have made it.
+    """
+    from . import structure
+
+    if state.analysed is not None and not structure.holds_plan(state.analysed):
+        return False
+    if state.plan is not None:
+        from .dot_pass import holds_pass
+
+        return holds_pass(state.plan, dtype, want_patterns=want_patterns, dot=state.dot)
+    return True
+
+
+def _make_weight_state(
+    w: np.ndarray,
+    dtype: np.dtype[Any],
+    want_sum: bool,
+    want_max: bool,
+    frame_shape: tuple[int, int] | None,
+    structured: bool | None,
+) -> _WeightState:
+    from .structure import analyse_weights
+
+    m, k = w.shape
+    # the fused kernel and the non-finite repair read weight rows in pairs
+    padded = np.concatenate([w, np.zeros((1, k))]) if m % 2 else w.copy()
+    plan: Any = None
+    found: Any = None
+    variant: dict[str, Any] = {"variant": "fused", "summary": f"fused: {m} general rows"}
+    if structured is False or m == 0:
+        variant["why"] = "asked for" if m else "no weight rows"
+    else:
+        found = analyse_weights(w, frame_shape=frame_shape, force=bool(structured))
+        variant = found.describe(dtype)
+        if variant["variant"] == "structured":
+            plan = found
+    dot: Any = None
+    if plan is not None:
+        from .dot_pass import dot_pass_for
+
+        dot, why = dot_pass_for(plan, dtype, want_patterns=want_sum or want_max)
+        variant["kernel"] = why if dot is not None else f"cell kernels ({why})"
+        if dot is not None:
+            variant["summary"] += f"; integer dot products ({dot.isa.instruction})"
+    return _WeightState(padded=padded, plan=plan, variant=variant, dot=dot, analysed=found)
 
 
 class PreparedFramePass:
@@ -73,8 +188,6 @@ class PreparedFramePass:
         structured: bool | None = None,
         background_jit: bool = False,
     ) -> None:
-        from .structure import analyse_weights
-
         self._max_dtype = np.dtype(dtype)
         self._dtype = np.dtype(np.float32) if self._max_dtype == np.float16 else self._max_dtype
         w = np.ascontiguousarray(weights, dtype=np.float64)
@@ -90,28 +203,13 @@ class PreparedFramePass:
                 self._max = np.full(k, np.iinfo(self._dtype.type).min, dtype=self._dtype)
         else:
             self._max = np.zeros(1, dtype=self._dtype)
-        # the fused kernel and the non-finite repair read weight rows in pairs
-        self._padded = np.concatenate([w, np.zeros((1, k))]) if m % 2 else w
-        self._plan: Any = None
-        self.variant: dict[str, Any] = {"variant": "fused", "summary": f"fused: {m} general rows"}
-        if structured is False or m == 0:
-            self.variant["why"] = "asked for" if m else "no weight rows"
-        else:
-            plan = analyse_weights(w, frame_shape=frame_shape, force=bool(structured))
-            self.variant = plan.describe(self._dtype)
-            if self.variant["variant"] == "structured":
-                self._plan = plan
-        self._dot: Any = None
-        if self._plan is not None:
-            from .dot_pass import dot_pass_for
-
-            dot, why = dot_pass_for(
-                self._plan, self._dtype, want_patterns=self._want_sum or self._want_max
-            )
-            self.variant["kernel"] = why if dot is not None else f"cell kernels ({why})"
-            if dot is not None:
-                self._dot = dot
-                self.variant["summary"] += f"; integer dot products ({dot.isa.instruction})"
+        state = _weight_state(
+            w, self._dtype, self._want_sum, self._want_max, frame_shape, structured
+        )
+        self._padded = state.padded
+        self._plan: Any = state.plan
+        self.variant: dict[str, Any] = dict(state.variant)  # first uses add to it: this pass's
+        self._dot: Any = state.dot
         width = self._padded.shape[0]
         if self._plan is not None:  # moment rows' sums go after the rows (finish_moment_rows)
             width = max(width, self._plan.n_out)

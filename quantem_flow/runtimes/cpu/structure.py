@@ -617,6 +617,12 @@ _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 16
 
 
+def holds_plan(plan: WeightPlan) -> bool:
+    """Whether :func:`analyse_weights`'s cache still holds ``plan`` (the object itself)."""
+    with _CACHE_LOCK:
+        return any(found is plan for _, found in _CACHE.values())
+
+
 def analyse_weights(
     weights: np.ndarray,
     *,
