@@ -23,6 +23,7 @@ from quantem_flow.graphs.work_sharing import (
 )
 from quantem_flow.runtimes.cpu.stream import CpuFramePassStream
 from tests.conftest import dask_thread_cluster, probe_data
+from tests.test_pass_groups import _pipeline as grouped_pipeline
 
 ROW = 1000  # bytes of a scan row in the bookkeeping tests
 
@@ -312,13 +313,8 @@ def test_the_owner_raises_the_error_of_rows_another_thread_ran(
 
 
 def _pipeline(ds: Any) -> list[Any]:
-    return [
-        qf.virtual_bf(ds, radius=3, center=(8, 13)),
-        qf.virtual_adf(ds, inner=5, center=(8, 13)),
-        qf.center_of_mass(ds),
-        qf.mean_diffraction(ds),
-        qf.max_diffraction(ds),
-    ]
+    """The grouped passes' pipeline (BF, ADF, CoM, the mean pattern) and the maximum pattern."""
+    return [*grouped_pipeline(ds), qf.max_diffraction(ds)]
 
 
 def test_shared_passes_give_the_same_values_and_digests_as_unshared_ones(

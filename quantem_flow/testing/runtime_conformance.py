@@ -889,15 +889,7 @@ def check_frame_pass_stream(
     weights = np.concatenate([_mask_and_moment_rows(detector), rng.standard_normal((1, k))])
     idx = np.unique(np.concatenate([[0, k - 1], rng.integers(0, k, 11)]))
     label = f"{runtime.name} frame_pass_stream {dtype}"
-    stream = runtime.frame_pass_stream(
-        weights,
-        n_frames=n,
-        frame_shape=detector,
-        dtype=frames.dtype,
-        want_sum=True,
-        want_max=True,
-        gather=idx,
-    )
+    stream = _full_stream(runtime, weights, frames, idx, detector)
     if stream is None:
         return False
     for a, b in ((0, 1), (1, 6), (6, 10), (10, 23), (23, n)):
@@ -941,6 +933,25 @@ def check_frame_pass_stream(
     return True
 
 
+def _full_stream(
+    runtime: Any,
+    weights: np.ndarray,
+    frames: np.ndarray,
+    idx: np.ndarray,
+    detector: tuple[int, int],
+) -> Any:
+    """The runtime's stream over every frame of ``frames``, with both patterns and a gather."""
+    return runtime.frame_pass_stream(
+        weights,
+        n_frames=frames.shape[0],
+        frame_shape=detector,
+        dtype=frames.dtype,
+        want_sum=True,
+        want_max=True,
+        gather=idx,
+    )
+
+
 def _check_stream_stops_early(
     runtime: Any,
     frames: np.ndarray,
@@ -955,16 +966,7 @@ def _check_stream_stops_early(
     stop after 23 and fed up to there, it equals the reference on those 23
     frames, gather included (work sharing: graphs/work_sharing.py).
     """
-    n = frames.shape[0]
-    stream = runtime.frame_pass_stream(
-        weights,
-        n_frames=n,
-        frame_shape=detector,
-        dtype=frames.dtype,
-        want_sum=True,
-        want_max=True,
-        gather=idx,
-    )
+    stream = _full_stream(runtime, weights, frames, idx, detector)
     assert stream is not None, f"{label}: a stream offered once must be offered again"
     if not stream.can_stop_early:
         return

@@ -91,7 +91,9 @@ def _weight_state(
         if hit is not None and _still_current(hit, dtype, want_patterns=want_sum or want_max):
             _STATES.move_to_end(key)
             return hit
-    state = _make_weight_state(w, dtype, want_sum, want_max, frame_shape, structured)
+    state = _make_weight_state(
+        w, dtype, want_patterns=want_sum or want_max, frame_shape=frame_shape, structured=structured
+    )
     with _STATES_LOCK:
         _STATES[key] = state
         while len(_STATES) > _STATES_KEPT:
@@ -119,8 +121,8 @@ def _still_current(state: _WeightState, dtype: np.dtype[Any], *, want_patterns: 
 def _make_weight_state(
     w: np.ndarray,
     dtype: np.dtype[Any],
-    want_sum: bool,
-    want_max: bool,
+    *,
+    want_patterns: bool,
     frame_shape: tuple[int, int] | None,
     structured: bool | None,
 ) -> _WeightState:
@@ -143,7 +145,7 @@ def _make_weight_state(
     if plan is not None:
         from .dot_pass import dot_pass_for
 
-        dot, why = dot_pass_for(plan, dtype, want_patterns=want_sum or want_max)
+        dot, why = dot_pass_for(plan, dtype, want_patterns=want_patterns)
         variant["kernel"] = why if dot is not None else f"cell kernels ({why})"
         if dot is not None:
             variant["summary"] += f"; integer dot products ({dot.isa.instruction})"
