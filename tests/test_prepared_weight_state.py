@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from quantem_flow import config
 from quantem_flow.runtimes.cpu import structure
@@ -54,3 +55,19 @@ def test_other_rows_or_another_choice_make_their_own() -> None:
     again = _prepared(w)
     assert again._plan is not base._plan
     np.testing.assert_array_equal(again._padded, base._padded)
+
+
+def test_a_cpu_without_the_dot_kernel_keeps_its_weight_states(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from quantem_flow.runtimes.cpu import dot_pass, prepared
+
+    monkeypatch.setattr(dot_pass, "host_isa", lambda: None)  # no AVX2: nothing cached there
+    with prepared._STATES_LOCK:
+        prepared._STATES.clear()
+    w = _rows((32, 32))
+    first, second = _prepared(w), _prepared(w.copy())
+    assert first._dot is None and "no AVX2" in first.variant["kernel"]
+    assert second._padded is first._padded and second._plan is first._plan
+    with prepared._STATES_LOCK:
+        prepared._STATES.clear()

@@ -81,13 +81,23 @@ def test_helpers_take_queued_chunks_from_the_back_of_the_fullest_queue() -> None
     work = PassWork()
     a = work.queue([(0, 0, 2), (1, 2, 4), (2, 4, 6)])
     b = work.queue([(3, 6, 8)])
-    assert work.take_chunk() == (2, 4, 6)
+    first = work.take_chunk()
+    assert first is not None and first.chunk == (2, 4, 6)
     mine = iter(a)
     assert next(mine) == (0, 0, 2)
-    assert work.take_chunk() in {(1, 2, 4), (3, 6, 8)}
-    assert work.take_chunk() in {(1, 2, 4), (3, 6, 8)}
+    second, third = work.take_chunk(), work.take_chunk()
+    assert second is not None and third is not None
+    assert {second.chunk, third.chunk} == {(1, 2, 4), (3, 6, 8)}
     assert list(mine) == [] and list(b) == []
     assert work.take_chunk() is None
+    # each queue knows what it lent: the task waits for those and returns them itself
+    assert [lent.chunk for lent in a.lent] == [(2, 4, 6), (1, 2, 4)]
+    assert [lent.chunk for lent in b.lent] == [(3, 6, 8)]
+    first.deliver("chunk 2")
+    assert first.wait() == "chunk 2"
+    second.fail(OSError("gone"))
+    with pytest.raises(OSError, match="gone"):
+        second.wait()
 
 
 def test_a_taken_part_hands_back_its_result_or_its_error() -> None:
@@ -432,3 +442,46 @@ def test_gathered_pixels_of_shared_passes_reach_the_client(
             ):
                 got = run(Runner(client))
         np.testing.assert_array_equal(got, expected)
+
+
+def test_a_chunk_another_thread_took_from_a_queue_comes_back_to_its_task(
+    rng: np.random.Generator, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from quantem_flow.graphs import pass_groups, work_sharing
+
+    data = probe_data(rng, scan=(16, 6))
+    path = tmp_path / "data.npy"
+    np.save(path, data)
+    ds = qf.open(path, chunk_rows=4)  # 4 chunks, one task's queue
+    spec = _spec(ds)
+    chunks = tuple((i, r0, r1) for i, (r0, r1) in enumerate(ds.chunks))
+    alone = [run_chunk_pass(spec, *c) for c in chunks]
+    feed = CpuFramePassStream.feed
+    helpers: list[threading.Thread] = []
+
+    def feed_then_let_another_take(self: CpuFramePassStream, frames: np.ndarray) -> None:
+        feed(self, frames)
+        if helpers:
+            return
+        work = work_sharing._POOLS[spec.pass_name]
+        lent = work.take_chunk()
+        assert lent is not None and lent.chunk == chunks[-1]
+        helper = threading.Thread(target=pass_groups._run_lent, args=(spec, work, lent))
+        helpers.append(helper)
+        helper.start()
+
+    monkeypatch.setattr(CpuFramePassStream, "feed", feed_then_let_another_take)
+    group = run_chunk_group(spec, chunks)
+    for h in helpers:
+        h.join(timeout=60)
+    assert len(helpers) == 1
+    # the task returns exactly its chunks, in order, the last one run by the other thread
+    assert [r["chunk"] for r in group.records] == [0, 1, 2, 3]
+    assert [rows for rows, _ in group.blocks] == list(ds.chunks)
+    assert [bool(r.get("taken_from_queue")) for r in group.records] == [False] * 3 + [True]
+    for (_, got), one in zip(group.blocks, alone, strict=True):
+        np.testing.assert_array_equal(got, one.blocks[0][1])
+    np.testing.assert_array_equal(group.pattern_sum, sum(one.pattern_sum for one in alone))
+    assert [r["content_digest"] for r in group.records] == [
+        one.records[0]["content_digest"] for one in alone
+    ]

@@ -433,8 +433,9 @@ def _work_sharing(ds: Dataset4D, *, want_sum: bool, resident: bool) -> str:
         return f"off: {why}"
     return (
         "on: a task whose own chunks are done runs chunks still queued for another task of "
-        "the pass in its process, then the later half of the scan rows another thread's "
-        "stream has not started (graphs/work_sharing.py)"
+        "the pass in its process (for that task), then the later half of the scan rows "
+        "another thread's stream has not started, where the runtime's stream can stop "
+        "early (graphs/work_sharing.py)"
     )
 
 

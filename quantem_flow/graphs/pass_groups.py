@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from .. import config
 from ..errors import ParameterError
 from .tasks import ChunkPartial, PassSpec, combine_partials, run_chunk_pass, run_taken_rows
-from .work_sharing import pass_work
+from .work_sharing import LentChunk, PassWork, pass_work
 
 __all__ = ["GROUP_PARTIAL_BYTES", "group_chunks", "run_chunk_group"]
 
@@ -154,26 +154,41 @@ def run_chunk_group(spec: PassSpec, chunks: tuple[tuple[int, int, int], ...]) ->
 def _shared_group(spec: PassSpec, chunks: tuple[tuple[int, int, int], ...]) -> list[ChunkPartial]:
     """The group's chunks, then help: other tasks' queued chunks, then their streams' tails.
 
-    Chunks taken from another task's queue come back in this task's partial
-    (the client places each chunk by its record); rows taken from a stream go
-    back to the stream's owner (:mod:`.work_sharing`).
+    A chunk taken from another task's queue goes back to that task, and rows
+    taken from a stream to the stream's owner (:mod:`.work_sharing`); this task
+    then waits for the chunks others took from its queue, so it returns exactly
+    its own chunks, in order.
     """
     parts: list[ChunkPartial] = []
     with pass_work(spec.pass_name) as work:
-        for i, r0, r1 in work.queue(chunks):
+        mine = work.queue(chunks)
+        for i, r0, r1 in mine:
             parts.append(run_chunk_pass(spec, i, r0, r1, work=work))
         while True:
-            queued = work.take_chunk()
-            if queued is not None:
-                taken = run_chunk_pass(spec, *queued, work=work)
-                for record in taken.records:
-                    record["taken_from_queue"] = (
-                        "run by a task of this pass whose own chunks were done "
-                        "(graphs/work_sharing.py)"
-                    )
-                parts.append(taken)
+            lent = work.take_chunk()
+            if lent is not None:
+                _run_lent(spec, work, lent)
                 continue
             tail = work.take_rows()
             if tail is None:
-                return parts
+                break
             run_taken_rows(spec, work, tail)
+        # nothing left to take: the chunks others took from this task are running now
+        parts.extend(lent.wait() for lent in reversed(mine.lent))
+    return parts
+
+
+def _run_lent(spec: PassSpec, work: PassWork, lent: LentChunk) -> None:
+    """Run a chunk taken from another task's queue; deliver it (or its error) to that task."""
+    try:
+        done = run_chunk_pass(spec, *lent.chunk, work=work)
+        for record in done.records:
+            record["taken_from_queue"] = (
+                "run by another thread of this process for its task, once that thread's own "
+                "chunks were done (graphs/work_sharing.py)"
+            )
+        lent.deliver(done)
+    except BaseException as exc:
+        lent.fail(exc)
+        if not isinstance(exc, Exception):
+            raise

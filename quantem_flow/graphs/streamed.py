@@ -283,9 +283,9 @@ def run_streamed_chunk(
         shared = work.running(
             rows[0], rows[1], row_bytes=n_cols * frame_nbytes, piece_bytes=largest * frame_nbytes
         )
-    if shared is not None:
-        shared.open(splittable=stream.can_stop_early)
+    ran_pieces = 0
     with (
+        _closing(shared),  # entered first: whatever fails after, nothing more is taken
         (
             contextlib.nullcontext(None)
             if mapped is not None
@@ -295,8 +295,9 @@ def run_streamed_chunk(
             runtime,
             gather_only=is_gather_only(gather, weights, want_sum=want_sum, want_max=want_max),
         ) as compiled,
-        _closing(shared),
     ):
+        if shared is not None:
+            shared.open(splittable=stream.can_stop_early)
         for prows, pcols in pieces:
             if shared is not None:
                 end = shared.begin(prows)
@@ -325,6 +326,7 @@ def run_streamed_chunk(
             read_s += t1 - t0
             hash_s += t2 - t1
             kernel_s += time.perf_counter() - t2
+            ran_pieces += 1
         ran = rows if shared is None else (rows[0], shared.stop)
         if ran[1] < rows[1]:
             stream.stop_early((ran[1] - ran[0]) * n_cols)
@@ -334,7 +336,7 @@ def run_streamed_chunk(
         "made": "dense read, streamed",
         "payload_bytes": int(n_frames * int(np.prod(ds.shape[2:])) * ds.dtype.itemsize),
         "streamed": {
-            "pieces": len(pieces),
+            "pieces": ran_pieces,  # this thread's (rows other threads took: "shared")
             "piece_frames": int(largest),
             "piece_size": piece_why,
             "buffer_bytes": 0 if mapped is not None else int(largest * frame_nbytes),

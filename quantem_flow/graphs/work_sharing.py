@@ -11,8 +11,10 @@ help there: a chunk takes 17 ms, so no task is left to move.
 So the tasks of one pass in one process share their work.  A task first
 runs its own chunks, taken from the front of its queue; then, instead of
 ending, it helps: it takes whole chunks from the back of another task's
-queue (their partials go back with its own task's result: the client
-places every chunk by its record), and when no queue holds any, it takes
+queue (their partials go back to the task they belong to, which waits for
+them once it has nothing left to help with: every task returns exactly its
+own chunks, so a task Dask runs again after losing its worker counts none
+twice), and when no queue holds any, it takes
 the tail of a chunk another thread is streaming: the last half of the
 scan rows that thread has not started (:meth:`PassWork.take_rows`).
 The owner stops its stream where the taken rows begin
@@ -47,6 +49,7 @@ import numpy as np
 
 __all__ = [
     "ChunkQueue",
+    "LentChunk",
     "PassWork",
     "SharedRows",
     "pass_work",
@@ -150,12 +153,45 @@ class SharedRows:
         return self._result
 
 
+class LentChunk:
+    """A chunk of one task's queue that another thread runs; its partial goes back to the task.
+
+    So every task still returns exactly the chunks it was given (a task Dask runs again
+    after losing its worker returns them again, and no chunk counts twice).
+    """
+
+    def __init__(self, chunk: ChunkRun) -> None:
+        self.chunk = chunk
+        self._done = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def deliver(self, result: Any) -> None:
+        """The chunk ran: ``result`` goes to the task that lent it."""
+        self._result = result
+        self._done.set()
+
+    def fail(self, error: BaseException) -> None:
+        """The chunk failed: the task that lent it raises ``error``."""
+        self._error = error
+        self._done.set()
+
+    def wait(self) -> Any:
+        """The chunk's result once it ran (raises its error)."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
 class ChunkQueue:
-    """A task's chunks: it takes them from the front, helpers from the back."""
+    """A task's chunks: it takes them from the front, helpers from the back (lent to them)."""
 
     def __init__(self, work: PassWork, chunks: Sequence[ChunkRun]) -> None:
         self._work = work
         self._chunks: deque[ChunkRun] = deque((int(i), int(r0), int(r1)) for i, r0, r1 in chunks)
+        #: chunks other threads took from the back, in the order taken
+        self.lent: list[LentChunk] = []
 
     def __len__(self) -> int:
         return len(self._chunks)
@@ -168,8 +204,12 @@ class ChunkQueue:
                 nxt = self._chunks.popleft()
             yield nxt
 
-    def _take_last(self) -> ChunkRun | None:
-        return self._chunks.pop() if self._chunks else None
+    def _lend_last(self) -> LentChunk | None:
+        if not self._chunks:
+            return None
+        lent = LentChunk(self._chunks.pop())
+        self.lent.append(lent)
+        return lent
 
 
 class PassWork:
@@ -200,11 +240,15 @@ class PassWork:
         with contextlib.suppress(ValueError):
             self._running.remove(rows)
 
-    def take_chunk(self) -> ChunkRun | None:
-        """The last chunk of the queue with the most chunks, or ``None`` when none are queued."""
+    def take_chunk(self) -> LentChunk | None:
+        """The last chunk of the queue with the most chunks, or ``None`` when none are queued.
+
+        The caller must run it and :meth:`~LentChunk.deliver` or :meth:`~LentChunk.fail` it:
+        the task whose queue it was waits for it.
+        """
         with self.lock:
             fullest = max(self._queues, key=len, default=None)
-            return None if fullest is None else fullest._take_last()
+            return None if fullest is None else fullest._lend_last()
 
     def take_rows(self) -> SharedRows | None:
         """The later half of the rows not yet started by the stream with the most left.
@@ -226,11 +270,12 @@ class PassWork:
                     best, best_left = r, left
             if best is None:
                 return None
-            # about half, in whole pieces of the owner's (so neither side runs a cut piece)
+            # about half, on the owner's grid of pieces (counted from its start), so the owner
+            # runs no cut piece; the taker gets at least one piece, the owner may keep none
             per_piece = max(1, best.piece_bytes // max(1, best.row_bytes))
-            taken = round(best_left / 2 / per_piece) * per_piece
-            taken = min(max(taken, per_piece, 1), best_left - 1)
-            split = best.stop - taken
+            half = best.next_row + best_left // 2 - best.start
+            split = best.start + round(half / per_piece) * per_piece
+            split = max(best.next_row, min(split, best.stop - per_piece))
             part = SharedRows(
                 self, split, best.stop, row_bytes=best.row_bytes, piece_bytes=best.piece_bytes
             )

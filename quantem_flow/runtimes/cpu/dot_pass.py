@@ -274,8 +274,8 @@ def holds_pass(
     off) is refused again; otherwise its cache must still hold ``dot`` itself.
     """
     dt = np.dtype(dtype)
-    if _why_not(plan, dt, want_patterns=want_patterns) is not None:
-        return dot is None
+    if _why_not(plan, dt, want_patterns=want_patterns) is not None or host_isa() is None:
+        return dot is None  # refused before the cache: refused again
     with _cache_lock:
         found = [d for key, (p, d, _) in _cache.items() if p is plan and key[1] == dt.str]
     return bool(found) and found[0] is dot
