@@ -63,6 +63,7 @@ def test_a_cpu_without_the_dot_kernel_keeps_its_weight_states(
     from quantem_flow.runtimes.cpu import dot_pass, prepared
 
     monkeypatch.setattr(dot_pass, "host_isa", lambda: None)  # no AVX2: nothing cached there
+    monkeypatch.setattr(dot_pass, "_cache", {})  # not even what an earlier test left
     with prepared._STATES_LOCK:
         prepared._STATES.clear()
     w = _rows((32, 32))
