@@ -190,6 +190,13 @@ def test_a_runtime_stream_cannot_stop_early_unless_it_says_so() -> None:
 # -- rows taken from a running chunk ----------------------------------------------------------
 
 
+def _saved(data: np.ndarray, tmp_path: Any, *, chunk_rows: int) -> Any:
+    """``data`` saved as a ``.npy`` (a file: its pieces can be mapped) and opened."""
+    path = tmp_path / "data.npy"
+    np.save(path, data)
+    return qf.open(path, chunk_rows=chunk_rows)
+
+
 def _spec(ds: Any, *, gather: np.ndarray | None = None, read_method: str = "auto") -> PassSpec:
     kr, kc = ds.detector_shape
     rr, cc = np.indices((kr, kc))
@@ -262,10 +269,8 @@ def test_a_chunk_whose_tail_another_thread_ran_is_the_same_chunk(
     gathered: bool,
     takes: int,
 ) -> None:
-    data = probe_data(rng, scan=(24, 6))
-    path = tmp_path / "data.npy"
-    np.save(path, data)
-    ds = qf.open(path, chunk_rows=24)  # one chunk of 24 rows, pieces of a row or so
+    # one chunk of 24 rows, pieces of a row or so
+    ds = _saved(probe_data(rng, scan=(24, 6)), tmp_path, chunk_rows=24)
     spec = _spec(ds, gather=np.array([0, 77, 519]) if gathered else None, read_method=read_method)
     alone = run_chunk_pass(spec, 0, 0, 24)
     taken, helpers = _taking_after_first_piece(monkeypatch, spec, fail=False, takes=takes)
@@ -293,10 +298,7 @@ def test_a_chunk_whose_tail_another_thread_ran_is_the_same_chunk(
 def test_the_owner_raises_the_error_of_rows_another_thread_ran(
     rng: np.random.Generator, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    data = probe_data(rng, scan=(24, 6))
-    path = tmp_path / "data.npy"
-    np.save(path, data)
-    ds = qf.open(path, chunk_rows=24)
+    ds = _saved(probe_data(rng, scan=(24, 6)), tmp_path, chunk_rows=24)
     spec = _spec(ds, read_method="pread")
     _, helpers = _taking_after_first_piece(monkeypatch, spec, fail=True)
     done: list[BaseException] = []
@@ -330,10 +332,7 @@ def _pipeline(ds: Any) -> list[Any]:
 def test_shared_passes_give_the_same_values_and_digests_as_unshared_ones(
     rng: np.random.Generator, tmp_path: Any
 ) -> None:
-    data = probe_data(rng, scan=(40, 7))
-    path = tmp_path / "data.npy"
-    np.save(path, data)
-    ds = qf.open(path, chunk_rows=5)  # 8 chunks
+    ds = _saved(probe_data(rng, scan=(40, 7)), tmp_path, chunk_rows=5)  # 8 chunks
     with qf.config.set(share_work=False):
         plain = qf.compute(*_pipeline(ds), client="threads", progress=False)
     p = plain[0].provenance.execution
@@ -382,10 +381,7 @@ def test_sharing_runs_one_task_per_thread_of_one_process_only(rng: np.random.Gen
 def test_shared_passes_on_a_cluster_worker(rng: np.random.Generator, tmp_path: Any) -> None:
     from distributed import Client
 
-    data = probe_data(rng, scan=(40, 7))
-    path = tmp_path / "data.npy"
-    np.save(path, data)
-    ds = qf.open(path, chunk_rows=5)
+    ds = _saved(probe_data(rng, scan=(40, 7)), tmp_path, chunk_rows=5)
     with (
         dask_thread_cluster(threads_per_worker=2) as cluster,
         Client(cluster, set_as_default=False) as client,
@@ -411,9 +407,7 @@ def test_gathered_pixels_of_shared_passes_reach_the_client(
     from quantem_flow.graphs.runner import Runner
 
     data = probe_data(rng, scan=(40, 7))
-    path = tmp_path / "data.npy"
-    np.save(path, data)
-    ds = qf.open(path, chunk_rows=5)
+    ds = _saved(data, tmp_path, chunk_rows=5)
     gather = np.array([0, 17, 200, 519], dtype=np.int64)
     expected = np.moveaxis(data.reshape(40, 7, -1)[:, :, gather], -1, 0)
 
@@ -449,10 +443,8 @@ def test_a_chunk_another_thread_took_from_a_queue_comes_back_to_its_task(
 ) -> None:
     from quantem_flow.graphs import pass_groups, work_sharing
 
-    data = probe_data(rng, scan=(16, 6))
-    path = tmp_path / "data.npy"
-    np.save(path, data)
-    ds = qf.open(path, chunk_rows=4)  # 4 chunks, one task's queue
+    # 4 chunks, one task's queue
+    ds = _saved(probe_data(rng, scan=(16, 6)), tmp_path, chunk_rows=4)
     spec = _spec(ds)
     chunks = tuple((i, r0, r1) for i, (r0, r1) in enumerate(ds.chunks))
     alone = [run_chunk_pass(spec, *c) for c in chunks]

@@ -180,15 +180,14 @@ def _shared_group(spec: PassSpec, chunks: tuple[tuple[int, int, int], ...]) -> l
 
 def _run_lent(spec: PassSpec, work: PassWork, lent: LentChunk) -> None:
     """Run a chunk taken from another task's queue; deliver it (or its error) to that task."""
-    try:
+
+    def run() -> ChunkPartial:
         done = run_chunk_pass(spec, *lent.chunk, work=work)
         for record in done.records:
             record["taken_from_queue"] = (
                 "run by another thread of this process for its task, once that thread's own "
                 "chunks were done (graphs/work_sharing.py)"
             )
-        lent.deliver(done)
-    except BaseException as exc:
-        lent.fail(exc)
-        if not isinstance(exc, Exception):
-            raise
+        return done
+
+    lent.run(run)

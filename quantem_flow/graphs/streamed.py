@@ -37,7 +37,6 @@ import dataclasses
 import math
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -285,7 +284,8 @@ def run_streamed_chunk(
         )
     ran_pieces = 0
     with (
-        _closing(shared),  # entered first: whatever fails after, nothing more is taken
+        # entered first: whatever fails after, nothing more is taken
+        contextlib.closing(shared) if shared is not None else contextlib.nullcontext(),
         (
             contextlib.nullcontext(None)
             if mapped is not None
@@ -376,16 +376,6 @@ def run_streamed_chunk(
         return done
     # a later take ends where an earlier one began: the parts joined in row order
     return _joined(done, [(p, p.wait()) for p in sorted(shared.parts, key=lambda p: p.start)])
-
-
-@contextlib.contextmanager
-def _closing(shared: SharedRows | None) -> Iterator[None]:
-    """Close ``shared`` when its owner's pieces end, however they end."""
-    try:
-        yield
-    finally:
-        if shared is not None:
-            shared.close()
 
 
 def _joined(own: StreamedChunk, taken: list[tuple[SharedRows, StreamedChunk]]) -> StreamedChunk:

@@ -454,18 +454,18 @@ def run_taken_rows(spec: PassSpec, work: PassWork, part: SharedRows) -> None:
     The owner waits for them: whatever happens, ``part`` is delivered or failed
     (the owner raises the error as its own).
     """
-    try:
+
+    def streamed() -> StreamedChunk:
         done = _streamed_rows(spec, (part.start, part.stop), work, part)
         if isinstance(done, str):
             raise RuntimeError(
                 f"scan rows {part.start}:{part.stop} taken from a streamed chunk could not be "
                 f"streamed: {done}"
             )
-        part.deliver(done)
-    except BaseException as exc:
-        part.fail(exc)
-        if not isinstance(exc, Exception):
-            raise
+        return done
+
+    try:
+        part.run(streamed)
     finally:
         part.close()
 

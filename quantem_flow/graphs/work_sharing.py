@@ -42,13 +42,14 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 __all__ = [
     "ChunkQueue",
+    "Handoff",
     "LentChunk",
     "PassWork",
     "SharedRows",
@@ -82,7 +83,45 @@ def why_not_shared(dtype: Any, *, want_sum: bool, representation: str) -> str | 
     return None
 
 
-class SharedRows:
+class Handoff:
+    """Work one thread runs for another, which waits for its result (or raises its error)."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def deliver(self, result: Any) -> None:
+        """The work ran: ``result`` goes to the thread waiting for it."""
+        self._result = result
+        self._done.set()
+
+    def fail(self, error: BaseException) -> None:
+        """The work failed: the waiting thread raises ``error``."""
+        self._error = error
+        self._done.set()
+
+    def run(self, work: Callable[[], Any]) -> None:
+        """Run ``work`` here and deliver its result, or fail with its error: never neither.
+
+        An error that is not an :class:`Exception` (an interrupt) is raised here too.
+        """
+        try:
+            self.deliver(work())
+        except BaseException as exc:
+            self.fail(exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    def wait(self) -> Any:
+        """The result once the work ran (raises its error)."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+class SharedRows(Handoff):
     """A run of scan rows ``[start, stop)`` one thread streams, whose tail others may take.
 
     The owner calls :meth:`begin` before each piece and :meth:`close` after
@@ -94,6 +133,7 @@ class SharedRows:
     def __init__(
         self, work: PassWork, start: int, stop: int, *, row_bytes: int, piece_bytes: int
     ) -> None:
+        super().__init__()
         self._work = work
         self.start = int(start)
         self.stop = int(stop)
@@ -104,9 +144,6 @@ class SharedRows:
         #: parts other threads took, in the order taken (each ends where the previous began)
         self.parts: list[SharedRows] = []
         self.splittable = False
-        self._done = threading.Event()
-        self._result: Any = None
-        self._error: BaseException | None = None
         self.ran_by = ""
 
     def open(self, *, splittable: bool) -> None:
@@ -135,25 +172,8 @@ class SharedRows:
             self.splittable = False
             self._work.forget(self)
 
-    def deliver(self, result: Any) -> None:
-        """The taken rows ran: ``result`` goes to the owner."""
-        self._result = result
-        self._done.set()
 
-    def fail(self, error: BaseException) -> None:
-        """The taken rows failed: the owner raises ``error``."""
-        self._error = error
-        self._done.set()
-
-    def wait(self) -> Any:
-        """The result of taken rows once they ran (raises their error)."""
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-
-class LentChunk:
+class LentChunk(Handoff):
     """A chunk of one task's queue that another thread runs; its partial goes back to the task.
 
     So every task still returns exactly the chunks it was given (a task Dask runs again
@@ -161,27 +181,8 @@ class LentChunk:
     """
 
     def __init__(self, chunk: ChunkRun) -> None:
+        super().__init__()
         self.chunk = chunk
-        self._done = threading.Event()
-        self._result: Any = None
-        self._error: BaseException | None = None
-
-    def deliver(self, result: Any) -> None:
-        """The chunk ran: ``result`` goes to the task that lent it."""
-        self._result = result
-        self._done.set()
-
-    def fail(self, error: BaseException) -> None:
-        """The chunk failed: the task that lent it raises ``error``."""
-        self._error = error
-        self._done.set()
-
-    def wait(self) -> Any:
-        """The chunk's result once it ran (raises its error)."""
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-        return self._result
 
 
 class ChunkQueue:
