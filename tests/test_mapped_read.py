@@ -134,12 +134,10 @@ def test_mapped_pieces_equal_pread_pieces_bit_for_bit(
     assert "madvise" in mapped_records[0]["streamed"]["how"]
     reads = [r["streamed"]["read"] for r in _records(auto[0])]
     assert {r["method"] for r in reads} <= {"mmap", "pread"}
-    first = [r for r in reads if "until 2 probes are made" in r["why"]]
-    decided = [r for r in reads if "until 2 probes are made" not in r["why"]]
-    # the chunk probed before the second probe reads by pread; every later one has the verdict
-    assert len(first) <= 1 and all(r["method"] == "pread" for r in first)
-    assert len(decided) == len(reads) - len(first)
-    assert len({(r["method"], r["why"]) for r in decided}) == 1
+    # the first chunk makes both probes and every chunk has their verdict (one process,
+    # nothing else running: no round is set aside for other threads' work)
+    assert len({(r["method"], r["why"]) for r in reads}) == 1
+    assert "2 probes on this file by this worker, back to back" in reads[0]["why"]
     for r in reads:
         assert set(r["measured_GBps"]) == {"mmap", "pread"}
         assert all(v > 0 for v in r["measured_GBps"].values())
@@ -251,11 +249,9 @@ def test_read_method_setting_is_checked_and_the_probe_is_kept(tmp_path: Path) ->
     size = 40 << 20
     np.zeros(size, dtype=np.uint8).tofile(path)
     forget_probes()
-    measured = choose_read_method("auto", path, 0, size, 1 << 20)
-    assert set(measured.measured_GBps) == {"mmap", "pread"}
-    assert all(v > 0 for v in measured.measured_GBps.values())
-    assert measured.method == "pread" and "probe 1 of this file" in measured.why
-    again = choose_read_method("auto", path, 0, size, 1 << 20)  # the second probe decides
+    again = choose_read_method("auto", path, 0, size, 1 << 20)  # both probes decide at once
+    assert set(again.measured_GBps) == {"mmap", "pread"}
+    assert all(v > 0 for v in again.measured_GBps.values())
     assert "2 probes on this file by this worker" in again.why
     assert choose_read_method("auto", path, 0, size, 1 << 20) is again  # kept
     forget_probes()
@@ -293,6 +289,8 @@ def _fake_probes(
         start: int = 0,
         sweeps: int = 2,
         map_piece: int = 0,
+        *,
+        count_busy: bool = False,
     ) -> object:
         given = methods[len(asked)]
         asked.append((nbytes, start, sweeps))
@@ -339,15 +337,12 @@ def test_a_read_method_is_decided_by_the_fastest_rounds_of_two_probes(
     np.zeros(size, dtype=np.uint8).tofile(path)
     asked = _fake_probes(monkeypatch, probes)
     choices = [choose_read_method("auto", path, 0, size, 1 << 20) for _ in range(5)]
+    # the first chunk makes both probes, back to back, each on other pieces of the file
     assert len(asked) == 2
-    # the first probe alone decides nothing: pread, and which probe it was
-    assert choices[0].method == "pread"
-    assert "probe 1 of this file" in choices[0].why and "until 2 probes" in choices[0].why
-    # each probe reads other pieces than the earlier one
     assert [start for _, start, _ in asked] == [0, size // 2]
-    final = choices[1]
+    final = choices[0]
     assert final.method == decision
-    assert all(c is final for c in choices[1:])  # kept for every later chunk
+    assert all(c is final for c in choices)  # kept for every later chunk
     assert "2 probes on this file" in final.why
     assert final.measured_GBps == {"mmap": best[0], "pread": best[1]}
     assert f"a map {best[0]:.1f} GB/s and pread {best[1]:.1f} GB/s" in final.why
@@ -364,12 +359,12 @@ def test_the_probe_sweeps_each_piece_as_the_pass_will(
 
     path = tmp_path / "p.bin"
     np.zeros(40 << 20, dtype=np.uint8).tofile(path)
-    asked = _fake_probes(monkeypatch, ["pread", "pread"])
+    asked = _fake_probes(monkeypatch, ["pread"] * 4)
     own = choose_read_method("auto", path, 0, 40 << 20, 1 << 20)
     carried = choose_read_method("auto", path, 0, 40 << 20, 1 << 20, digest_sweep=False)
     # each asked separately: a choice for one is not the other's
-    assert [sweeps for _, _, sweeps in asked] == [2, 1]
-    assert "2 sweeps" in own.why and "1 sweeps" in carried.why
+    assert [sweeps for _, _, sweeps in asked] == [2, 2, 1, 1]
+    assert "read, digest and sweep" in own.why and "read and one sweep" in carried.why
     # the real probe's rounds and its record say which
     forget_probes()
     monkeypatch.undo()
@@ -382,3 +377,76 @@ def test_the_probe_sweeps_each_piece_as_the_pass_will(
     assert set(larger.measured_GBps) == {"mmap", "pread"}
     small = read_method._probe(path, 0, 40 << 20, 1 << 20, sweeps=1, map_piece=16 << 20)
     assert small.method == "pread" and "too few bytes" in small.why  # 2 x 2 x 16 MiB > 40
+
+
+def _spinning(stop: Any) -> None:
+    """Keep one thread of this process busy (NumPy sums release the GIL) until ``stop``."""
+    a = np.ones(1 << 18)
+    while not stop.is_set():
+        a.sum()
+
+
+def test_probe_rounds_while_other_threads_of_the_process_work_do_not_count(
+    tmp_path: Path,
+) -> None:
+    import threading
+
+    from quantem_flow.io import read_method
+
+    path = tmp_path / "p.bin"
+    size = 40 << 20
+    np.zeros(size, dtype=np.uint8).tofile(path)
+    forget_probes()
+    # quiet: every round counts, and the record names none set aside
+    quiet = read_method._probe(path, 0, size, 1 << 20, sweeps=1)
+    assert set(quiet.measured_GBps) == {"mmap", "pread"}
+    assert "not counted" not in quiet.why
+    stop = threading.Event()
+    spinner = threading.Thread(target=_spinning, args=(stop,))
+    spinner.start()
+    try:
+        busy = read_method._probe(path, 0, size, 1 << 20, sweeps=1)
+        # a probe that found the other thread busy in every round of a way decides nothing
+        # and says why; one with some quiet rounds names those it set aside
+        if busy.measured_GBps:
+            assert "not counted" in busy.why
+        else:
+            assert busy.method == "pread" and busy.why.startswith("not measured: other threads")
+            assert "of a CPU busy" in busy.why
+        # a chunk whose probe decided nothing is followed by another probe; after
+        # BUSY_TRIES such chunks every round counts, and the record says so
+        choices = [
+            choose_read_method("auto", path, 0, size, 1 << 20)
+            for _ in range(read_method.BUSY_TRIES + 1)
+        ]
+    finally:
+        stop.set()
+        spinner.join()
+    decided = [c for c in choices if c.measured_GBps]
+    undecided = [c for c in choices if not c.measured_GBps]
+    assert decided, [c.why for c in choices]  # by the last chunk at the latest
+    assert all(c.method == "pread" and "later chunk" in c.why for c in undecided)
+    assert len(undecided) <= read_method.BUSY_TRIES
+    assert choices[choices.index(decided[0]) :] == [decided[0]] * (
+        len(choices) - choices.index(decided[0])
+    )
+    forget_probes()
+
+
+def test_tasks_reading_one_file_wait_for_one_pair_of_probes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The second probe is not made beside another task's chunk: every task waits for both."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = tmp_path / "p.bin"
+    size = 40 << 20
+    np.zeros(size, dtype=np.uint8).tofile(path)
+    asked = _fake_probes(monkeypatch, ["mmap", "mmap"])
+    with ThreadPoolExecutor(4) as pool:
+        found = list(
+            pool.map(lambda _: choose_read_method("auto", path, 0, size, 1 << 20), range(4))
+        )
+    assert len(asked) == 2  # one pair of probes for the file, made by one task
+    assert all(c is found[0] for c in found) and found[0].method == "mmap"
+    forget_probes()

@@ -22,18 +22,25 @@ into cache, at the same cost whichever way the piece was read), and the map
 in the pieces the pass maps (``map_piece_mib`` where the piece is swept
 once).  The map is chosen when its fastest round is at least 15 % faster
 than ``pread``'s (the fastest, because other
-work, a compiler or other tasks, only ever slows a round down; while a kernel
-compiles in the process the probe waits for a later chunk), and a verdict
-takes two probes on different chunks, comparing the fastest round each way
-over both: one probe whose ``pread`` rounds met other work (an exact-NumPy
-chunk on the other thread) once measured the map 3x faster here, a single
+work elsewhere only ever slows a round down), and a verdict takes two probes
+on different pieces of the file, comparing the fastest round each way over
+both: one probe whose ``pread`` rounds met other work (an exact-NumPy chunk
+on the other thread) once measured the map 3x faster here, and a single
 probe finding ``pread`` as fast once kept an HDF5 file on ``pread`` (1.6x
-slower) for a worker's life while three fresh workers chose the map
-(benchmarks/RESULTS.md, issue 24, tenth stop), and two probes that each
-met other work agreed on ``pread`` for 2 of 6 fresh workers on a noisy day
-(twelfth stop).  Until a verdict, ``pread``.  One probe runs at a time per
-process, and every chunk of the file then agrees.  The choice and both rates
-are recorded in every chunk's record.  With the digest as a sweep
+slower) for a worker's life (benchmarks/RESULTS.md, issue 24, tenth stop).
+The two probes run back to back, while the worker's other tasks reading the
+file wait for the verdict: a second probe made later, on another chunk, ran
+beside the first chunk's kernels, and on the AVX2 VM of the thirteenth stop
+a worker kept an HDF5 file on ``pread`` at 0.6x the map's pass.  Other
+threads of the process are watched too: a round during which they used more
+than :data:`BUSY_OTHERS` of a CPU (the process's CPU time less the probe
+threads' own) does not count, and a probe with no such quiet round either way
+decides nothing (``pread`` for that chunk, measured on a later one; after
+:data:`BUSY_TRIES` such chunks every round counts, and the record says so);
+while a kernel compiles in the process the probe waits for a later chunk.
+Until a verdict, ``pread``.  One probe runs at a time per process, and every
+chunk of the file then agrees.  The choice and both rates are recorded in
+every chunk's record.  With the digest as a sweep
 of its own, ``pread`` won on this project's AMD VM: a map's page faults cost
 more than the copy, and the copy leaves the piece in the core's cache for the
 two sweeps (benchmarks/RESULTS.md, "Mapped reads"); with the digest in the
@@ -46,6 +53,7 @@ import dataclasses
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +81,11 @@ PROBE_BUFFER_BYTES = 64 << 20
 #: The map must be this much faster (fastest round time ratio) to replace ``pread``, the
 #: default: rounds of one file differ by ~5-10 % from one another on a shared machine.
 MARGIN = 1 / 1.15
+#: A probe round counts only while the process's other threads used at most this fraction
+#: of one CPU over it, beyond what the probe's threads' hand-offs cost (measured by rounds
+#: that read nothing).  Quiet rounds here: 2-21 % before that allowance; with one other
+#: thread summing arrays: 36-92 %.
+BUSY_OTHERS = 0.3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,10 +116,13 @@ class ReadChoice:
 
 
 _PROBES: dict[tuple[Any, ...], ReadChoice] = {}
-_FIRST: dict[tuple[Any, ...], list[ReadChoice]] = {}
-#: Probes (on different chunks) a file's read method is decided from: the fastest round
-#: each way over all of them.
+_BUSY_TRIES: dict[tuple[Any, ...], int] = {}
+#: Probes (back to back, on different pieces of the file) a file's read method is decided
+#: from: the fastest round each way over all of them.
 PROBES = 2
+#: Chunks whose probe found this worker's other threads busy in every round of a way
+#: before a probe counts busy rounds too (and says so).
+BUSY_TRIES = 3
 _LOCK = threading.Lock()
 
 
@@ -114,7 +130,7 @@ def forget_probes() -> None:
     """Forget every measured choice of this process (tests, or after the storage changed)."""
     with _LOCK:
         _PROBES.clear()
-        _FIRST.clear()
+        _BUSY_TRIES.clear()
 
 
 def _touch(view: np.ndarray, sweeps: int = 2) -> int:
@@ -139,7 +155,70 @@ def _probe_threads(piece: int) -> int:
     return max(1, min(n, 8, PROBE_BUFFER_BYTES // max(piece, 1)))
 
 
-def _round(
+class _Readers:
+    """Threads that read a round of pieces together, started once per probe.
+
+    Threads started per round would put their start-up in the round's time and
+    in the process's CPU time; these wait on a barrier between rounds.
+    """
+
+    def __init__(self, n_threads: int) -> None:
+        self._begin = threading.Barrier(n_threads)
+        self._end = threading.Barrier(n_threads)
+        self._job: Callable[[int], None] | None = None
+        self._own = [0.0] * n_threads
+        self._failed: list[BaseException] = []
+        self._threads = [
+            threading.Thread(target=self._serve, args=(i,), daemon=True)
+            for i in range(1, n_threads)
+        ]
+        for th in self._threads:
+            th.start()
+
+    def _serve(self, i: int) -> None:
+        while True:
+            self._begin.wait()
+            if self._job is None:
+                return
+            self._run(i, self._job)
+            self._end.wait()
+
+    def _run(self, i: int, job: Callable[[int], None]) -> None:
+        start = time.thread_time()
+        try:
+            job(i)
+        except BaseException as exc:  # raised in the caller's thread
+            self._failed.append(exc)
+        self._own[i] = time.thread_time() - start
+
+    def round(self, job: Callable[[int], None]) -> tuple[float, float]:
+        """Run ``job(i)`` on every thread ``i`` at once.
+
+        Returns the round's seconds and the CPU seconds the process's *other* threads
+        used meanwhile (its CPU time less these threads' own).
+        """
+        self._job = job
+        self._failed.clear()
+        cpu = time.process_time()
+        t = time.perf_counter()
+        self._begin.wait()
+        self._run(0, job)
+        self._end.wait()
+        wall = time.perf_counter() - t
+        others = max(0.0, time.process_time() - cpu - sum(self._own))
+        if self._failed:
+            raise self._failed[0]
+        return wall, others
+
+    def close(self) -> None:
+        """End the threads."""
+        self._job = None
+        self._begin.wait()
+        for th in self._threads:
+            th.join()
+
+
+def _reading(
     fd: int,
     mapped: MappedFile,
     bufs: list[np.ndarray],
@@ -147,35 +226,22 @@ def _round(
     at: list[list[int]],
     sweeps: int,
     piece: int,
-) -> float:
-    """Seconds for ``len(bufs)`` threads to read and sweep their pieces ``at[i]``, one way.
+) -> Callable[[int], None]:
+    """Thread ``i``'s part of a round: read and sweep its pieces ``at[i]``, one way.
 
     ``piece``: bytes per piece (the buffers' size for ``pread``; a mapped piece may be larger).
     """
-    failed: list[BaseException] = []
 
     def one(i: int) -> None:
-        try:
-            for offset in at[i]:
-                if method == "pread":
-                    os.preadv(fd, [memoryview(bufs[i].data)], offset)
-                    _touch(bufs[i], sweeps)
-                else:
-                    _touch(mapped.piece(offset, piece), sweeps)
-                    mapped.drop(offset, piece)
-        except BaseException as exc:  # raised in the caller's thread
-            failed.append(exc)
+        for offset in at[i]:
+            if method == "pread":
+                os.preadv(fd, [memoryview(bufs[i].data)], offset)
+                _touch(bufs[i], sweeps)
+            else:
+                _touch(mapped.piece(offset, piece), sweeps)
+                mapped.drop(offset, piece)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(1, len(bufs))]
-    t = time.perf_counter()
-    for th in threads:
-        th.start()
-    one(0)
-    for th in threads:
-        th.join()
-    if failed:
-        raise failed[0]
-    return time.perf_counter() - t
+    return one
 
 
 def _probe(
@@ -186,11 +252,16 @@ def _probe(
     start: int = 0,
     sweeps: int = 2,
     map_piece: int = 0,
+    *,
+    count_busy: bool = False,
 ) -> ReadChoice:
     """Measure both ways on ``[offset, offset + nbytes)``, from byte ``offset + start`` on.
 
     Each thread reads a run of ``span`` bytes per round: ``pread`` in pieces of
     ``piece``, the map in pieces of ``map_piece`` where larger (as the pass maps them).
+    Rounds during which the process's other threads used more than :data:`BUSY_OTHERS`
+    of a CPU do not count unless ``count_busy``; where every round of a way was such a
+    round, nothing is measured (the answer says so).
     """
     n_threads = _probe_threads(piece)
     sizes = {"pread": piece, "mmap": max(piece, map_piece)}
@@ -211,8 +282,13 @@ def _probe(
         fd = os.open(path, os.O_RDONLY)
     except OSError as exc:
         raise CorruptChunkError(f"cannot open {str(path)!r} to measure reads: {exc}") from exc
+    readers = _Readers(n_threads)
+    # what the threads' hand-offs between rounds cost the process by themselves (0.1-0.2 ms
+    # here): not other work
+    idle = min(readers.round(lambda i: None)[1] for _ in range(3))
     try:
         times: dict[str, list[float]] = {"pread": [], "mmap": []}
+        others: dict[str, list[float]] = {"pread": [], "mmap": []}
         at_byte = first
         for _ in range(rounds):
             for method in ("pread", "mmap"):
@@ -222,28 +298,62 @@ def _probe(
                     for i in range(n_threads)
                 ]
                 at_byte += per_round
-                times[method].append(_round(fd, mapped, bufs, method, at, sweeps, size))
+                wall, busy = readers.round(_reading(fd, mapped, bufs, method, at, sweeps, size))
+                times[method].append(wall)
+                others[method].append(busy)
     except OSError as exc:
         raise CorruptChunkError(
             f"reading {str(path)!r} to measure reads failed: {exc}; check the storage"
         ) from exc
     finally:
+        readers.close()
         os.close(fd)
         del mapped
-    # the fastest round of each: other work (a compiler, other tasks) only slows a round down
+    # rounds during which other threads of this process worked do not count (they share the
+    # CPUs); of the rest, the fastest: other work elsewhere only ever slows a round down
+    quiet = {
+        k: [
+            t
+            for t, busy in zip(v, others[k], strict=True)
+            if count_busy or busy - idle <= BUSY_OTHERS * t
+        ]
+        for k, v in times.items()
+    }
+    dropped = sum(len(v) - len(quiet[k]) for k, v in times.items())
+    busiest = max(
+        max(0.0, b - idle) / t for k, v in times.items() for t, b in zip(v, others[k], strict=True)
+    )
+    if not all(quiet.values()):
+        return ReadChoice(
+            "pread",
+            (
+                f"not measured: other threads of this worker kept {busiest:.0%} of a CPU busy "
+                f"during the probe's rounds ({dropped} of {2 * rounds} rounds over "
+                f"{BUSY_OTHERS:.0%}), which would slow them; measured on a later chunk"
+            ),
+        )
     read = {k: n_threads * (span // sizes[k]) * sizes[k] for k in times}
-    rate = {k: read[k] / min(v) / 1e9 for k, v in times.items()}
+    rate = {k: read[k] / min(v) / 1e9 for k, v in quiet.items()}
     faster = rate["pread"] <= MARGIN * rate["mmap"]
     method = "mmap" if faster else "pread"
     what = "read, digest, sweep" if sweeps == 2 else "read, one sweep (the digest in the kernel's)"
+    skipped = (
+        f"; counting rounds during which other threads of this worker used up to "
+        f"{busiest:.0%} of a CPU, after {BUSY_TRIES} chunks found them busy"
+        if count_busy
+        else f"; {dropped} round(s) during which other threads of this worker used over "
+        f"{BUSY_OTHERS:.0%} of a CPU not counted"
+        if dropped
+        else ""
+    )
     return ReadChoice(
         method,
         (
             f"measured on this file by this worker ({what} on {n_threads} threads at "
             f"once, as a pass runs): a map {rate['mmap']:.1f} GB/s, pread {rate['pread']:.1f} GB/s "
             f"({rounds} rounds each way of {span} bytes per thread, pread in {piece}-byte "
-            f"pieces, the map in {sizes['mmap']}-byte pieces, alternating); the map is used "
-            f"when at least {1 / MARGIN:.2f}x faster"
+            f"pieces, the map in {sizes['mmap']}-byte pieces, alternating{skipped}); the map "
+            f"is used when at least {1 / MARGIN:.2f}x faster"
         ),
         {k: round(v, 3) for k, v in rate.items()},
     )
@@ -327,22 +437,29 @@ def choose_read_method(
                 "not measured yet: a kernel was compiling in this worker (it would slow the "
                 "probe); measured on a later chunk",
             )
-        earlier = _FIRST.get(key, [])
-        # each probe reads other pieces than the earlier ones (not the pages they left cached)
-        start = (0, nbytes // 2, nbytes // 4)[len(earlier) % 3]
-        probe = _probe(path, offset, nbytes, piece, start, sweeps, map_piece)
-        if not probe.measured_GBps:  # a chunk too short to measure does not decide for the file
-            return probe
-        probes = [*earlier, probe]
-        if len(probes) < PROBES:  # one probe can be hit by other work: another one decides
-            _FIRST[key] = probes
-            return ReadChoice(
-                "pread",
-                f"probe {len(probes)} of this file ({probe.why}); pread until {PROBES} probes "
-                "are made",
-                probe.measured_GBps,
+        # every probe now, back to back, while this worker's other tasks reading the file wait
+        # on the lock: a probe made later, on another chunk, ran beside the first chunk's
+        # kernels (benchmarks/RESULTS.md, issue 24, thirteenth stop)
+        tries = _BUSY_TRIES.get(key, 0)
+        probes: list[ReadChoice] = []
+        for i in range(PROBES):
+            # each probe reads other pieces than the earlier ones (not the pages they left cached)
+            probe = _probe(
+                path,
+                offset,
+                nbytes,
+                piece,
+                i * nbytes // PROBES,
+                sweeps,
+                map_piece,
+                count_busy=tries >= BUSY_TRIES,
             )
-        _FIRST.pop(key, None)
+            if not probe.measured_GBps:  # too short, or other work: decides nothing now
+                if probe.why.startswith("not measured"):
+                    _BUSY_TRIES[key] = tries + 1
+                return probe
+            probes.append(probe)
+        _BUSY_TRIES.pop(key, None)
         decided = _verdict(probes, sweeps)
         _PROBES[key] = decided
         return decided
@@ -367,7 +484,8 @@ def _verdict(probes: list[ReadChoice], sweeps: int) -> ReadChoice:
     return ReadChoice(
         method,
         (
-            f"{len(probes)} probes on this file by this worker, on different chunks: "
+            f"{len(probes)} probes on this file by this worker, back to back on different "
+            "pieces: "
             f"{', then '.join(str(p.measured_GBps) for p in probes)} GB/s ({what} on every CPU "
             f"thread at once); their fastest rounds, a map {best['mmap']:.1f} GB/s and pread "
             f"{best['pread']:.1f} GB/s, found {verdict}, so "
