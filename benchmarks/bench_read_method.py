@@ -218,6 +218,41 @@ def dask_round_trip(client: Any, n: int = 9) -> float:
     return statistics.median(times)
 
 
+def resident_fraction(path: Path) -> float:
+    """The fraction of ``path``'s pages in the page cache now (``mincore`` on a map of it).
+
+    Some VMs here keep ~4.5 GB of page cache whatever memory is free: the files of a
+    run that reads both 2 GiB files then come partly from disk, which this shows.
+    """
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = path.stat().st_size
+    vec = np.zeros(-(-size // mmap.PAGESIZE), dtype=np.uint8)
+    with open(path, "rb") as f:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, f.fileno(), 0)
+    if addr in (None, ctypes.c_void_p(-1).value):
+        return float("nan")
+    try:
+        if libc.mincore(addr, size, vec.ctypes.data) != 0:
+            return float("nan")
+    finally:
+        libc.munmap(addr, size)
+    return float((vec & 1).astype(bool).mean())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=Path("/tmp/qf-bench14"))
@@ -225,6 +260,12 @@ def main() -> None:
     ap.add_argument("--piece-mib", type=float, default=2.0)
     ap.add_argument("--map-piece-mib", type=float, default=None, help="default: the setting")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--files",
+        default="npy,h5",
+        help="which files, comma-separated: on a machine whose page cache holds less than "
+        "both (2 x 2 GiB), measure one per run",
+    )
     a = ap.parse_args()
     from bench_default_vs_process import warm, write_data
 
@@ -233,14 +274,16 @@ def main() -> None:
 
     scan, k = (256, 256), 128
     paths = write_data(a.dir, scan, k)
-    for p in paths.values():
-        warm(p)
+    for name in a.files.split(","):
+        warm(paths[name])
     client = qc.embedded_client()
     workers = [(w["name"], w["nthreads"]) for w in client.scheduler_info()["workers"].values()]
-    dsets = {
-        "npy": qf.open(paths["npy"]),
-        "h5": qf.open(paths["h5"], dataset_path="/data", scan_shape=scan),
+    opened = {
+        "npy": lambda: qf.open(paths["npy"]),
+        "h5": lambda: qf.open(paths["h5"], dataset_path="/data", scan_shape=scan),
     }
+    dsets = {name: opened[name]() for name in a.files.split(",")}
+    resident: dict[str, list[float]] = {name: [] for name in dsets}
     piece = int(a.piece_mib * (1 << 20))
     map_mib = float(qf.config.get("map_piece_mib")) if a.map_piece_mib is None else a.map_piece_mib
     map_piece = int(map_mib * (1 << 20))
@@ -276,6 +319,7 @@ def main() -> None:
                 one_pass(ds, m, k)
         for r in range(a.repeats):
             for name, ds in dsets.items():
+                resident[name].append(resident_fraction(paths[name]))
                 for kind in kinds:
                     size = map_piece if kind.endswith("(map pieces)") else piece
                     ceil[name][kind].append(ceiling(paths[name], kind, size))
@@ -317,6 +361,10 @@ def main() -> None:
         )
         bare_no_digest = max(c["pread + kernel"], c["map + kernel"])
         print(f"\n{name}: ceilings GB/s " + ", ".join(f"{kk} {v:.1f}" for kk, v in c.items()))
+        print(
+            f"  in the page cache at each repeat's start: {min(resident[name]):.0%} at least, "
+            f"median {statistics.median(resident[name]):.0%}"
+        )
         nbytes = dsets[name].nbytes
         # the most a pass through each client could reach: its own work at the bare loop's
         # rate plus what a pass costs whatever its size
@@ -352,6 +400,7 @@ def main() -> None:
             med["pct_of_best_read_and_touch"] = 100 * med["GBps"] / best_touch
             med["pct_of_best_two_sweeps"] = 100 * med["GBps"] / best_two
             med["per_run_GBps"] = [round(run["GBps"], 3) for run in runs]
+            med["per_run_methods"] = [run["methods"] for run in runs]
             rows[m] = med
             print(
                 f"  read_method={m:17s} {med['GBps']:5.2f} GB/s "
@@ -368,6 +417,7 @@ def main() -> None:
             "bare_pass_digest_own_sweep_pct": 100 * bare_sweep / best_touch,
             "bare_pass_without_digest_pct": 100 * bare_no_digest / best_touch,
             "at_most_GBps": best_through,
+            "resident_fraction_per_repeat": resident[name],
         }
     print("\nvalues and content digests identical across read methods: yes")
     if a.json:

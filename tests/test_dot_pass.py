@@ -123,6 +123,48 @@ def test_the_default_pass_runs_it_and_says_so() -> None:
     assert np.array_equal(got, q.result()[0])
 
 
+def test_a_probe_sweep_runs_the_dot_kernel_and_keeps_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``sweep`` (a read-method probe's) runs the pass's own kernel; its results go nowhere."""
+    import threading
+
+    shape = (128, 128)
+    w = _weights(shape, (63.7, 64.2))
+    fr = _frames("uint16", 48, 128 * 128, seed=4) // 3
+    other = _frames("uint16", 40, 128 * 128, seed=5)
+    p = PreparedFramePass(
+        w, dtype=fr.dtype, n_frames=48, want_sum=False, want_max=False, frame_shape=shape
+    )
+    assert p.runs_dot_kernel and p.can_sweep
+    calls: list[int] = []
+    run = p._dot.run
+
+    def counted(frames: np.ndarray, out: np.ndarray, **kw: object) -> None:
+        calls.append(frames.shape[0])
+        run(frames, out, **kw)
+
+    monkeypatch.setattr(p._dot, "run", counted)  # the pass is shared (cached): undone after
+    two = [threading.Thread(target=p.sweep, args=(other[i::2],)) for i in range(2)]
+    for t in two:
+        t.start()
+    p.sweep(other)
+    for t in two:
+        t.join()
+    assert sorted(calls) == [20, 20, 40]  # the dot kernel itself, on every frame swept
+    p.run(fr[:17])
+    p.sweep(other[:3])
+    p.run(fr[17:])
+    got = p.result()[0]
+    q = PreparedFramePass(
+        w, dtype=fr.dtype, n_frames=48, want_sum=False, want_max=False, frame_shape=shape
+    )
+    q.run(fr)
+    assert np.array_equal(got, q.result()[0])
+    with pytest.raises(ValueError, match="cannot sweep"):
+        p.sweep(other.astype(np.int32))
+
+
 def test_many_vectors_span_several_kernels() -> None:
     assert HOST is not None
     shape = (64, 64)

@@ -138,6 +138,8 @@ def test_mapped_pieces_equal_pread_pieces_bit_for_bit(
     # nothing else running: no round is set aside for other threads' work)
     assert len({(r["method"], r["why"]) for r in reads}) == 1
     assert "2 probes on this file by this worker, back to back" in reads[0]["why"]
+    # the probe swept its pieces with the pass's own compiled kernels
+    assert "a sweep by the pass's kernels" in reads[0]["why"]
     for r in reads:
         assert set(r["measured_GBps"]) == {"mmap", "pread"}
         assert all(v > 0 for v in r["measured_GBps"].values())
@@ -291,6 +293,7 @@ def _fake_probes(
         map_piece: int = 0,
         *,
         count_busy: bool = False,
+        kernels: object = None,
     ) -> object:
         given = methods[len(asked)]
         asked.append((nbytes, start, sweeps))
@@ -364,12 +367,27 @@ def test_the_probe_sweeps_each_piece_as_the_pass_will(
     carried = choose_read_method("auto", path, 0, 40 << 20, 1 << 20, digest_sweep=False)
     # each asked separately: a choice for one is not the other's
     assert [sweeps for _, _, sweeps in asked] == [2, 2, 1, 1]
-    assert "read, digest and sweep" in own.why and "read and one sweep" in carried.why
+    assert "read, digest and a sweep by a sum" in own.why
+    assert "read and one sweep by a sum" in carried.why
     # the real probe's rounds and its record say which
     forget_probes()
     monkeypatch.undo()
     choice = read_method._probe(path, 0, 40 << 20, 1 << 20, sweeps=1)
-    assert "one sweep (the digest in the kernel's)" in choice.why
+    assert "one sweep by a sum of its bytes (the digest in the kernel's)" in choice.why
+    # with the pass's kernels: every byte of every piece each way goes through them
+    seen: list[int] = []
+    lock = __import__("threading").Lock()
+
+    def kernels(view: np.ndarray) -> None:
+        assert view.dtype == np.uint8 and view.flags.c_contiguous
+        with lock:
+            seen.append(view.nbytes)
+
+    swept = read_method._probe(path, 0, 40 << 20, 1 << 20, sweeps=1, kernels=kernels)
+    assert "one sweep by the pass's kernels" in swept.why
+    assert set(swept.measured_GBps) == {"mmap", "pread"}
+    # 2 ways x 2 rounds x 2 threads x 4 pieces of 1 MiB, and the untimed first call
+    assert sum(seen) == 2 * 2 * 2 * 4 * (1 << 20) + (1 << 20)
     assert set(choice.measured_GBps) == {"mmap", "pread"}
     # the map probed in the pieces the pass maps (map_piece_mib), pread in its own
     larger = read_method._probe(path, 0, 40 << 20, 1 << 20, sweeps=1, map_piece=8 << 20)

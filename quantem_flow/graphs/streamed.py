@@ -37,6 +37,7 @@ import dataclasses
 import math
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,13 @@ from .. import config
 from ..dataset import Dataset4D
 from ..io.mapped import mapped_file
 from ..io.read_method import choose_read_method
-from ..runtimes.base import CompileTime, FramePassResult, Runtime, is_gather_only
+from ..runtimes.base import (
+    CompileTime,
+    FramePassResult,
+    FramePassStream,
+    Runtime,
+    is_gather_only,
+)
 from ..runtimes.staging import staged
 from .digest import DenseRowDigests, Units, hashes_stored, stored_row_units
 from .work_sharing import PassWork, SharedRows
@@ -161,6 +168,27 @@ def why_not_streamed(ds: Dataset4D, rows: tuple[int, int], target: int) -> str |
     return None
 
 
+def _probe_sweep(
+    stream: FramePassStream, dtype: np.dtype[Any], frame_nbytes: int
+) -> Callable[[np.ndarray], None] | None:
+    """The stream's kernels over a read-method probe's piece (its bytes), or ``None``.
+
+    Where the frames are one run of stored bytes in native order (the only case a
+    probe is made for), a piece's whole frames are those bytes viewed as ``dtype``;
+    a piece's tail shorter than a frame is not swept.
+    """
+    if not stream.can_sweep:
+        return None
+    pixels = frame_nbytes // np.dtype(dtype).itemsize
+
+    def sweep(piece: np.ndarray) -> None:
+        n = piece.nbytes // frame_nbytes
+        if n:
+            stream.sweep(piece[: n * frame_nbytes].view(dtype).reshape(n, pixels))
+
+    return sweep
+
+
 def run_streamed_chunk(
     ds: Dataset4D,
     runtime: Runtime,
@@ -265,6 +293,7 @@ def run_streamed_chunk(
         digest_sweep=in_kernel is None,
         # a piece swept once is mapped in pieces of map_piece_bytes (below): probed so too
         map_piece=map_piece_bytes if in_kernel is not None else 0,
+        kernels=_probe_sweep(stream, ds.dtype, frame_nbytes) if where is not None else None,
     )
     read_s += time.perf_counter() - t_choose
     mapped = mapped_file(where[0]) if choice.method == "mmap" and where is not None else None

@@ -20,7 +20,12 @@ of its own, once where the kernel carries the digest in its sweep
 (docs/digest-in-kernel.md: the hash then reads what the kernel just brought
 into cache, at the same cost whichever way the piece was read), and the map
 in the pieces the pass maps (``map_piece_mib`` where the piece is swept
-once).  The map is chosen when its fastest round is at least 15 % faster
+once).  The kernel's read is the pass's own kernels where its runtime's
+stream can sweep frames without feeding them (``FramePassStream.sweep``),
+else a sum of the bytes: a kernel slower than memory hides what the map's
+reads from memory cost beyond the copy's, and a fast sum does not (on the
+AVX2 VM of the thirteenth stop the sum chose ``pread`` for a ``.npy`` whose
+pass ran 1.15x faster by map).  The map is chosen when its fastest round is at least 15 % faster
 than ``pread``'s (the fastest, because other
 work elsewhere only ever slows a round down), and a verdict takes two probes
 on different pieces of the file, comparing the fastest round each way over
@@ -133,12 +138,22 @@ def forget_probes() -> None:
         _BUSY_TRIES.clear()
 
 
-def _touch(view: np.ndarray, sweeps: int = 2) -> int:
-    """Sweep a piece as a pass does: the content digest (``sweeps == 2``), then a kernel's read."""
+#: What sweeps a probe's piece (its bytes as ``uint8``) as the pass's kernels would.
+Sweep = Callable[[np.ndarray], None]
+
+
+def _touch(view: np.ndarray, sweeps: int = 2, kernels: Sweep | None = None) -> int:
+    """Sweep a piece as a pass does: the content digest (``sweeps == 2``), then a kernel's read.
+
+    ``kernels``: the pass's own (see :func:`choose_read_method`), else a sum of the bytes.
+    """
     import xxhash
 
     if sweeps == 2:
         xxhash.xxh3_128(memoryview(view.data)).digest()
+    if kernels is not None:
+        kernels(view)
+        return 0
     whole = view[: view.size // 8 * 8]
     return int(np.add.reduce(whole.view(np.uint64))) if whole.size else 0
 
@@ -226,6 +241,7 @@ def _reading(
     at: list[list[int]],
     sweeps: int,
     piece: int,
+    kernels: Sweep | None = None,
 ) -> Callable[[int], None]:
     """Thread ``i``'s part of a round: read and sweep its pieces ``at[i]``, one way.
 
@@ -236,9 +252,9 @@ def _reading(
         for offset in at[i]:
             if method == "pread":
                 os.preadv(fd, [memoryview(bufs[i].data)], offset)
-                _touch(bufs[i], sweeps)
+                _touch(bufs[i], sweeps, kernels)
             else:
-                _touch(mapped.piece(offset, piece), sweeps)
+                _touch(mapped.piece(offset, piece), sweeps, kernels)
                 mapped.drop(offset, piece)
 
     return one
@@ -254,6 +270,7 @@ def _probe(
     map_piece: int = 0,
     *,
     count_busy: bool = False,
+    kernels: Sweep | None = None,
 ) -> ReadChoice:
     """Measure both ways on ``[offset, offset + nbytes)``, from byte ``offset + start`` on.
 
@@ -276,7 +293,7 @@ def _probe(
     used = 2 * rounds * per_round
     first = start if start + used <= nbytes else 0
     bufs = [np.zeros(piece, dtype=np.uint8) for _ in range(n_threads)]  # faulted in, as reused
-    _touch(bufs[0])  # buffers are; the digest's first call is not timed
+    _touch(bufs[0], 2, kernels)  # buffers are; the first calls of digest and kernels are not timed
     try:
         mapped = MappedFile(path)  # the probe's own map: closed with it, whatever is chosen
         fd = os.open(path, os.O_RDONLY)
@@ -298,7 +315,9 @@ def _probe(
                     for i in range(n_threads)
                 ]
                 at_byte += per_round
-                wall, busy = readers.round(_reading(fd, mapped, bufs, method, at, sweeps, size))
+                wall, busy = readers.round(
+                    _reading(fd, mapped, bufs, method, at, sweeps, size, kernels)
+                )
                 times[method].append(wall)
                 others[method].append(busy)
     except OSError as exc:
@@ -336,7 +355,12 @@ def _probe(
     rate = {k: read[k] / min(v) / 1e9 for k, v in quiet.items()}
     faster = rate["pread"] <= MARGIN * rate["mmap"]
     method = "mmap" if faster else "pread"
-    what = "read, digest, sweep" if sweeps == 2 else "read, one sweep (the digest in the kernel's)"
+    swept = "the pass's kernels" if kernels is not None else "a sum of its bytes"
+    what = (
+        f"read, digest, a sweep by {swept}"
+        if sweeps == 2
+        else f"read, one sweep by {swept} (the digest in the kernel's)"
+    )
     skipped = (
         f"; counting rounds during which other threads of this worker used up to "
         f"{busiest:.0%} of a CPU, after {BUSY_TRIES} chunks found them busy"
@@ -381,6 +405,7 @@ def choose_read_method(
     defer: bool = False,
     digest_sweep: bool = True,
     map_piece: int = 0,
+    kernels: Sweep | None = None,
 ) -> ReadChoice:
     """How to read a chunk's pieces.
 
@@ -404,6 +429,14 @@ def choose_read_method(
     map_piece
         Bytes per piece the pass maps at a time, where larger than ``piece``
         (``map_piece_mib``): the probe maps pieces of that size too.
+    kernels
+        Sweeps a piece (its bytes) with the pass's own kernels, results dropped
+        (a runtime stream's ``sweep``), where the runtime offers it; else the probe
+        sums each piece's bytes.  A kernel slower than memory hides what a map's
+        reads cost beyond ``pread``'s and leaves the copy as ``pread``'s extra work:
+        on the AVX2 VM of issue 24's thirteenth stop the sum chose ``pread`` for a
+        ``.npy`` whose pass ran 1.15x faster through the map.  The first pass that
+        probes a file decides for it in this process.
     """
     checked_read_method(requested)
     if requested == "pread":
@@ -423,7 +456,16 @@ def choose_read_method(
     except OSError:
         return ReadChoice("pread", "the file could not be examined; pread names what is wrong")
     sweeps = 2 if digest_sweep else 1
-    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, piece, sweeps, map_piece)
+    key = (
+        str(path),
+        st.st_ino,
+        st.st_size,
+        st.st_mtime_ns,
+        piece,
+        sweeps,
+        map_piece,
+        kernels is not None,
+    )
     found = _PROBES.get(key)  # decided: no wait on a probe of another file
     if found is not None:
         return found
@@ -453,6 +495,7 @@ def choose_read_method(
                 sweeps,
                 map_piece,
                 count_busy=tries >= BUSY_TRIES,
+                kernels=kernels,
             )
             if not probe.measured_GBps:  # too short, or other work: decides nothing now
                 if probe.why.startswith("not measured"):
@@ -460,12 +503,12 @@ def choose_read_method(
                 return probe
             probes.append(probe)
         _BUSY_TRIES.pop(key, None)
-        decided = _verdict(probes, sweeps)
+        decided = _verdict(probes, sweeps, by_kernels=kernels is not None)
         _PROBES[key] = decided
         return decided
 
 
-def _verdict(probes: list[ReadChoice], sweeps: int) -> ReadChoice:
+def _verdict(probes: list[ReadChoice], sweeps: int, *, by_kernels: bool) -> ReadChoice:
     """The file's read method from its probes: the fastest round each way over all of them.
 
     Other work (the other task threads' kernels, a compiler) only ever slows a
@@ -475,7 +518,10 @@ def _verdict(probes: list[ReadChoice], sweeps: int) -> ReadChoice:
     """
     best = {k: max(p.measured_GBps[k] for p in probes) for k in probes[0].measured_GBps}
     method = "mmap" if best["pread"] <= MARGIN * best["mmap"] else "pread"
-    what = "read, digest and sweep" if sweeps == 2 else "read and one sweep"
+    swept = "the pass's kernels" if by_kernels else "a sum of the bytes"
+    what = (
+        f"read, digest and a sweep by {swept}" if sweeps == 2 else f"read and one sweep by {swept}"
+    )
     verdict = (
         f"the map at least {1 / MARGIN:.2f}x faster than pread"
         if method == "mmap"

@@ -295,6 +295,24 @@ class FramePassStream(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not hash rows (hash_rows)")
 
     @property
+    def can_sweep(self) -> bool:
+        """Whether :meth:`sweep` runs this stream's kernels over frames without feeding them."""
+        return False
+
+    def sweep(self, frames: np.ndarray) -> None:
+        """Run the kernels :meth:`feed` would run over ``(n, k_r * k_c)`` frames; keep nothing.
+
+        A read-method probe (``io/read_method.py``) sweeps the pieces it reads
+        with the pass's own kernels, so that it compares a map with ``pread``
+        as the pass will read them: a kernel slower than memory hides what a
+        map's reads cost more and leaves the copy as ``pread``'s extra work,
+        which a plain sum does not show.  The stream's results do not change.
+        Only where :attr:`can_sweep`; the default cannot (the probe then sums
+        each piece).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot sweep frames (can_sweep)")
+
+    @property
     def can_stop_early(self) -> bool:
         """Whether :meth:`stop_early` may end this stream before every frame it was made for."""
         return False

@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -930,6 +931,7 @@ def check_frame_pass_stream(
     assert values is not None
     np.testing.assert_array_equal(values, frames[:, idx], err_msg=f"{label} gather only")
     _check_stream_stops_early(runtime, frames, weights, idx, detector, label)
+    _check_stream_sweeps(runtime, frames, weights, idx, detector, label)
     return True
 
 
@@ -990,6 +992,53 @@ def _check_stream_stops_early(
     )
     assert gathered is not None, f"{label}: stopped early, the gather was lost"
     np.testing.assert_array_equal(gathered, kept[:, idx], err_msg=f"{label} stopped early")
+
+
+def _check_stream_sweeps(
+    runtime: Any,
+    frames: np.ndarray,
+    weights: np.ndarray,
+    idx: np.ndarray,
+    detector: tuple[int, int],
+    label: str,
+) -> None:
+    """A stream that says it can sweep runs frames through its kernels and keeps nothing.
+
+    Other frames swept before, between and after the frames fed (as a read-method
+    probe sweeps its pieces, from two threads at once) leave the pass and the
+    gather equal to the reference.
+    """
+    stream = _full_stream(runtime, weights, frames, idx, detector)
+    assert stream is not None, f"{label}: a stream offered once must be offered again"
+    if not stream.can_sweep:
+        return
+    other = frames[::-1].copy() + frames.dtype.type(1)
+
+    def sweep_twice(rows: np.ndarray) -> None:
+        done = threading.Thread(target=stream.sweep, args=(rows,))
+        done.start()
+        stream.sweep(rows[: max(1, rows.shape[0] // 2)])
+        done.join()
+
+    sweep_twice(other)
+    stream.feed(frames[:11])
+    sweep_twice(other[5:])
+    stream.feed(frames[11:])
+    sweep_twice(other)
+    got, gathered = stream.finish()
+    ref = _reference().frame_pass(frames, weights, want_sum=True, want_max=True)
+    check_frame_pass(
+        got,
+        ref,
+        frames,
+        weights,
+        want_sum=True,
+        want_max=True,
+        what=f"{label} with sweeps between its feeds",
+        precision=runtime.precision(),
+    )
+    assert gathered is not None, f"{label}: the gather was lost to sweeps"
+    np.testing.assert_array_equal(gathered, frames[:, idx], err_msg=f"{label} with sweeps")
 
 
 def check_stream_row_digests(

@@ -221,6 +221,7 @@ class PreparedFramePass:
         self._decoded: np.ndarray | None = None
         self.kernel_key = self._kernel_key()
         self._exact: ExactPass | None = None
+        self._scratch = threading.local()  # sweep()'s outputs, per calling thread
         self._background_jit = bool(background_jit)
         if background_jit and self._dot is None and not warmup.is_ready(self.kernel_key):
             self._start_background(w, frame_shape, structured)
@@ -289,6 +290,61 @@ class PreparedFramePass:
     def runs_dot_kernel(self) -> bool:
         """Whether the next frames of the prepared dtype run the integer dot kernel."""
         return self._dot is not None and self._exact is None
+
+    @property
+    def can_sweep(self) -> bool:
+        """Whether :meth:`sweep` runs this pass's compiled kernels.
+
+        The integer dot kernel, the structured cell kernels or the fused kernel,
+        on frames of the pass's own dtype; not while an exact-NumPy stand-in
+        runs, nor for float16 frames (widened per call).
+        """
+        return self._exact is None and self._max_dtype == self._dtype
+
+    def sweep(self, frames: np.ndarray) -> None:
+        """Run the kernels :meth:`run` would run over ``(n, k_r * k_c)`` frames, results dropped.
+
+        What a read-method probe sweeps each piece with (``io/read_method.py``):
+        the same instructions over the same bytes, into scratch outputs of the
+        calling thread, so nothing of the pass changes.  Frames of another dtype
+        than the pass's, or a pass without :attr:`can_sweep`, raise ``ValueError``.
+        """
+        from .structure import readonly, structured_pass
+
+        if not self.can_sweep or frames.dtype != self._dtype:
+            raise ValueError(
+                f"this pass cannot sweep {frames.dtype} frames (prepared for {self._dtype}, "
+                f"compiled kernels: {self.can_sweep})"
+            )
+        frames = np.ascontiguousarray(frames)
+        n = frames.shape[0]
+        scratch = getattr(self._scratch, "out", None)
+        if scratch is None or scratch.shape[0] < n:
+            scratch = self._scratch.out = np.empty((n, self._out.shape[1]), dtype=np.float64)
+            self._scratch.sum = np.zeros_like(self._sum)
+            self._scratch.max = np.zeros_like(self._max)
+        if self._dot is not None:
+            self._dot.run(frames, scratch[:n])
+        elif self._plan is not None:
+            structured_pass(
+                frames,
+                self._plan,
+                scratch[:n],
+                self._scratch.sum,
+                self._scratch.max,
+                do_sum=self._want_sum,
+                do_max=self._want_max,
+            )
+        else:
+            _fused(
+                readonly(frames),
+                self._padded,
+                scratch[:n],
+                self._scratch.sum,
+                self._scratch.max,
+                self._want_sum,
+                self._want_max,
+            )
 
     def run(self, frames: np.ndarray, *, hasher: RowHasher | None = None) -> None:
         """Run the pass on the next ``(n, k_r * k_c)`` frames (any layout; copied if needed).

@@ -143,6 +143,17 @@ class CpuFramePassStream(FramePassStream):
         self._pos += n
 
     @property
+    def can_sweep(self) -> bool:
+        """Where the prepared pass runs its compiled kernels (:meth:`PreparedFramePass.sweep`)."""
+        return self._pass is not None and self._pass.can_sweep
+
+    def sweep(self, frames: np.ndarray) -> None:
+        """Run the prepared pass's kernels over ``frames``, results dropped (a probe's sweep)."""
+        if self._pass is None:
+            raise NotImplementedError("this stream runs no kernels (can_sweep)")
+        self._pass.sweep(frames)
+
+    @property
     def can_stop_early(self) -> bool:
         """Yes: the prepared pass's outputs and the gather are cut to the frames it keeps."""
         return True
