@@ -349,8 +349,39 @@ def test_a_read_method_is_decided_by_the_fastest_rounds_of_two_probes(
     assert "2 probes on this file" in final.why
     assert final.measured_GBps == {"mmap": best[0], "pread": best[1]}
     assert f"a map {best[0]:.1f} GB/s and pread {best[1]:.1f} GB/s" in final.why
-    found = "the map at least 1.15x faster" if decision == "mmap" else "pread within 1.15x"
-    assert f"found {found}" in final.why
+    rule = "the map at least 1.15x faster" if decision == "mmap" else "pread unless the map"
+    assert f"({rule}" in final.why
+    forget_probes()
+
+
+@pytest.mark.parametrize(
+    ("rates", "digest_sweep", "decision"),
+    [
+        # within 1.15x: where the kernels carry the digest the map, else pread
+        ({"mmap": 1.05, "pread": 1.0}, False, "mmap"),
+        ({"mmap": 1.0, "pread": 1.1}, False, "mmap"),
+        ({"mmap": 1.05, "pread": 1.0}, True, "pread"),
+        # a clear difference decides either way
+        ({"mmap": 1.0, "pread": 1.2}, False, "pread"),
+        ({"mmap": 1.2, "pread": 1.0}, True, "mmap"),
+    ],
+)
+def test_a_tie_goes_to_the_way_passes_of_that_sweep_measured_faster(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    rates: dict[str, float],
+    digest_sweep: bool,
+    decision: str,
+) -> None:
+    path = tmp_path / "p.bin"
+    np.zeros(40 << 20, dtype=np.uint8).tofile(path)
+    _fake_probes(monkeypatch, [rates, rates])
+    choice = choose_read_method("auto", path, 0, 40 << 20, 1 << 20, digest_sweep=digest_sweep)
+    assert choice.method == decision
+    lead = "pread at least 1.15x faster" if decision == "pread" else "the map unless pread"
+    if digest_sweep:
+        lead = "the map at least 1.15x faster" if decision == "mmap" else "pread unless the map"
+    assert lead in choice.why
     forget_probes()
 
 

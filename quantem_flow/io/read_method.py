@@ -25,9 +25,11 @@ stream can sweep frames without feeding them (``FramePassStream.sweep``),
 else a sum of the bytes: a kernel slower than memory hides what the map's
 reads from memory cost beyond the copy's, and a fast sum does not (on the
 AVX2 VM of the thirteenth stop the sum chose ``pread`` for a ``.npy`` whose
-pass ran 1.15x faster by map).  The map is chosen when its fastest round is at least 15 % faster
-than ``pread``'s (the fastest, because other
-work elsewhere only ever slows a round down), and a verdict takes two probes
+pass ran 1.15x faster by map).  A way is chosen when its fastest round is at
+least 15 % faster than the other's (the fastest, because other work
+elsewhere only ever slows a round down); within that, the way every pass
+measured so far found faster for that sweep (:func:`_decide`: the map where
+the kernels carry the digest, ``pread`` where it is a sweep of its own).  A verdict takes two probes
 on different pieces of the file, comparing the fastest round each way over
 both: one probe whose ``pread`` rounds met other work (an exact-NumPy chunk
 on the other thread) once measured the map 3x faster here, and a single
@@ -353,8 +355,7 @@ def _probe(
         )
     read = {k: n_threads * (span // sizes[k]) * sizes[k] for k in times}
     rate = {k: read[k] / min(v) / 1e9 for k, v in quiet.items()}
-    faster = rate["pread"] <= MARGIN * rate["mmap"]
-    method = "mmap" if faster else "pread"
+    method, rule = _decide(rate, sweeps)
     swept = "the pass's kernels" if kernels is not None else "a sum of its bytes"
     what = (
         f"read, digest, a sweep by {swept}"
@@ -376,11 +377,34 @@ def _probe(
             f"measured on this file by this worker ({what} on {n_threads} threads at "
             f"once, as a pass runs): a map {rate['mmap']:.1f} GB/s, pread {rate['pread']:.1f} GB/s "
             f"({rounds} rounds each way of {span} bytes per thread, pread in {piece}-byte "
-            f"pieces, the map in {sizes['mmap']}-byte pieces, alternating{skipped}); the map "
-            f"is used when at least {1 / MARGIN:.2f}x faster"
+            f"pieces, the map in {sizes['mmap']}-byte pieces, alternating{skipped}); {rule}"
         ),
         {k: round(v, 3) for k, v in rate.items()},
     )
+
+
+def _decide(rate: dict[str, float], sweeps: int) -> tuple[str, str]:
+    """The way a probe's rates choose, and the rule that chose it.
+
+    Within ``1 / MARGIN`` of each other the rates do not tell the ways apart
+    (rounds of one file differ by 5-10 %), and a tie goes to the way every pass
+    measured so far found faster: where the kernels carry the digest (one
+    sweep) the map, which won each such pass measured, 1.35-1.63x on the Intel
+    VM (issue 24, tenth stop) and 1.20-1.54x on the AVX2 VM whose probes
+    measured the two within 1.15x at the pass's piece alignment (thirteenth
+    stop); where the digest is a sweep of its own, ``pread`` (the copy leaves
+    the piece in cache for both sweeps; "Mapped reads").  A clear difference
+    either way decides: a file not in the page cache or on a network file
+    system, where faults cost more.
+    """
+    lead = 1 / MARGIN
+    if sweeps == 1:
+        if rate["mmap"] <= MARGIN * rate["pread"]:
+            return "pread", f"pread at least {lead:.2f}x faster than the map"
+        return "mmap", f"the map unless pread is at least {lead:.2f}x faster"
+    if rate["pread"] <= MARGIN * rate["mmap"]:
+        return "mmap", f"the map at least {lead:.2f}x faster than pread"
+    return "pread", f"pread unless the map is at least {lead:.2f}x faster"
 
 
 def checked_read_method(value: str) -> str:
@@ -514,18 +538,13 @@ def _verdict(probes: list[ReadChoice], sweeps: int, *, by_kernels: bool) -> Read
     Other work (the other task threads' kernels, a compiler) only ever slows a
     round down, and it hits one way in one probe as often as the other: the
     fastest round of each way over every probe is the nearest to each way's
-    own rate.  The map when that is at least ``1 / MARGIN`` faster, else ``pread``.
+    own rate.  Which way wins within ``1 / MARGIN``: :func:`_decide`.
     """
     best = {k: max(p.measured_GBps[k] for p in probes) for k in probes[0].measured_GBps}
-    method = "mmap" if best["pread"] <= MARGIN * best["mmap"] else "pread"
+    method, rule = _decide(best, sweeps)
     swept = "the pass's kernels" if by_kernels else "a sum of the bytes"
     what = (
         f"read, digest and a sweep by {swept}" if sweeps == 2 else f"read and one sweep by {swept}"
-    )
-    verdict = (
-        f"the map at least {1 / MARGIN:.2f}x faster than pread"
-        if method == "mmap"
-        else f"pread within {1 / MARGIN:.2f}x of the map or faster"
     )
     return ReadChoice(
         method,
@@ -534,7 +553,7 @@ def _verdict(probes: list[ReadChoice], sweeps: int, *, by_kernels: bool) -> Read
             "pieces: "
             f"{', then '.join(str(p.measured_GBps) for p in probes)} GB/s ({what} on every CPU "
             f"thread at once); their fastest rounds, a map {best['mmap']:.1f} GB/s and pread "
-            f"{best['pread']:.1f} GB/s, found {verdict}, so "
+            f"{best['pread']:.1f} GB/s ({rule}): "
             f"{'the map' if method == 'mmap' else 'pread'} for every chunk of this file"
         ),
         {k: round(v, 3) for k, v in best.items()},
