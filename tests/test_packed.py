@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import time
 import tracemalloc
 from typing import Any
 
@@ -19,6 +20,7 @@ from quantem_flow.representations.packed import (
     PackedPayload,
 )
 from quantem_flow.runtimes import get_runtime
+from quantem_flow.runtimes.cpu import warmup
 from quantem_flow.runtimes.cpu.kernels import frame_pass_numba
 from quantem_flow.runtimes.cpu.packed_kernels import frame_pass_packed, group_frames
 from tests.conftest import probe_data
@@ -335,12 +337,22 @@ def test_kernel_decodes_a_few_frames_at_a_time(rng: np.random.Generator) -> None
     w = np.ones((3, 32 * 48))
     frame_pass_packed(payload, w, want_sum=True, want_max=True)  # compile outside the trace
     assert 4 <= group_frames(32 * 48, 2) <= 64
-    tracemalloc.start()
-    try:
-        got = frame_pass_packed(payload, w, want_sum=True, want_max=True)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    # tracemalloc counts every thread's allocations: a background compile of an earlier
+    # test (or any other thread) only adds to a trace, so the least of three traces,
+    # once no compile runs, bounds this kernel's own peak
+    deadline = time.monotonic() + 60
+    while warmup.any_warming() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    peaks = []
+    for _ in range(3):
+        tracemalloc.start()
+        try:
+            got = frame_pass_packed(payload, w, want_sum=True, want_max=True)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        peaks.append(peak)
+    peak = min(peaks)
     decoded_group = group_frames(32 * 48, 2) * 32 * 48 * 2
     outputs = got.per_frame.nbytes * 2 + 32 * 48 * 8 * 2 + 3 * 32 * 48 * 8
     assert peak < decoded_group + outputs + 64 * 1024, (peak, dense.nbytes)
