@@ -895,20 +895,7 @@ def check_frame_pass_stream(
         return False
     for a, b in ((0, 1), (1, 6), (6, 10), (10, 23), (23, n)):
         stream.feed(frames[a:b])
-    got, gathered = stream.finish()
-    ref = _reference().frame_pass(frames, weights, want_sum=True, want_max=True)
-    check_frame_pass(
-        got,
-        ref,
-        frames,
-        weights,
-        want_sum=True,
-        want_max=True,
-        what=label,
-        precision=runtime.precision(),
-    )
-    assert gathered is not None, f"{label}: a gather was asked for and none returned"
-    np.testing.assert_array_equal(gathered, frames[:, idx], err_msg=f"{label} gathered")
+    _check_finished(runtime, stream, frames, weights, idx, label)
     only = runtime.frame_pass_stream(
         np.zeros((0, k)),
         n_frames=n,
@@ -933,6 +920,38 @@ def check_frame_pass_stream(
     _check_stream_stops_early(runtime, frames, weights, idx, detector, label)
     _check_stream_sweeps(runtime, frames, weights, idx, detector, label)
     return True
+
+
+def _check_finished(
+    runtime: Any,
+    stream: Any,
+    frames: np.ndarray,
+    weights: np.ndarray,
+    idx: np.ndarray | None,
+    what: str,
+    *,
+    patterns: bool = True,
+) -> None:
+    """``stream`` (fed ``frames``) finishes as the reference pass over them.
+
+    With the sum and maximum patterns where ``patterns``, and the gather of the
+    pixels ``idx`` where given.
+    """
+    got, gathered = stream.finish()
+    ref = _reference().frame_pass(frames, weights, want_sum=patterns, want_max=patterns)
+    check_frame_pass(
+        got,
+        ref,
+        frames,
+        weights,
+        want_sum=patterns,
+        want_max=patterns,
+        what=what,
+        precision=runtime.precision(),
+    )
+    if idx is not None:
+        assert gathered is not None, f"{what}: a gather was asked for and none returned"
+        np.testing.assert_array_equal(gathered, frames[:, idx], err_msg=f"{what}: gathered")
 
 
 def _full_stream(
@@ -977,21 +996,7 @@ def _check_stream_stops_early(
         stream.stop_early(5)
     stream.stop_early(23)
     stream.feed(frames[10:23])
-    got, gathered = stream.finish()
-    kept = frames[:23]
-    ref = _reference().frame_pass(kept, weights, want_sum=True, want_max=True)
-    check_frame_pass(
-        got,
-        ref,
-        kept,
-        weights,
-        want_sum=True,
-        want_max=True,
-        what=f"{label} stopped early",
-        precision=runtime.precision(),
-    )
-    assert gathered is not None, f"{label}: stopped early, the gather was lost"
-    np.testing.assert_array_equal(gathered, kept[:, idx], err_msg=f"{label} stopped early")
+    _check_finished(runtime, stream, frames[:23], weights, idx, f"{label} stopped early")
 
 
 def _check_stream_sweeps(
@@ -1025,20 +1030,7 @@ def _check_stream_sweeps(
     sweep_twice(other[5:])
     stream.feed(frames[11:])
     sweep_twice(other)
-    got, gathered = stream.finish()
-    ref = _reference().frame_pass(frames, weights, want_sum=True, want_max=True)
-    check_frame_pass(
-        got,
-        ref,
-        frames,
-        weights,
-        want_sum=True,
-        want_max=True,
-        what=f"{label} with sweeps between its feeds",
-        precision=runtime.precision(),
-    )
-    assert gathered is not None, f"{label}: the gather was lost to sweeps"
-    np.testing.assert_array_equal(gathered, frames[:, idx], err_msg=f"{label} with sweeps")
+    _check_finished(runtime, stream, frames, weights, idx, f"{label} with sweeps between feeds")
 
 
 def check_stream_row_digests(
@@ -1096,18 +1088,7 @@ def check_stream_row_digests(
         for r in range(n // row_frames)
     ]
     assert digests == expect, f"{label}: {digests} != the rows' XXH3-128 {expect}"
-    got, _ = stream.finish()
-    ref = _reference().frame_pass(frames, weights, want_sum=False, want_max=False)
-    check_frame_pass(
-        got,
-        ref,
-        frames,
-        weights,
-        want_sum=False,
-        want_max=False,
-        what=label,
-        precision=runtime.precision(),
-    )
+    _check_finished(runtime, stream, frames, weights, None, label, patterns=False)
     return True
 
 
