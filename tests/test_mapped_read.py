@@ -428,58 +428,82 @@ def test_the_probe_sweeps_each_piece_as_the_pass_will(
     assert small.method == "pread" and "too few bytes" in small.why  # 2 x 2 x 16 MiB > 40
 
 
-def _spinning(stop: Any) -> None:
-    """Keep one thread of this process busy (NumPy sums release the GIL) until ``stop``."""
+_BUSY_PROBES = r"""
+import json, sys, threading
+import numpy as np
+from pathlib import Path
+from quantem_flow.io import read_method
+from quantem_flow.io.read_method import choose_read_method
+
+read_method._probe_threads = lambda piece: 2
+path, size = Path(sys.argv[1]), 40 << 20
+out = {"quiet": read_method._probe(path, 0, size, 1 << 20, sweeps=1).__dict__}
+stop = threading.Event()
+
+def spin():  # one other thread of this process kept busy (NumPy sums release the GIL)
     a = np.ones(1 << 18)
     while not stop.is_set():
         a.sum()
+
+spinner = threading.Thread(target=spin)
+spinner.start()
+try:
+    out["busy"] = read_method._probe(path, 0, size, 1 << 20, sweeps=1).__dict__
+    out["choices"] = [
+        choose_read_method("auto", path, 0, size, 1 << 20).__dict__
+        for _ in range(read_method.BUSY_TRIES + 1)
+    ]
+finally:
+    stop.set()
+    spinner.join()
+print("RESULT " + json.dumps(out))
+"""
 
 
 def test_probe_rounds_while_other_threads_of_the_process_work_do_not_count(
     tmp_path: Path,
 ) -> None:
-    import threading
+    """In a fresh interpreter (no other thread of its own), then beside one busy thread."""
+    import json
+    import subprocess
+    import sys
 
     from quantem_flow.io import read_method
 
     path = tmp_path / "p.bin"
-    size = 40 << 20
-    np.zeros(size, dtype=np.uint8).tofile(path)
-    forget_probes()
-    # quiet: every round counts, and the record names none set aside
-    quiet = read_method._probe(path, 0, size, 1 << 20, sweeps=1)
-    assert set(quiet.measured_GBps) == {"mmap", "pread"}
-    assert "not counted" not in quiet.why
-    stop = threading.Event()
-    spinner = threading.Thread(target=_spinning, args=(stop,))
-    spinner.start()
-    try:
-        busy = read_method._probe(path, 0, size, 1 << 20, sweeps=1)
-        # a probe that found the other thread busy in every round of a way decides nothing
-        # and says why; one with some quiet rounds names those it set aside
-        if busy.measured_GBps:
-            assert "not counted" in busy.why
-        else:
-            assert busy.method == "pread" and busy.why.startswith("not measured: other threads")
-            assert "of a CPU busy" in busy.why
-        # a chunk whose probe decided nothing is followed by another probe; after
-        # BUSY_TRIES such chunks every round counts, and the record says so
-        choices = [
-            choose_read_method("auto", path, 0, size, 1 << 20)
-            for _ in range(read_method.BUSY_TRIES + 1)
-        ]
-    finally:
-        stop.set()
-        spinner.join()
-    decided = [c for c in choices if c.measured_GBps]
-    undecided = [c for c in choices if not c.measured_GBps]
-    assert decided, [c.why for c in choices]  # by the last chunk at the latest
-    assert all(c.method == "pread" and "later chunk" in c.why for c in undecided)
-    assert len(undecided) <= read_method.BUSY_TRIES
-    assert choices[choices.index(decided[0]) :] == [decided[0]] * (
-        len(choices) - choices.index(decided[0])
+    np.zeros(40 << 20, dtype=np.uint8).tofile(path)
+    run = subprocess.run(
+        [sys.executable, "-c", _BUSY_PROBES, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
-    forget_probes()
+    assert run.returncode == 0, run.stderr[-2000:]
+    line = next(x for x in run.stdout.splitlines() if x.startswith("RESULT "))
+    out = json.loads(line.removeprefix("RESULT "))
+    # quiet: every round counts, and the record names none set aside
+    quiet = out["quiet"]
+    assert set(quiet["measured_GBps"]) == {"mmap", "pread"}, quiet["why"]
+    assert "not counted" not in quiet["why"]
+    # a probe that found the other thread busy in every round of a way decides nothing and
+    # says why; one with some quiet rounds names those it set aside
+    busy = out["busy"]
+    if busy["measured_GBps"]:
+        assert "not counted" in busy["why"]
+    else:
+        assert busy["method"] == "pread" and busy["why"].startswith("not measured: other threads")
+        assert "of a CPU busy" in busy["why"]
+    # a chunk whose probe decided nothing is followed by another probe; after BUSY_TRIES
+    # such chunks every round counts, and the record says so
+    choices = out["choices"]
+    decided = [c for c in choices if c["measured_GBps"]]
+    undecided = [c for c in choices if not c["measured_GBps"]]
+    assert decided, [c["why"] for c in choices]  # by the last chunk at the latest
+    assert all(c["method"] == "pread" and "later chunk" in c["why"] for c in undecided)
+    assert len(undecided) <= read_method.BUSY_TRIES
+    first = choices.index(decided[0])
+    assert choices[first:] == [decided[0]] * (len(choices) - first)
 
 
 def test_tasks_reading_one_file_wait_for_one_pair_of_probes(
