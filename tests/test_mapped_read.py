@@ -34,10 +34,16 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(autouse=True)
 def _two_probe_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The probe reads with every CPU; these files are sized for two threads' rounds."""
+    """The probe reads with every CPU; these files are sized for two threads' rounds.
+
+    And every probe counts every round: in a full test run other threads of the test
+    process (an embedded cluster's) may work during these files' rounds of microseconds;
+    rounds set aside for them are tested in a fresh interpreter (below).
+    """
     import quantem_flow.io.read_method as read_method
 
     monkeypatch.setattr(read_method, "_probe_threads", lambda piece: 2)
+    monkeypatch.setattr(read_method, "BUSY_TRIES", 0)
 
 
 DET = (16, 12)
@@ -134,8 +140,7 @@ def test_mapped_pieces_equal_pread_pieces_bit_for_bit(
     assert "madvise" in mapped_records[0]["streamed"]["how"]
     reads = [r["streamed"]["read"] for r in _records(auto[0])]
     assert {r["method"] for r in reads} <= {"mmap", "pread"}
-    # the first chunk makes both probes and every chunk has their verdict (one process,
-    # nothing else running: no round is set aside for other threads' work)
+    # the first chunk makes both probes and every chunk has their verdict
     assert len({(r["method"], r["why"]) for r in reads}) == 1
     assert "2 probes on this file by this worker, back to back" in reads[0]["why"]
     # the probe swept its pieces with the pass's own compiled kernels
@@ -403,7 +408,7 @@ def test_the_probe_sweeps_each_piece_as_the_pass_will(
     # the real probe's rounds and its record say which
     forget_probes()
     monkeypatch.undo()
-    choice = read_method._probe(path, 0, 40 << 20, 1 << 20, sweeps=1)
+    choice = read_method._probe(path, 0, 40 << 20, 1 << 20, sweeps=1, count_busy=True)
     assert "one sweep by a sum of its bytes (the digest in the kernel's)" in choice.why
     # with the pass's kernels: every byte of every piece each way goes through them
     seen: list[int] = []
@@ -414,14 +419,18 @@ def test_the_probe_sweeps_each_piece_as_the_pass_will(
         with lock:
             seen.append(view.nbytes)
 
-    swept = read_method._probe(path, 0, 40 << 20, 1 << 20, sweeps=1, kernels=kernels)
+    swept = read_method._probe(
+        path, 0, 40 << 20, 1 << 20, sweeps=1, kernels=kernels, count_busy=True
+    )
     assert "one sweep by the pass's kernels" in swept.why
     assert set(swept.measured_GBps) == {"mmap", "pread"}
     # 2 ways x 2 rounds x 2 threads x 4 pieces of 1 MiB, and the untimed first call
     assert sum(seen) == 2 * 2 * 2 * 4 * (1 << 20) + (1 << 20)
     assert set(choice.measured_GBps) == {"mmap", "pread"}
     # the map probed in the pieces the pass maps (map_piece_mib), pread in its own
-    larger = read_method._probe(path, 0, 40 << 20, 1 << 20, sweeps=1, map_piece=8 << 20)
+    larger = read_method._probe(
+        path, 0, 40 << 20, 1 << 20, sweeps=1, map_piece=8 << 20, count_busy=True
+    )
     assert "pread in 1048576-byte pieces, the map in 8388608-byte pieces" in larger.why
     assert set(larger.measured_GBps) == {"mmap", "pread"}
     small = read_method._probe(path, 0, 40 << 20, 1 << 20, sweeps=1, map_piece=16 << 20)
@@ -456,6 +465,7 @@ try:
 finally:
     stop.set()
     spinner.join()
+out["busy_tries"] = read_method.BUSY_TRIES
 print("RESULT " + json.dumps(out))
 """
 
@@ -467,8 +477,6 @@ def test_probe_rounds_while_other_threads_of_the_process_work_do_not_count(
     import json
     import subprocess
     import sys
-
-    from quantem_flow.io import read_method
 
     path = tmp_path / "p.bin"
     np.zeros(40 << 20, dtype=np.uint8).tofile(path)
@@ -501,7 +509,7 @@ def test_probe_rounds_while_other_threads_of_the_process_work_do_not_count(
     undecided = [c for c in choices if not c["measured_GBps"]]
     assert decided, [c["why"] for c in choices]  # by the last chunk at the latest
     assert all(c["method"] == "pread" and "later chunk" in c["why"] for c in undecided)
-    assert len(undecided) <= read_method.BUSY_TRIES
+    assert len(undecided) <= out["busy_tries"] == 3  # the module's own, not this file's 0
     first = choices.index(decided[0])
     assert choices[first:] == [decided[0]] * (len(choices) - first)
 
