@@ -390,7 +390,7 @@ def _decide(rate: dict[str, float], sweeps: int) -> tuple[str, str]:
     (rounds of one file differ by 5-10 %), and a tie goes to the way every pass
     measured so far found faster: where the kernels carry the digest (one
     sweep) the map, which won each such pass measured, 1.35-1.63x on the Intel
-    VM (issue 24, tenth stop) and 1.20-1.54x on the AVX2 VM whose probes
+    VM (issue 24, tenth stop) and 1.13-1.48x on the AVX2 VM whose probes
     measured the two within 1.15x at the pass's piece alignment (thirteenth
     stop); where the digest is a sweep of its own, ``pread`` (the copy leaves
     the piece in cache for both sweeps; "Mapped reads").  A clear difference
