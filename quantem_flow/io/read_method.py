@@ -302,10 +302,10 @@ def _probe(
     except OSError as exc:
         raise CorruptChunkError(f"cannot open {str(path)!r} to measure reads: {exc}") from exc
     readers = _Readers(n_threads)
-    # what the threads' hand-offs between rounds cost the process by themselves (0.1-0.2 ms
-    # here): not other work
-    idle = min(readers.round(lambda i: None)[1] for _ in range(3))
     try:
+        # what the threads' hand-offs between rounds cost the process by themselves
+        # (0.1-0.2 ms here): not other work
+        idle = min(readers.round(lambda i: None)[1] for _ in range(3))
         times: dict[str, list[float]] = {"pread": [], "mmap": []}
         others: dict[str, list[float]] = {"pread": [], "mmap": []}
         at_byte = first
