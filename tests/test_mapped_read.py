@@ -409,7 +409,7 @@ def test_the_probe_sweeps_each_piece_as_the_pass_will(
     forget_probes()
     monkeypatch.undo()
     choice = read_method._probe(path, 0, 40 << 20, 1 << 20, sweeps=1, count_busy=True)
-    assert "one sweep by a sum of its bytes (the digest in the kernel's)" in choice.why
+    assert "one sweep by a sum of the bytes (the digest in the kernel's)" in choice.why
     # with the pass's kernels: every byte of every piece each way goes through them
     seen: list[int] = []
     lock = __import__("threading").Lock()

@@ -85,8 +85,9 @@ PROBE_ROUNDS = 4
 PIECES_PER_THREAD = 4
 #: The probe's reused buffers (one piece per thread) stay within this many bytes.
 PROBE_BUFFER_BYTES = 64 << 20
-#: The map must be this much faster (fastest round time ratio) to replace ``pread``, the
-#: default: rounds of one file differ by ~5-10 % from one another on a shared machine.
+#: A way must be this much faster (fastest round time ratio) to be chosen over the other
+#: (within it, :func:`_decide`'s tie rule): rounds of one file differ by ~5-10 % from one
+#: another on a shared machine.
 MARGIN = 1 / 1.15
 #: A probe round counts only while the process's other threads used at most this fraction
 #: of one CPU over it, beyond what the probe's threads' hand-offs cost (measured by rounds
@@ -131,6 +132,8 @@ PROBES = 2
 #: before a probe counts busy rounds too (and says so).
 BUSY_TRIES = 3
 _LOCK = threading.Lock()
+#: How a probe that met other threads' work in every round of a way begins its answer.
+_BUSY = "not measured: other threads of this worker"
 
 
 def forget_probes() -> None:
@@ -348,7 +351,7 @@ def _probe(
         return ReadChoice(
             "pread",
             (
-                f"not measured: other threads of this worker kept {busiest:.0%} of a CPU busy "
+                f"{_BUSY} kept {busiest:.0%} of a CPU busy "
                 f"during the probe's rounds ({dropped} of {2 * rounds} rounds over "
                 f"{BUSY_OTHERS:.0%}), which would slow them; measured on a later chunk"
             ),
@@ -356,12 +359,7 @@ def _probe(
     read = {k: n_threads * (span // sizes[k]) * sizes[k] for k in times}
     rate = {k: read[k] / min(v) / 1e9 for k, v in quiet.items()}
     method, rule = _decide(rate, sweeps)
-    swept = "the pass's kernels" if kernels is not None else "a sum of its bytes"
-    what = (
-        f"read, digest, a sweep by {swept}"
-        if sweeps == 2
-        else f"read, one sweep by {swept} (the digest in the kernel's)"
-    )
+    what = _sweep_words(sweeps, by_kernels=kernels is not None)
     skipped = (
         f"; counting rounds during which other threads of this worker used up to "
         f"{busiest:.0%} of a CPU, after {BUSY_TRIES} chunks found them busy"
@@ -381,6 +379,14 @@ def _probe(
         ),
         {k: round(v, 3) for k, v in rate.items()},
     )
+
+
+def _sweep_words(sweeps: int, *, by_kernels: bool) -> str:
+    """What a probe does with each piece, in the words of the records."""
+    swept = "the pass's kernels" if by_kernels else "a sum of the bytes"
+    if sweeps == 2:
+        return f"read, digest and a sweep by {swept}"
+    return f"read and one sweep by {swept} (the digest in the kernel's)"
 
 
 def _decide(rate: dict[str, float], sweeps: int) -> tuple[str, str]:
@@ -522,7 +528,7 @@ def choose_read_method(
                 kernels=kernels,
             )
             if not probe.measured_GBps:  # too short, or other work: decides nothing now
-                if probe.why.startswith("not measured"):
+                if probe.why.startswith(_BUSY):
                     _BUSY_TRIES[key] = tries + 1
                 return probe
             probes.append(probe)
@@ -542,10 +548,7 @@ def _verdict(probes: list[ReadChoice], sweeps: int, *, by_kernels: bool) -> Read
     """
     best = {k: max(p.measured_GBps[k] for p in probes) for k in probes[0].measured_GBps}
     method, rule = _decide(best, sweeps)
-    swept = "the pass's kernels" if by_kernels else "a sum of the bytes"
-    what = (
-        f"read, digest and a sweep by {swept}" if sweeps == 2 else f"read and one sweep by {swept}"
-    )
+    what = _sweep_words(sweeps, by_kernels=by_kernels)
     return ReadChoice(
         method,
         (
