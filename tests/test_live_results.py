@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -261,6 +262,53 @@ def test_the_live_panel_draws_only_the_rows_received() -> None:
     assert dash.root.children[1] is dash._live_panel
     dash.update({})
     assert dash._live_panel is None and len(dash.root.children) == 7
+
+
+def test_the_pages_item_shows_the_latest_rows_of_the_same_scan() -> None:
+    import json
+
+    from quantem_flow.graphs.dashboard import DocumentItems, document_item
+
+    def live_at(rows: int) -> dict[str, Any]:
+        image = np.arange(rows * 8, dtype=np.float32).reshape(rows, 8) + rows
+        return {
+            "endpoint": "tcp://127.0.0.1:9999",
+            "scan_shape": [6, 8],
+            "rows": rows,
+            "published": float(rows),
+            "final": rows == 6,
+            "arrived": 100.0 + rows,
+            "ready": 100.5 + rows,
+            "images": [{"label": "bf (counts)", "shape": [rows, 8], "pixels": image.tobytes()}],
+        }
+
+    items = DocumentItems()  # one dashboard, updated in place as the page's server keeps it
+    _, first_tag = items.item({"live": live_at(2)})
+    later, later_tag = items.item({"live": live_at(5)})
+    assert later_tag != first_tag  # newer rows of the same scan are a change the page asks for
+    assert "rows 5 of 6" in later and "rows 2 of 6" not in later
+    fresh, fresh_tag = document_item({"live": live_at(5)})
+    assert later_tag == fresh_tag  # what a dashboard made for that state alone shows
+
+    def image_of(text: str) -> Any:
+        refs = json.loads(text)["doc"]["roots"]
+        found: list[Any] = []
+
+        def walk(node: Any) -> None:
+            if isinstance(node, dict):
+                if (node.get("attributes") or {}).get("name") == "qf-live-src-0":
+                    found.append(node["attributes"]["data"])
+                for v in node.values():
+                    walk(v)
+            elif isinstance(node, list):
+                for v in node:
+                    walk(v)
+
+        walk(refs)
+        assert len(found) == 1
+        return found[0]
+
+    assert image_of(later) == image_of(fresh)
 
 
 def test_the_explorer_follows_a_live_scan(rng: np.random.Generator, tmp_path: Path) -> None:

@@ -33,15 +33,17 @@ import html
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .live_panel import LIVE_REFRESH_MS
 
 __all__ = [
     "PAGE",
     "ROOT_ID",
+    "DocumentItems",
     "EarlyLeaveFilter",
     "FlowDashboard",
+    "ItemAnswer",
     "bokeh_available",
     "document_item",
     "register_page",
@@ -118,6 +120,7 @@ class FlowDashboard:
         self._width = width
         self._live_panel: Any = None
         self._live_key: tuple[Any, ...] | None = None
+        self._live_shown: tuple[Any, ...] | None = None
         self.header = Div(text="", width=width)
 
         # throughput over time, one line per worker, lost workers marked
@@ -329,7 +332,12 @@ class FlowDashboard:
 
     def _update_live(self, live: Mapping[str, Any] | None) -> None:
         key = None if not live else _live_structure(live)
+        self._live_shown = None if not live else (live.get("published"), live.get("rows"))
         if key == self._live_key:
+            if live and self._live_panel is not None:  # the same panel, newer rows
+                from .live_panel import update_live_figures
+
+                update_live_figures(self._live_panel, live)
             return
         self._live_key = key
         children = list(self.root.children)
@@ -563,20 +571,146 @@ def document_item(state: Mapping[str, Any]) -> tuple[str, str]:
         asks for the item again with ``If-None-Match`` and gets ``304`` while
         nothing changed.
     """
-    import hashlib
+    return DocumentItems().item(state)
+
+
+class ItemAnswer(NamedTuple):
+    """What the page's server answers a poll with (see :meth:`DocumentItems.answer`)."""
+
+    #: JSON text: the whole item (``json_item``), or ``{"patches": [...]}``.
+    text: str
+    #: Digest of what the charts show: unchanged, the page is answered ``304``.
+    tag: str
+    #: The document's version the text brings the page to.
+    version: int
+    #: Whether ``text`` holds patches to the page's document rather than a whole item.
+    patches: bool
+
+
+class DocumentItems:
+    """The page's charts for a sequence of states, as the page's server asks for them.
+
+    One :class:`FlowDashboard` lives in one Bokeh document, updated in place; each
+    update that changed a model becomes a numbered patch (Bokeh's own ``PATCH-DOC``
+    events, as its server sends over a websocket), and a page that holds version ``v``
+    is sent the patches after ``v`` rather than a new document: a few kB made in about a
+    millisecond where a whole item takes 0.15-0.3 s of Python (which, on the scheduler,
+    is time its event loop and its passes wait for). A page too far behind, or new, gets
+    the whole item. :meth:`answer` may be called from any one thread at a time (a lock
+    keeps it so); :meth:`answer_async` runs it on this object's own thread, off the
+    scheduler's event loop.
+
+    Parameters
+    ----------
+    keep
+        How many patches are kept for pages that fell behind.
+    """
+
+    def __init__(self, *, keep: int = 120) -> None:
+        import threading
+        from collections import deque
+
+        self._lock = threading.Lock()
+        self._dash: FlowDashboard | None = None
+        self._doc: Any = None
+        self._events: list[Any] = []
+        self._version = 0
+        self._patches: deque[tuple[int, str]] = deque(maxlen=keep)
+        self._whole: tuple[int, str] | None = None
+        self._executor: Any = None
+
+    def _dashboard(self) -> FlowDashboard:
+        if self._dash is None:
+            from bokeh.document import Document
+            from distributed.dashboard.components.scheduler import BOKEH_THEME
+
+            dash = FlowDashboard()
+            doc = Document()
+            doc.theme = BOKEH_THEME
+            doc.title = ""
+            doc.add_root(dash.root)
+            doc.on_change(self._events.append)
+            self._dash, self._doc = dash, doc
+        return self._dash
+
+    def answer(self, state: Mapping[str, Any], *, since: int | None = None) -> ItemAnswer:
+        """Bring the charts to ``state``; the patches after version ``since``, or the item.
+
+        Parameters
+        ----------
+        state
+            A plugin state (``PlacementSchedulerPlugin.state``).
+        since
+            The version the asking page holds (``None``: it holds none).
+        """
+        import hashlib
+        import json
+
+        with self._lock:
+            dash = self._dashboard()
+            dash.update(state)
+            if self._events:
+                self._version += 1
+                self._patches.append((self._version, _patch_json(self._doc, self._events)))
+                self._events.clear()
+            stable = json.dumps(dash_snapshot(dash), sort_keys=True, default=str)
+            tag = hashlib.sha256(stable.encode()).hexdigest()[:20]
+            version = self._version
+            oldest = self._patches[0][0] if self._patches else version + 1
+            if since is not None and 0 <= since <= version and since >= oldest - 1:
+                texts = [text for v, text in self._patches if v > since]
+                return ItemAnswer('{"patches":[' + ",".join(texts) + "]}", tag, version, True)
+            if self._whole is None or self._whole[0] != version:
+                self._whole = (version, _item_json(dash))
+                self._events.clear()  # serialising the whole document is no change
+            return ItemAnswer(self._whole[1], tag, version, False)
+
+    def item(self, state: Mapping[str, Any]) -> tuple[str, str]:
+        """The whole item of one state as JSON text, and its tag (see :func:`document_item`)."""
+        text, tag, _, _ = self.answer(state)
+        return text, tag
+
+    async def answer_async(
+        self, state: Mapping[str, Any], *, since: int | None = None
+    ) -> ItemAnswer:
+        """:meth:`answer` on this object's one thread: the event loop serves others meanwhile."""
+        import asyncio
+        import functools
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="quantem-flow-dashboard")
+        call = functools.partial(self.answer, state, since=since)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+
+    def close(self) -> None:
+        """End the thread :meth:`answer_async` started (a later call starts another)."""
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False)
+
+
+def _item_json(dash: FlowDashboard) -> str:
     import json
 
     from bokeh.core.types import ID
     from bokeh.embed import json_item
-    from distributed.dashboard.components.scheduler import BOKEH_THEME
 
-    dash = FlowDashboard()
-    dash.update(state)
-    item = json_item(dash.root, target=ID(ROOT_ID), theme=BOKEH_THEME)
-    text = json.dumps(item, separators=(",", ":"), default=str)
-    # the digest ignores the random model ids Bokeh gives each new document
-    stable = json.dumps(dash_snapshot(dash), sort_keys=True, default=str)
-    return text, hashlib.sha256(stable.encode()).hexdigest()[:20]
+    # the document already carries Dask's theme: no theme given, none applied again
+    item = json_item(dash.root, target=ID(ROOT_ID))
+    return json.dumps(item, separators=(",", ":"), default=str)
+
+
+def _patch_json(doc: Any, events: Sequence[Any]) -> str:
+    """Bokeh's ``PATCH-DOC`` content for ``events``, its arrays inline (JSON over HTTP)."""
+    import json
+
+    from bokeh.core.serialization import Serializer
+
+    serializer = Serializer(references=doc.models.synced_references, deferred=False)
+    encoded = serializer.encode(list(events))
+    doc.models.flush_synced(lambda model: not serializer.has_ref(model))
+    return json.dumps({"events": encoded}, separators=(",", ":"), default=str)
 
 
 def dash_snapshot(dash: FlowDashboard) -> dict[str, Any]:
@@ -586,7 +720,7 @@ def dash_snapshot(dash: FlowDashboard) -> dict[str, Any]:
     out: dict[str, Any] = {
         "header": dash.header.text,
         "map": dash.scan_map.title.text,
-        "live": list(dash._live_key or ()),
+        "live": list(dash._live_key or ()) + list(dash._live_shown or ()),
     }
     for name, value in vars(dash).items():
         if isinstance(value, ColumnDataSource):
@@ -637,14 +771,28 @@ body {{ margin: 0; font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Ar
     for (const old of docs.slice(0, -1)) {{ try {{ old.clear(); }} catch (e) {{}} }}
     docs.splice(0, docs.length - 1);
   }}
+  // the charts change by Bokeh's own document patches after the version shown; a whole
+  // item comes when the page is new, fell too far behind, or a patch did not apply
+  let version = {version};
   async function poll() {{
     try {{
-      const r = await fetch("{item_url}",
+      const since = version >= 0 ? "?since=" + version : "";
+      const r = await fetch("{item_url}" + since,
         {{ headers: {{ "If-None-Match": tag }}, cache: "no-store" }});
       refreshMs = Number(r.headers.get("X-Refresh-Ms")) || refreshMs;
       if (r.status === 200) {{
+        const body = await r.json();
+        const next = Number(r.headers.get("X-Version"));
+        if (body.patches) {{
+          try {{
+            const doc = Bokeh.documents[Bokeh.documents.length - 1];
+            for (const patch of body.patches) doc.apply_json_patch(patch);
+          }} catch (e) {{ version = -1; tag = ""; setTimeout(poll, 0); return; }}
+        }} else {{
+          await show(body);
+        }}
         tag = r.headers.get("ETag") || tag;
-        await show(await r.json());
+        version = Number.isFinite(next) ? next : -1;
       }}
     }} catch (e) {{ /* the scheduler went away: keep the last picture */ }}
     setTimeout(poll, refreshMs);
@@ -719,6 +867,8 @@ def render_page(
     static_root: str,
     pages: Sequence[str],
     refresh_ms: int = REFRESH_MS,
+    item: tuple[str, str] | None = None,
+    version: int = -1,
 ) -> str:
     """The HTML of ``/quantem-flow`` for one state.
 
@@ -733,6 +883,12 @@ def render_page(
         Dask's pages for the navigation bar (``"status"``, ``"workers"``...).
     refresh_ms
         Milliseconds between polls for a changed picture.
+    item
+        The state's item and tag, where already made (:class:`DocumentItems`);
+        made here otherwise.
+    version
+        The version of the charts ``item`` shows (the page asks for the patches after
+        it); ``-1``: none, the page asks for a whole item when the charts change.
 
     Returns
     -------
@@ -741,7 +897,7 @@ def render_page(
     """
     from bokeh.resources import Resources
 
-    item, tag = document_item(state)
+    item_text, tag = item if item is not None else document_item(state)
     resources = Resources(
         mode="server", root_url=static_root, components=["bokeh", "bokeh-widgets", "bokeh-tables"]
     ).render_js()
@@ -758,7 +914,8 @@ def render_page(
         root=ROOT_ID,
         refresh_ms=int(refresh_ms),
         tag=script_literal(tag),
-        item=item.replace("</", "<\\/"),
+        version=int(version),
+        item=item_text.replace("</", "<\\/"),
         item_url=f"{here}/item.json",
         live_url=f"{here}/live.json",
         live_refresh_ms=int(LIVE_REFRESH_MS),
@@ -887,27 +1044,41 @@ def register_page(scheduler: Any, plugin: Any) -> tuple[bool, str]:
             state["live"] = live
         return state
 
+    # the charts are kept on their own thread: a whole Bokeh document takes 0.15-0.3 s
+    # to make, which the scheduler's event loop would otherwise spend; a page already
+    # showing them is sent patches
+    items = DocumentItems()
+    scheduler._quantem_flow_items = items
+
     class Page(RequestHandler):
-        def get(self) -> None:
+        async def get(self) -> None:
+            state = page_state()
+            text, tag, version, _ = await items.answer_async(state)
             self.set_header("Content-Type", "text/html; charset=utf-8")
             self.set_header("Cache-Control", "no-store")
-            self.write(render_page(page_state(), static_root=prefix, pages=list(pages)))
+            page = render_page(
+                state, static_root=prefix, pages=list(pages), item=(text, tag), version=version
+            )
+            self.write(page)
 
     class Item(RequestHandler):
-        def get(self) -> None:
+        async def get(self) -> None:
+            asked = self.get_query_argument("since", "")
+            since = int(asked) if asked.isdigit() else None  # no or bad version: the item
             state = page_state()
-            item, tag = document_item(state)
+            answer = await items.answer_async(state, since=since)
             live = state.get("live")
             # while a scan fills in, its images come by live.json; the rest less often
             refresh = LIVE_CHARTS_REFRESH_MS if live and not live.get("final") else REFRESH_MS
             self.set_header("X-Refresh-Ms", str(refresh))
             self.set_header("Cache-Control", "no-store")
-            self.set_header("ETag", tag)
-            if self.request.headers.get("If-None-Match") == tag:
+            self.set_header("ETag", answer.tag)
+            self.set_header("X-Version", str(answer.version))
+            if self.request.headers.get("If-None-Match") == answer.tag:
                 self.set_status(304)
                 return
             self.set_header("Content-Type", "application/json")
-            self.write(item)
+            self.write(answer.text)
 
     class Live(RequestHandler):
         def get(self) -> None:

@@ -200,3 +200,25 @@ def live_figures(live: Mapping[str, Any], *, width: int) -> Any:
         fig.yaxis.axis_label = "scan row (px)"
         figs.append(fig)
     return column(status, row(*figs), name="qf-live")
+
+
+def update_live_figures(panel: Any, live: Mapping[str, Any]) -> None:
+    """Draw newer images of the same scan into a panel made by :func:`live_figures`.
+
+    What the page's ``applyLive`` does with ``live.json``, on the server's copy of the
+    charts, so that the item it serves next shows the latest rows too.
+    """
+    status = panel.select_one({"name": "qf-live-status"})
+    if status is not None:
+        status.text = _status_html(live)
+        status.tags = [int(live.get("rows", 0)), float(live.get("arrived") or 0.0)]
+    for i, entry in enumerate(list(live.get("images", []))[:MAX_IMAGES]):
+        source = panel.select_one({"name": f"qf-live-src-{i}"})
+        mapper = panel.select_one({"name": f"qf-live-mapper-{i}"})
+        fig = panel.select_one({"name": f"qf-live-image-{i}"})
+        if source is None or mapper is None or fig is None:
+            continue
+        full, low, high = _scan_picture(entry, live)
+        mapper.update(low=low, high=high)
+        source.data = {"image": [full]}
+        fig.title.text = _title(entry, live)

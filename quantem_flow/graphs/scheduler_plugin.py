@@ -193,6 +193,9 @@ class PlacementSchedulerPlugin(SchedulerPlugin):  # type: ignore[misc]
         self._closing = True
         if self._stuck_check is not None:
             self._stuck_check.stop()
+        items = getattr(self.scheduler, "_quantem_flow_items", None)
+        if items is not None:  # the page's thread making its charts
+            items.close()
 
     def _add(self, address: str) -> None:
         ws = self.scheduler.workers.get(address)
