@@ -15,7 +15,8 @@ after warm-up passes, BF + ADF + CoM passes run back to back over
 
 first with nobody watching, then while a viewer in another process asks for
 ``/quantem-flow/item.json`` as the page does (``If-None-Match`` with the last tag,
-then waits the ``X-Refresh-Ms`` the answer names).  The viewer reports how long
+``?since=`` the version it holds where the server names one in ``X-Version``, then
+waits the ``X-Refresh-Ms`` the answer names).  The viewer reports how long
 each answer took and how many were new pictures (``200``) or unchanged (``304``).
 Per phase the median, 95th percentile and slowest pass; rounds alternate the codes;
 medians over rounds of each round's figures, in ms.
@@ -40,20 +41,22 @@ VIEWER = r"""
 import json, sys, time, urllib.error, urllib.request
 from pathlib import Path
 url, stop = sys.argv[1], Path(sys.argv[2])
-tag, took, codes = "", [], []
+tag, version, took, codes, sizes = "", None, [], [], []
 while not stop.exists():
-    request = urllib.request.Request(url, headers={"If-None-Match": tag})
+    since = "" if version is None else f"?since={version}"
+    request = urllib.request.Request(url + since, headers={"If-None-Match": tag})
     t = time.perf_counter()
     try:
         with urllib.request.urlopen(request, timeout=60) as r:
-            r.read()
+            sizes.append(len(r.read()))
             tag, code, wait = r.headers["ETag"], r.status, r.headers["X-Refresh-Ms"]
+            version = r.headers.get("X-Version")  # a page that takes patches says so
     except urllib.error.HTTPError as e:
         code, wait = e.code, e.headers.get("X-Refresh-Ms")
     took.append(time.perf_counter() - t)
     codes.append(code)
     time.sleep(int(wait or 500) / 1000)
-print(json.dumps({"took_ms": [1e3 * v for v in took], "codes": codes}))
+print(json.dumps({"took_ms": [1e3 * v for v in took], "codes": codes, "sizes": sizes}))
 """
 
 CHILD = r"""
@@ -108,6 +111,7 @@ res["viewer_asks"] = len(codes)
 res["viewer_new"] = len(new)
 res["viewer_new_ms"] = statistics.median(new) if new else None
 res["viewer_same_ms"] = statistics.median(same) if same else None
+res["viewer_new_bytes"] = statistics.median(seen["sizes"]) if seen["sizes"] else None
 print("RESULT " + json.dumps(res))
 """
 
