@@ -359,6 +359,10 @@ def test_a_page_showing_the_charts_is_sent_bokeh_patches_that_bring_it_to_the_ne
             assert latest.patches
         behind = items.answer(state_at(6.0, 5), since=moved.version)
         assert not behind.patches and len(made) == 2
+        # and so does one behind patches larger than the bytes kept (a live scan's images)
+        tight = DocumentItems(keep_bytes=100)
+        start = tight.answer(state_at(2.0, 4))
+        assert not tight.answer(state_at(3.0, 5), since=start.version).patches
         # on the scheduler the answer is made on this object's thread, not the event loop's
         threads: list[str] = []
         plain = items.answer

@@ -604,9 +604,11 @@ class DocumentItems:
     ----------
     keep
         How many patches are kept for pages that fell behind.
+    keep_bytes
+        At most this many bytes of them (a live scan's patches carry its images).
     """
 
-    def __init__(self, *, keep: int = 120) -> None:
+    def __init__(self, *, keep: int = 120, keep_bytes: int = 32 * 2**20) -> None:
         import threading
         from collections import deque
 
@@ -615,7 +617,8 @@ class DocumentItems:
         self._doc: Any = None
         self._events: list[Any] = []
         self._version = 0
-        self._patches: deque[tuple[int, str]] = deque(maxlen=keep)
+        self._patches: deque[tuple[int, str]] = deque()
+        self._keep, self._keep_bytes, self._kept_bytes = keep, keep_bytes, 0
         self._whole: tuple[int, str] | None = None
         self._executor: Any = None
 
@@ -651,8 +654,12 @@ class DocumentItems:
             dash.update(state)
             if self._events:
                 self._version += 1
-                self._patches.append((self._version, _patch_json(self._doc, self._events)))
+                patch = _patch_json(self._doc, self._events)
                 self._events.clear()
+                self._patches.append((self._version, patch))
+                self._kept_bytes += len(patch)
+                while len(self._patches) > self._keep or self._kept_bytes > self._keep_bytes:
+                    self._kept_bytes -= len(self._patches.popleft()[1])
             stable = json.dumps(dash_snapshot(dash), sort_keys=True, default=str)
             tag = hashlib.sha256(stable.encode()).hexdigest()[:20]
             version = self._version
