@@ -414,6 +414,13 @@ def test_an_open_page_follows_a_new_pass_by_patches_in_the_same_document(
                 page.goto(url, wait_until="load", timeout=30000)
                 page.wait_for_function("() => window.Bokeh && Bokeh.documents.length > 0")
                 page.evaluate("() => { window.qfShown = Bokeh.documents.at(-1); }")
+                # the line above the charts is plain HTML: the polls keep it current too
+                page.evaluate("() => { document.getElementById('qf-summary').textContent = 'x'; }")
+                page.wait_for_function(
+                    "() => document.getElementById('qf-summary').textContent"
+                    ".startsWith('quantem-flow placement: 1 worker(s)')",
+                    timeout=30000,
+                )
                 data = probe_data(rng, scan=(7, 10))
                 qf.compute(*_queries(qf.open(data, chunk_rows=2)), client=client)
                 page.wait_for_function(

@@ -757,7 +757,7 @@ body {{ margin: 0; font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Ar
 </style></head>
 <body>
 <div class="navbar">{links}</div>
-<p class="qf-summary">{summary}</p>
+<p class="qf-summary" id="qf-summary">{summary}</p>
 <div id="{root}"></div>
 <script>
 (function () {{
@@ -787,6 +787,9 @@ body {{ margin: 0; font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Ar
       const r = await fetch("{item_url}" + since,
         {{ headers: {{ "If-None-Match": tag }}, cache: "no-store" }});
       refreshMs = Number(r.headers.get("X-Refresh-Ms")) || refreshMs;
+      const said = r.headers.get("X-Summary");  // the line above the charts, kept current
+      if (said !== null) document.getElementById("qf-summary").textContent =
+        decodeURIComponent(said);
       if (r.status === 200) {{
         const body = await r.json();
         const next = Number(r.headers.get("X-Version"));
@@ -1019,6 +1022,7 @@ def register_page(scheduler: Any, plugin: Any) -> tuple[bool, str]:
     if not bokeh_available():
         return False, _NO_BOKEH
     import logging
+    from urllib.parse import quote
 
     from tornado.web import RequestHandler
 
@@ -1081,6 +1085,7 @@ def register_page(scheduler: Any, plugin: Any) -> tuple[bool, str]:
             self.set_header("Cache-Control", "no-store")
             self.set_header("ETag", answer.tag)
             self.set_header("X-Version", str(answer.version))
+            self.set_header("X-Summary", quote(summary(state), safe=" ,;:()/"))
             if self.request.headers.get("If-None-Match") == answer.tag:
                 self.set_status(304)
                 return
