@@ -26,16 +26,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from fresh_checkout import compile_bytecode  # noqa: E402
+from bench_fixed_cost import write_data  # noqa: E402
+from fresh_checkout import compile_bytecode, run_in_tree  # noqa: E402
 
 VIEWER = r"""
 import json, sys, time, urllib.error, urllib.request
@@ -116,36 +115,8 @@ print("RESULT " + json.dumps(res))
 """
 
 
-def _data(folder: Path) -> None:
-    import numpy as np
-
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    for name, scan in (("tiny_4x4x128x128.npy", (4, 4)), ("mid_64x64x128x128.npy", (64, 64))):
-        path = folder / name
-        if not path.exists():
-            np.save(path, rng.integers(0, 100, (*scan, 128, 128), dtype=np.uint16))
-
-
 def run_one(tree: str, folder: Path) -> dict[str, float]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(Path(tree).resolve())
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(folder), VIEWER],
-        env=env,
-        cwd=env["PYTHONPATH"],  # "-c" puts the working directory first on sys.path
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            result: dict[str, float] = json.loads(line[7:])
-            return result
-        if line.startswith("FROM ") and not line[5:].startswith(env["PYTHONPATH"]):
-            raise RuntimeError(f"{tree} imported quantem_flow from {line[5:]}")
-    raise RuntimeError(f"{tree} gave no result:\n{out.stdout}\n{out.stderr[-3000:]}")
+    return run_in_tree(tree, CHILD, [str(folder), VIEWER], label=tree)
 
 
 def main() -> None:
@@ -155,7 +126,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=Path("/tmp/qf-bench-fixed"))
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    _data(args.dir)
+    write_data(args.dir)
     codes = dict(spec.split("=", 1) for spec in args.code)
     for tree in codes.values():
         compile_bytecode(Path(tree))

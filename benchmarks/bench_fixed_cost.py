@@ -30,16 +30,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from fresh_checkout import compile_bytecode  # noqa: E402
+from fresh_checkout import compile_bytecode, run_in_tree  # noqa: E402
 
 CHILD = r"""
 import json, statistics, sys, time
@@ -100,7 +98,8 @@ print("RESULT " + json.dumps(res))
 """
 
 
-def _data(folder: Path) -> None:
+def write_data(folder: Path) -> None:
+    """The tiny and mid ``.npy`` files of these benchmarks in ``folder``, where missing."""
     import numpy as np
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -112,24 +111,7 @@ def _data(folder: Path) -> None:
 
 
 def run_one(tree: str, client: str, folder: Path) -> dict[str, float]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(Path(tree).resolve())
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, client, str(folder)],
-        env=env,
-        cwd=env["PYTHONPATH"],  # "-c" puts the working directory first on sys.path
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            result: dict[str, float] = json.loads(line[7:])
-            return result
-        if line.startswith("FROM ") and not line[5:].startswith(env["PYTHONPATH"]):
-            raise RuntimeError(f"{tree}@{client} imported quantem_flow from {line[5:]}")
-    raise RuntimeError(f"{tree}@{client} gave no result:\n{out.stdout}\n{out.stderr[-3000:]}")
+    return run_in_tree(tree, CHILD, [client, str(folder)], label=f"{tree}@{client}", timeout_s=600)
 
 
 def main() -> None:
@@ -144,7 +126,7 @@ def main() -> None:
         label, rest = item.split("=", 1)
         tree, client = rest.rsplit("@", 1)
         codes.append((label, tree, client))
-    _data(a.dir)
+    write_data(a.dir)
     for tree in {t for _, t, _ in codes}:
         compile_bytecode(Path(tree))
     rows: dict[str, list[dict[str, float]]] = {label: [] for label, _, _ in codes}
