@@ -531,3 +531,25 @@ def test_tasks_reading_one_file_wait_for_one_pair_of_probes(
     assert len(asked) == 2  # one pair of probes for the file, made by one task
     assert all(c is found[0] for c in found) and found[0].method == "mmap"
     forget_probes()
+
+
+def test_a_runtime_sweep_that_fails_leaves_the_probe_to_a_sum_and_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "p.bin"
+    size = 40 << 20
+    np.zeros(size, dtype=np.uint8).tofile(path)
+    calls: list[int] = []
+
+    def broken(view: np.ndarray) -> None:
+        calls.append(view.nbytes)
+        raise RuntimeError("this runtime's sweep is broken")
+
+    forget_probes()
+    choice = choose_read_method("auto", path, 0, size, 1 << 20, kernels=broken)
+    forget_probes()
+    assert calls == [1 << 20]  # tried once, on a piece of zeros, then not again
+    assert set(choice.measured_GBps) == {"mmap", "pread"}  # measured all the same
+    assert "could not sweep a probe's piece (RuntimeError: this runtime's sweep is broken)" in (
+        choice.why
+    )
+    # its rounds and its verdict are a sum's: pread unless the map is 1.15x faster
+    assert "read, digest and a sweep by a sum of the bytes" in choice.why

@@ -513,6 +513,7 @@ def choose_read_method(
         # on the lock: a probe made later, on another chunk, ran beside the first chunk's
         # kernels (benchmarks/RESULTS.md, issue 24, thirteenth stop)
         tries = _BUSY_TRIES.get(key, 0)
+        kernels, fell_back = _working_sweep(kernels, piece)
         probes: list[ReadChoice] = []
         for i in range(PROBES):
             # each probe reads other pieces than the earlier ones (not the pages they left cached)
@@ -534,8 +535,29 @@ def choose_read_method(
             probes.append(probe)
         _BUSY_TRIES.pop(key, None)
         decided = _verdict(probes, sweeps, by_kernels=kernels is not None)
+        if fell_back:
+            decided = dataclasses.replace(decided, why=f"{fell_back}; {decided.why}")
         _PROBES[key] = decided
         return decided
+
+
+def _working_sweep(kernels: Sweep | None, piece: int) -> tuple[Sweep | None, str]:
+    """The pass's kernels where they sweep a piece of zeros, else ``None`` and why not.
+
+    A runtime's ``sweep`` that fails (the conformance suite checks it; a third party's
+    may still) must not fail the chunk it was to measure for: the probe sums the bytes
+    instead, and the record says so.
+    """
+    if kernels is None:
+        return None, ""
+    try:
+        kernels(np.zeros(piece, dtype=np.uint8))
+    except Exception as exc:  # whatever the runtime raised: the probe goes on without it
+        return None, (
+            f"the pass's kernels could not sweep a probe's piece ({type(exc).__name__}: "
+            f"{exc}), so the probe swept a sum of the bytes"
+        )
+    return kernels, ""
 
 
 def _verdict(probes: list[ReadChoice], sweeps: int, *, by_kernels: bool) -> ReadChoice:
