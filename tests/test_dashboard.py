@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -28,6 +27,7 @@ import quantem_flow as qf
 from quantem_flow.dataset import Dataset4D
 from tests.conftest import probe_data
 from tests.slow_source import SlowArraySource
+from tests.test_explore import _chromium
 
 ROOT = Path(__file__).resolve().parents[1]
 CENTER = (8.6, 14.2)
@@ -110,8 +110,7 @@ def _browser(url: str, shot: Path) -> dict[str, Any]:
     from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import sync_playwright
 
-    chromium = os.environ.get("QF_CHROMIUM") or shutil.which("chromium")
-    assert chromium, "no chromium on PATH; install it (apt-get install chromium)"
+    chromium = _chromium()
     errors: list[str] = []
     aborted_polls: list[str] = []
     with sync_playwright() as pw:
@@ -389,8 +388,7 @@ def test_an_open_page_follows_a_new_pass_by_patches_in_the_same_document(
 
     from quantem_flow.graphs.cluster import flow_dashboard_url, start_local_cluster
 
-    chromium = os.environ.get("QF_CHROMIUM") or shutil.which("chromium")
-    assert chromium, "no chromium on PATH; install it (apt-get install chromium)"
+    chromium = _chromium()
     shot = tmp_path / "patched.png"
     cluster = start_local_cluster(n_workers=1, threads_per_worker=1, memory_limit="1 GiB")
     client = Client(cluster, set_as_default=False)
@@ -464,8 +462,7 @@ def _chromium_screenshot(
     a fresh profile, at most ``attempts`` times; if every one hangs, the error carries each
     one's last words.
     """
-    chromium = os.environ.get("QF_CHROMIUM") or shutil.which("chromium")
-    assert chromium, "no chromium on PATH; install it (apt-get install chromium)"
+    chromium = _chromium()
     hung: list[str] = []
     for attempt in range(attempts):
         profile = shot.parent / f"{shot.stem}-profile-{attempt}"

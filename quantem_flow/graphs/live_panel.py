@@ -77,6 +77,11 @@ def _title(entry: Mapping[str, Any], live: Mapping[str, Any]) -> str:
     return title
 
 
+def _status_tags(live: Mapping[str, Any]) -> list[Any]:
+    """The status line's tags: rows received and when the last arrived (the page reads them)."""
+    return [int(live.get("rows", 0)), float(live.get("arrived") or 0.0)]
+
+
 def _status_html(live: Mapping[str, Any]) -> str:
     images = list(live.get("images", []))
     more = (
@@ -167,7 +172,7 @@ def live_figures(live: Mapping[str, Any], *, width: int) -> Any:
         text=_status_html(live),
         width=width,
         name="qf-live-status",
-        tags=[int(live.get("rows", 0)), float(live.get("arrived") or 0.0)],
+        tags=_status_tags(live),
     )
     n = max(1, min(len(images), MAX_IMAGES))
     side = max(140, min(360, width // n - 100))
@@ -211,7 +216,7 @@ def update_live_figures(panel: Any, live: Mapping[str, Any]) -> None:
     status = panel.select_one({"name": "qf-live-status"})
     if status is not None:
         status.text = _status_html(live)
-        status.tags = [int(live.get("rows", 0)), float(live.get("arrived") or 0.0)]
+        status.tags = _status_tags(live)
     for i, entry in enumerate(list(live.get("images", []))[:MAX_IMAGES]):
         source = panel.select_one({"name": f"qf-live-src-{i}"})
         mapper = panel.select_one({"name": f"qf-live-mapper-{i}"})
