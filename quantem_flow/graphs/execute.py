@@ -289,10 +289,14 @@ def compute(
 
     # plan: group chunk operators by the pass they share
     groups: dict[tuple[Any, ...], list[LazyResult]] = {}
+    pass_keys: dict[int, tuple[Any, ...]] = {}  # once per dataset: its identity stats the files
     for node in order:
         if isinstance(node.operator, ChunkOperator):
             assert node.dataset is not None
-            groups.setdefault(dataset_pass_key(node.dataset), []).append(node)
+            key = pass_keys.get(id(node.dataset))
+            if key is None:
+                key = pass_keys[id(node.dataset)] = dataset_pass_key(node.dataset)
+            groups.setdefault(key, []).append(node)
     t_plan = time.perf_counter()
     plans: dict[int, ChunkPlan] = {}
     lowered: list[tuple[Dataset4D, LoweredPass, list[LazyResult]]] = []

@@ -17,6 +17,7 @@ Operators know nothing of Dask or devices: the graph layer
 from __future__ import annotations
 
 import abc
+import copy
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
@@ -121,6 +122,25 @@ class PassOutputs:
     gathered: Any = None
     #: the sorted unique flat pixel indices of ``gathered``'s first axis
     gather_indices: np.ndarray | None = None
+    #: :func:`dataset_provenance` of each dataset the pass's results finished on, made
+    #: once per pass (the source's identity asks the filesystem) and copied per result
+    dataset_records: list[tuple[Dataset4D, dict[str, Any]]] = dataclasses.field(
+        default_factory=list, repr=False
+    )
+
+    def dataset_record(self, ds: Dataset4D) -> dict[str, Any]:
+        """A copy of :func:`dataset_provenance` of ``ds``, made once per pass.
+
+        Results of one pass describe the same source as it was when the pass
+        ended; each result gets its own copy, so changing one result's
+        provenance leaves the others as they were.
+        """
+        for seen, record in self.dataset_records:
+            if seen is ds:
+                return copy.deepcopy(record)
+        record = dataset_provenance(ds)
+        self.dataset_records.append((ds, record))
+        return copy.deepcopy(record)
 
 
 class PlanContext:
@@ -289,7 +309,7 @@ def make_provenance(
     notes: Sequence[str] = (),
 ) -> Provenance:
     """Build the provenance of a chunk operator's result."""
-    parts = dataset_provenance(ds)
+    parts = outputs.dataset_record(ds)
     parts["notes"] = [*parts["notes"], *notes]
     digest = outputs.execution.get("content_digest")
     if digest is not None:  # the bytes this result was computed from (docs/data-integrity.md)
