@@ -77,6 +77,11 @@ name                          meaning                                    default
                               to the workers holding them, one message
                               each, not through the scheduler (off: a
                               graph, seen in the task stream)
+``direct_passes``             a file pass on a cluster of one worker     True
+                              (the embedded default) with no progress
+                              bar goes to it in one message, not
+                              through the scheduler (off: a graph;
+                              graphs/direct_pass.py)
 ``integer_dot_kernel``        mask and moment rows (BF, ADF, annuli,     True
                               CoM) of 8/16-bit frames run as SIMD
                               integer dot products compiled for this
@@ -163,6 +168,8 @@ _DEFAULTS: dict[str, Any] = {
     "radial_queries": True,
     # issue 24: ~30 ms of scheduling per resident query on the embedded default, gone
     "direct_queries": True,
+    # issue 24, goal 5: a file pass on a one-worker cluster skips Dask's round trip
+    "direct_passes": True,
     # issue 24: mask and moment rows of 8/16-bit frames as SIMD integer dot products
     # (pmaddwd / vpdpwssd, LLVM IR compiled in process; runtimes/cpu/dot_pass.py)
     "integer_dot_kernel": True,

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..representations import Chunk
@@ -37,6 +37,8 @@ from .tasks import ChunkPartial, PassSpec, combine_partials, run_resident_kernel
 __all__ = [
     "HANDLER",
     "DirectQueryUnavailable",
+    "answer_with",
+    "ask_workers",
     "install_query_handler",
     "run_direct",
 ]
@@ -72,7 +74,7 @@ def _run_group(
 
 
 async def _answer(worker: Any, spec_bytes: bytes, groups_bytes: bytes) -> dict[str, Any]:
-    from distributed.protocol.pickle import dumps, loads
+    from distributed.protocol.pickle import loads
 
     t0 = time.perf_counter()
     try:
@@ -86,18 +88,29 @@ async def _answer(worker: Any, spec_bytes: bytes, groups_bytes: bytes) -> dict[s
         why = f"{len(missing)} chunk(s) not held, e.g. {missing[0]!r}"
         return {"status": "missing", "why": why}
     where = {"worker": str(worker.address), "worker_name": str(worker.name)}
+    jobs = [
+        functools.partial(_run_group, where, spec, tuple(indices), [data[k] for k in keys])
+        for indices, keys in groups
+    ]
+    return await answer_with(worker, jobs, t0=t0)
+
+
+async def answer_with(
+    worker: Any, jobs: Sequence[Callable[[], ChunkPartial]], *, t0: float
+) -> dict[str, Any]:
+    """Run ``jobs`` on the worker's task threads and answer with their combined partial.
+
+    The reply a direct request gets: ``{"status": "ok", "partial"}`` or
+    ``{"status": "error", "error"}`` (the pickled exception, or its text where it
+    cannot travel), with ``seconds`` since ``t0`` (:func:`time.perf_counter`).
+    """
+    from distributed.protocol.pickle import dumps
+
     loop = asyncio.get_running_loop()
     executor = worker.executors["default"]
     try:
-        jobs = [
-            loop.run_in_executor(
-                executor,
-                functools.partial(_run_group, where, spec, tuple(indices), [data[k] for k in keys]),
-            )
-            for indices, keys in groups
-        ]
-        partial = combine_partials(*await asyncio.gather(*jobs))
-        reply = {"status": "ok", "partial": dumps(partial)}
+        done = await asyncio.gather(*(loop.run_in_executor(executor, job) for job in jobs))
+        reply = {"status": "ok", "partial": dumps(combine_partials(*done))}
     except Exception as exc:
         try:
             reply = {"status": "error", "error": dumps(exc)}
@@ -138,22 +151,43 @@ def run_direct(
     Exception
         What the kernels raised on a worker.
     """
-    from distributed.protocol.pickle import dumps, loads
+    from distributed.protocol.pickle import dumps
 
     t0 = time.perf_counter()
-    spec_bytes = dumps(spec)
     requests = {
         address: dumps([(tuple(g), [keys[i] for i in g]) for g in groups])
         for address, groups in route.items()
     }
+    partials, seconds = ask_workers(client, HANDLER, dumps(spec), requests)
+    record = {
+        "path": "direct",
+        "why": "resident chunks: one message to each holding worker, no scheduling",
+        "workers": len(route),
+        "worker_s": seconds,
+        "round_trip_s": time.perf_counter() - t0,
+    }
+    return combine_partials(*partials), record
+
+
+def ask_workers(
+    client: Any, handler: str, spec_bytes: bytes, requests: dict[str, bytes]
+) -> tuple[list[ChunkPartial], dict[str, float]]:
+    """Send each worker its request (``{address: groups}``) by ``handler``; their partials.
+
+    Returns the partials in the order of ``requests`` and each worker's
+    seconds.  Raises :class:`DirectQueryUnavailable` where a worker did not
+    answer or could not take the request, and what the kernels raised where
+    they failed.
+    """
+    from distributed.protocol.pickle import loads
 
     async def ask(address: str, groups: bytes) -> dict[str, Any]:
-        # connect with a short deadline: a holder that died since the placement was kept
+        # connect with a short deadline: a worker that died since the route was kept
         # refuses connections, which distributed retries for its whole connect timeout
         # (30 s); the graph route is the answer long before that
         comm = await client.rpc.connect(address, timeout=CONNECT_TIMEOUT_S)
         client.rpc.reuse(address, comm)
-        reply: dict[str, Any] = await client.rpc(address).qf_resident_query(
+        reply: dict[str, Any] = await getattr(client.rpc(address), handler)(
             spec=spec_bytes, groups=groups
         )
         return reply
@@ -179,11 +213,4 @@ def run_direct(
             raise DirectQueryUnavailable(f"worker {address}: {status}: {why}")
         partials.append(loads(reply["partial"]))
         seconds[address] = float(reply.get("seconds", 0.0))
-    record = {
-        "path": "direct",
-        "why": "resident chunks: one message to each holding worker, no scheduling",
-        "workers": len(route),
-        "worker_s": seconds,
-        "round_trip_s": time.perf_counter() - t0,
-    }
-    return combine_partials(*partials), record
+    return partials, seconds

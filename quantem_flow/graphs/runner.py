@@ -365,6 +365,10 @@ class Runner:
                 results[i] = direct
             elif direct is not None:
                 passes[i] = direct  # the route failed: lowered again on fresh placement
+            else:  # a file pass: straight to a one-worker cluster's worker, where it can
+                done = self._direct_file(i, p, progress=progress, n_passes=len(passes))
+                if done is not None:
+                    results[i] = done
         rest = [i for i in range(len(passes)) if i not in results]
         if rest:
             parts = self._run_graph([(i, passes[i]) for i in rest], progress)
@@ -422,8 +426,56 @@ class Runner:
         self._report_direct(lowered, partial, record)
         return partial
 
+    def _direct_file(
+        self, i: int, lowered: LoweredPass, *, progress: bool, n_passes: int
+    ) -> ChunkPartial | None:
+        """Run a file pass by the direct route (:mod:`.direct_pass`), if it can.
+
+        Returns the partial, or ``None`` to run the pass as lowered (a graph);
+        :attr:`routes` records which and why.
+        """
+        from .. import config
+        from .direct_pass import (
+            direct_pass_blocker,
+            forget_pass_route,
+            pass_route,
+            run_direct_pass,
+        )
+        from .query_service import DirectQueryUnavailable
+
+        ds = lowered.spec.dataset
+        if self.client is None or getattr(ds, "is_persisted", False):
+            return None
+        if not config.get("direct_passes"):
+            self.routes[i] = {"path": "graph", "why": "qf.config direct_passes is off"}
+            return None
+        route, why = pass_route(self.client)
+        if route is None:
+            self.routes[i] = {"path": "graph", "why": why}
+            return None
+        blocker = direct_pass_blocker(lowered, route, progress=progress, n_passes=n_passes)
+        if blocker is not None:
+            self.routes[i] = {"path": "graph", "why": blocker}
+            return None
+        try:
+            partial, record = run_direct_pass(self.client, lowered, route)
+        except DirectQueryUnavailable as exc:
+            forget_pass_route(self.client)
+            logger.info("quantem-flow: direct pass route failed (%s); running it as a graph", exc)
+            self.routes[i] = {"path": "graph", "why": f"the direct route failed: {exc}"}
+            return None
+        self.routes[i] = record
+        self.weights_travel[i] = "in the pass message to the worker"
+        self._report_direct(lowered, partial, record, kind="pass")
+        return partial
+
     def _report_direct(
-        self, lowered: LoweredPass, partial: ChunkPartial, record: dict[str, Any]
+        self,
+        lowered: LoweredPass,
+        partial: ChunkPartial,
+        record: dict[str, Any],
+        *,
+        kind: str = "resident query",
     ) -> None:
         """Tell the scheduler's page about a direct query, without waiting for it."""
         import time
@@ -441,7 +493,7 @@ class Runner:
         finished = time.time()
         message = {
             "info": {
-                **pass_info(lowered.spec.dataset, _pass_name(lowered), "resident query"),
+                **pass_info(lowered.spec.dataset, _pass_name(lowered), kind),
             },
             "workers": [str(r["worker"]) for r in records],
             "compute_s": compute_s,

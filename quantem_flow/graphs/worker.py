@@ -36,6 +36,7 @@ from .capabilities import (
     capability_resources,
     memory_pools,
 )
+from .direct_pass import PASS_HANDLER, install_pass_handler
 from .query_service import HANDLER as QUERY_HANDLER
 from .query_service import install_query_handler
 from .worker_data import ResidentAwareData
@@ -431,6 +432,7 @@ class QuantemFlowWorkerPlugin(WorkerPlugin):  # type: ignore[misc]
         worker.metrics[INFO_KEY] = _worker_metrics
         worker.metrics["qf-runtimes"] = _worker_runtimes_metric
         install_query_handler(worker)  # queries on resident chunks, without the scheduler
+        install_pass_handler(worker)  # file passes on a cluster of one worker, the same way
         worker.startup_information[INFO_KEY] = _worker_startup_info
         if worker.status == Status.init:
             # Not registered yet: the registration message carries total_resources.
@@ -455,6 +457,7 @@ class QuantemFlowWorkerPlugin(WorkerPlugin):  # type: ignore[misc]
         for key in (INFO_KEY, "qf-runtimes"):
             worker.metrics.pop(key, None)
         worker.handlers.pop(QUERY_HANDLER, None)
+        worker.handlers.pop(PASS_HANDLER, None)
         worker.startup_information.pop(INFO_KEY, None)
 
 
