@@ -230,6 +230,7 @@ def run_qf(ds: Any, com: bool, k: int, client: Any) -> tuple[float, dict[str, fl
         w = str(r.get("worker", r.get("pid", "?")))
         per_worker[w] = per_worker.get(w, 0.0) + r["read_s"] + r["kernel_s"] + r.get("hash_s", 0)
     timing["busy_by_worker"] = sorted(per_worker.values())  # type: ignore[assignment]
+    timing["route"] = (ex.get("query_route") or {}).get("path")  # type: ignore[assignment]
     return wall, timing
 
 
@@ -342,6 +343,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "integer_dot_kernel=0: the cell kernels, side by side with the default)",
     )
     p.add_argument(
+        "--baseline-client-config",
+        default="",
+        help="qf.config settings of this process around the 'baseline' column's passes, "
+        "NAME=VALUE comma separated (e.g. direct_passes=0: every file pass through the "
+        "scheduler); --baseline-config may be empty (that cluster then runs as the default)",
+    )
+    p.add_argument(
         "--whole-chunks",
         action="store_true",
         help="also run default and process with stream_piece_mib=0 (whole-chunk reads, the "
@@ -397,8 +405,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cluster = qc.start_local_cluster(n_workers=nw, threads_per_worker=nt)
         clients[f"c{spec}"] = Client(cluster, set_as_default=False)
         extra.append(cluster)
-    if a.baseline_config:
-        settings = dict(item.split("=", 1) for item in a.baseline_config.split(","))
+    client_side = {
+        n: qf.config._coerce(n, v)
+        for n, v in (item.split("=", 1) for item in a.baseline_client_config.split(",") if item)
+    }
+    if a.baseline_config or client_side:
+        settings = dict(item.split("=", 1) for item in a.baseline_config.split(",") if item)
         cluster = qc.start_local_cluster(
             n_workers=int(qf.config.get("local_workers")),
             threads_per_worker=int(qf.config.get("local_threads")),
@@ -470,7 +482,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 cl = clients[mode]
                 ds = persisted[mode.removesuffix("_whole")] if row == "persisted" else dsets[fmt]
                 whole = mode.endswith("_whole")
-                with qf.config.set(stream_piece_mib=0) if whole else contextlib.nullcontext():
+                settings = dict(client_side) if mode == "baseline" else {}
+                if whole:
+                    settings["stream_piece_mib"] = 0
+                with qf.config.set(**settings) if settings else contextlib.nullcontext():
                     wall, timing = run_qf(ds, com, k, cl)
                 add(f"{row}/{mode}", wall)
                 timings[f"{row}/{mode}"] = timing

@@ -8,7 +8,8 @@ Run from the repository root::
 Each ``--code LABEL=TREE@CLIENT`` runs in a fresh interpreter with
 ``PYTHONPATH=TREE`` (bytecode compiled first, as an installed copy has it;
 ``fresh_checkout.py``) and ``client`` one of ``default`` (the embedded
-local cluster), ``threads`` or ``synchronous``.  Per round and code, after
+local cluster), ``graph`` (the embedded cluster with every file pass through
+its scheduler: ``direct_passes`` off), ``threads`` or ``synchronous``.  Per round and code, after
 five warm-up passes:
 
 * ``tiny``: BF + ADF + CoM over a 4 x 4 scan of 128 x 128 uint16 frames
@@ -47,7 +48,10 @@ import quantem_flow as qf
 print("FROM " + qf.__file__, flush=True)
 
 client_name, folder = sys.argv[1], Path(sys.argv[2])
-client = None if client_name == "default" else client_name
+client = None if client_name in ("default", "graph") else client_name
+graph_only = qf.config.set(direct_passes=False) if client_name == "graph" else None
+if graph_only is not None:  # the embedded default, every file pass through the scheduler
+    graph_only.__enter__()  # (kept referenced: the setting lasts while the object lives)
 k = 128
 tiny_path = folder / "tiny_4x4x128x128.npy"
 mid_path = folder / "mid_64x64x128x128.npy"
@@ -82,6 +86,8 @@ res = {
 }
 if client is None:
     from quantem_flow.graphs.cluster import embedded_client
+    route = qf.compute(*ops(tiny), progress=False)[0].provenance.execution["query_route"]
+    res["route"] = route["path"] if route else None
     cl = embedded_client()
     def nothing():
         return None
@@ -136,7 +142,11 @@ def main() -> None:
             rows[label].append(run_one(tree, client, a.dir))
             print(f"round {r + 1} {label}: {rows[label][-1]}", flush=True)
     summary = {
-        label: {key: round(statistics.median(x[key] for x in runs), 2) for key in runs[0]}
+        label: {
+            key: round(statistics.median(x[key] for x in runs), 2)
+            for key in runs[0]
+            if isinstance(runs[0][key], float)
+        }
         for label, runs in rows.items()
     }
     print("\nmedian over rounds (ms)")

@@ -30,7 +30,9 @@ The pass's own work with no engine around it, 2 threads (the bound of goal 1):
 Passes: BF + ADF + CoM through the embedded default (1 worker x 2 threads)
 with ``read_method`` = ``pread``, ``mmap`` and ``auto`` (the worker's probe),
 ``auto`` and ``mmap`` with ``digest_in_kernel`` off (each piece hashed in a
-sweep of its own, as before), and with ``client="threads"`` (``auto``), on
+sweep of its own, as before), ``auto`` with ``direct_passes`` off (``auto, graph``:
+the pass through the scheduler instead of one message to the worker), and with
+``client="threads"`` (``auto``), on
 the ``.npy`` and the HDF5 file (values and content digests checked equal);
 the chunk records' summed read, hash and kernel thread-seconds; the
 percentage of the best read-and-touch ceiling.  And what a pass costs
@@ -148,17 +150,20 @@ def _ops(ds: Any, k: int) -> list[Any]:
 def one_pass(ds: Any, method: str, k: int) -> dict[str, Any]:
     """One BF + ADF + CoM pass; ``method`` a ``read_method``, or ``threads`` (auto, in-process).
 
-    ``<method>, own digest``: with ``digest_in_kernel`` off.
+    ``<method>, own digest``: with ``digest_in_kernel`` off; ``<method>, graph``: with
+    ``direct_passes`` off (the pass through the scheduler, as before the fifteenth stop).
     """
     import quantem_flow as qf
 
     ops = _ops(ds, k)
     client = "threads" if method == "threads" else None
-    read, _, own = method.partition(", ")
+    read, *modifiers = method.split(", ")
     # every process keeps its probe per file, as in use (the worker's, and this one's for
     # "threads"): the warm-up passes measured them
     with qf.config.set(
-        read_method="auto" if method == "threads" else read, digest_in_kernel=not own
+        read_method="auto" if method == "threads" else read,
+        digest_in_kernel="own digest" not in modifiers,
+        direct_passes="graph" not in modifiers,
     ):
         t = time.perf_counter()
         res = qf.compute(*ops, progress=False, client=client)
@@ -175,6 +180,7 @@ def one_pass(ds: Any, method: str, k: int) -> dict[str, Any]:
         "hash_s": ex["hash_s_total"],
         "kernel_s": ex["kernel_s_total"],
         "methods": sorted(reads),
+        "route": (ex.get("query_route") or {}).get("path"),
         "probe": chunks[0]["streamed"]["read"].get("measured_GBps"),
         "piece_bytes": sorted(
             {int(c["streamed"]["piece_frames"]) * ds.shape[2] * ds.shape[3] * 2 for c in chunks}
@@ -302,7 +308,15 @@ def main() -> None:
         "map + sum (map pieces)",
         "map + kernel carrying the digest (map pieces)",
     ]
-    methods = ["pread", "mmap", "auto", "mmap, own digest", "auto, own digest", "threads"]
+    methods = [
+        "pread",
+        "mmap",
+        "auto",
+        "auto, graph",
+        "mmap, own digest",
+        "auto, own digest",
+        "threads",
+    ]
     ceil: dict[str, dict[str, list[float]]] = {f: {kk: [] for kk in kinds} for f in dsets}
     passes: dict[str, dict[str, list[dict[str, Any]]]] = {
         f: {m: [] for m in methods} for f in dsets
@@ -401,6 +415,7 @@ def main() -> None:
             med["pct_of_best_two_sweeps"] = 100 * med["GBps"] / best_two
             med["per_run_GBps"] = [round(run["GBps"], 3) for run in runs]
             med["per_run_methods"] = [run["methods"] for run in runs]
+            med["routes"] = sorted({str(run["route"]) for run in runs})
             rows[m] = med
             print(
                 f"  read_method={m:17s} {med['GBps']:5.2f} GB/s "
@@ -408,7 +423,7 @@ def main() -> None:
                 f"of best read+sum, {med['pct_of_best_two_sweeps']:.0f} % of best two sweeps) "
                 f"read {med['read_s']:.3f} hash {med['hash_s']:.3f} kernel {med['kernel_s']:.3f} "
                 f"thread-s; used {med['methods']} pieces {med['piece_bytes']}; "
-                f"probe {med['probe_GBps']}; digest {med['digest_how']}"
+                f"probe {med['probe_GBps']}; digest {med['digest_how']}; route {med['routes']}"
             )
         report["files"][name] = {
             "ceilings_GBps": c,
