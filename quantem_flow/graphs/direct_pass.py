@@ -73,9 +73,9 @@ def install_pass_handler(worker: Any) -> None:
 
 def _run_group(
     where: dict[str, str], spec: PassSpec, chunks: tuple[tuple[int, int, int], ...]
-) -> ChunkPartial:
+) -> list[tuple[int, ChunkPartial]]:
     with running_on(where):
-        return run_chunk_group(spec, chunks)
+        return [(chunks[0][0], run_chunk_group(spec, chunks))]
 
 
 async def _answer(worker: Any, spec_bytes: bytes, groups_bytes: bytes) -> dict[str, Any]:
