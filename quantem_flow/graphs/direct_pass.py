@@ -37,7 +37,7 @@ import weakref
 from typing import Any
 
 from .pass_groups import run_chunk_group
-from .query_service import DirectQueryUnavailable, answer_with, ask_workers
+from .query_service import DirectQueryUnavailable, answer_with, ask_workers, spec_as_sent
 from .tasks import ChunkPartial, PassSpec, running_on
 
 __all__ = [
@@ -65,7 +65,7 @@ _KEPT: weakref.WeakKeyDictionary[Any, tuple[int, dict[str, Any] | None, str]] = 
 def install_pass_handler(worker: Any) -> None:
     """Add the direct file-pass handler to a Dask worker's RPC handlers."""
 
-    async def handle(spec: bytes, groups: bytes) -> dict[str, Any]:
+    async def handle(spec: Any, groups: bytes) -> dict[str, Any]:
         return await _answer(worker, spec, groups)
 
     worker.handlers[PASS_HANDLER] = handle
@@ -78,12 +78,12 @@ def _run_group(
         return [(chunks[0][0], run_chunk_group(spec, chunks))]
 
 
-async def _answer(worker: Any, spec_bytes: bytes, groups_bytes: bytes) -> dict[str, Any]:
+async def _answer(worker: Any, spec_sent: Any, groups_bytes: bytes) -> dict[str, Any]:
     from distributed.protocol.pickle import loads
 
     t0 = time.perf_counter()
     try:
-        spec = loads(spec_bytes)
+        spec = spec_as_sent(spec_sent)
         groups: list[tuple[tuple[int, int, int], ...]] = loads(groups_bytes)
     except Exception as exc:  # a client of another version: say so, the caller falls back
         return {"status": "unreadable", "why": f"{type(exc).__name__}: {exc}"}
@@ -205,7 +205,7 @@ def run_direct_pass(
     chunks = spec.dataset.chunks
     groups = [tuple((i, *chunks[i]) for i in covered) for covered in lowered.covers]
     address = str(route["address"])
-    partials, seconds = ask_workers(client, PASS_HANDLER, dumps(spec), {address: dumps(groups)})
+    partials, seconds = ask_workers(client, PASS_HANDLER, spec, {address: dumps(groups)})
     if len(partials) != 1:  # pragma: no cover - ask_workers answers once per request
         raise DirectQueryUnavailable(f"{len(partials)} answers from one worker")
     record = {

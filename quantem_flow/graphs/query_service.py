@@ -60,7 +60,7 @@ class DirectQueryUnavailable(Exception):  # noqa: N818 - a condition, not an err
 def install_query_handler(worker: Any) -> None:
     """Add the resident-query handler to a Dask worker's RPC handlers."""
 
-    async def handle(spec: bytes, groups: bytes) -> dict[str, Any]:
+    async def handle(spec: Any, groups: bytes) -> dict[str, Any]:
         return await _answer(worker, spec, groups)
 
     worker.handlers[HANDLER] = handle
@@ -104,12 +104,12 @@ def _run_claimed(
     return done
 
 
-async def _answer(worker: Any, spec_bytes: bytes, groups_bytes: bytes) -> dict[str, Any]:
+async def _answer(worker: Any, spec_sent: Any, groups_bytes: bytes) -> dict[str, Any]:
     from distributed.protocol.pickle import loads
 
     t0 = time.perf_counter()
     try:
-        spec = loads(spec_bytes)
+        spec = spec_as_sent(spec_sent)
         groups: list[tuple[tuple[int, ...], list[Any]]] = loads(groups_bytes)
     except Exception as exc:  # a client of another version: say so, the caller falls back
         return {"status": "unreadable", "why": f"{type(exc).__name__}: {exc}"}
@@ -198,7 +198,7 @@ def run_direct(
         address: dumps([(tuple(g), [keys[i] for i in g]) for g in groups])
         for address, groups in route.items()
     }
-    partials, seconds = ask_workers(client, HANDLER, dumps(spec), requests)
+    partials, seconds = ask_workers(client, HANDLER, spec, requests)
     record = {
         "path": "direct",
         "why": "resident chunks: one message to each holding worker, no scheduling",
@@ -209,17 +209,42 @@ def run_direct(
     return combine_partials(*partials), record
 
 
+def spec_as_sent(sent: Any) -> PassSpec:
+    """The pass spec a direct request carried.
+
+    Dask-serialized (deserialized by the comm, its weights out of band) or,
+    from an older client, pickled bytes.
+
+    Raises
+    ------
+    TypeError
+        Neither a spec nor bytes of one.
+    """
+    from distributed.protocol.pickle import loads
+
+    spec = loads(sent) if isinstance(sent, (bytes, bytearray, memoryview)) else sent
+    if not isinstance(spec, PassSpec):
+        raise TypeError(f"a direct request carried {type(spec).__name__}, not a PassSpec")
+    return spec
+
+
 def ask_workers(
-    client: Any, handler: str, spec_bytes: bytes, requests: dict[str, bytes]
+    client: Any, handler: str, spec: PassSpec, requests: dict[str, bytes]
 ) -> tuple[list[ChunkPartial], dict[str, float]]:
     """Send each worker its request (``{address: groups}``) by ``handler``; their partials.
+
+    The spec travels once per worker as Dask serializes data (its weight rows
+    out of band, not copied into a pickle).
 
     Returns the partials in the order of ``requests`` and each worker's
     seconds.  Raises :class:`DirectQueryUnavailable` where a worker did not
     answer or could not take the request, and what the kernels raised where
     they failed.
     """
+    from distributed.protocol import to_serialize
     from distributed.protocol.pickle import loads
+
+    spec_sent = to_serialize(spec)
 
     async def ask(address: str, groups: bytes) -> dict[str, Any]:
         # connect with a short deadline: a worker that died since the route was kept
@@ -228,7 +253,7 @@ def ask_workers(
         comm = await client.rpc.connect(address, timeout=CONNECT_TIMEOUT_S)
         client.rpc.reuse(address, comm)
         reply: dict[str, Any] = await getattr(client.rpc(address), handler)(
-            spec=spec_bytes, groups=groups
+            spec=spec_sent, groups=groups
         )
         return reply
 

