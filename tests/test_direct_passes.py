@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import quantem_flow as qf
-from quantem_flow.errors import RuntimeUnavailableError, SourceNotFoundError
+from quantem_flow.errors import CorruptChunkError, RuntimeUnavailableError
 from quantem_flow.graphs.capabilities import MEMORY_PREFIX, RUNTIME_PREFIX
 from quantem_flow.graphs.direct_pass import (
     PASS_HANDLER,
@@ -26,6 +26,7 @@ from quantem_flow.graphs.direct_pass import (
     pass_route,
 )
 from quantem_flow.graphs.lowering import lower_pass
+from quantem_flow.graphs.tasks import combine_partials
 from tests.conftest import probe_data
 
 CENTER = (8.6, 14.2)
@@ -118,16 +119,42 @@ def test_what_keeps_a_file_pass_on_the_graph_is_said(
 
 
 @pytest.mark.cluster
-def test_a_missing_file_keeps_its_error_on_the_direct_route(
+def test_a_file_cut_short_on_the_worker_keeps_its_error_on_both_routes(
     rng: np.random.Generator, tmp_path: Path, one_worker: Any
 ) -> None:
-    data = probe_data(rng, scan=(4, 5))
+    data = probe_data(rng, scan=(6, 5))
     path = _npy(tmp_path, data)
-    ds = qf.open(path)
+    ds = qf.open(path, chunk_rows=2)
     qf.compute(qf.virtual_bf(ds, radius=4.5, center=CENTER), client=one_worker, progress=False)
-    Path(path).unlink()
-    with pytest.raises(SourceNotFoundError, match=r"scan\.npy"):
-        qf.compute(qf.virtual_bf(ds, radius=4.5, center=CENTER), client=one_worker, progress=False)
+    with open(path, "r+b") as f:  # the worker reads past the end; the client's stat is fine
+        f.truncate(Path(path).stat().st_size // 2)
+    for direct in (True, False):
+        with (
+            qf.config.set(direct_passes=direct),
+            pytest.raises(CorruptChunkError, match=r"truncated or rewritten"),
+        ):
+            qf.compute(
+                qf.virtual_bf(ds, radius=4.5, center=CENTER), client=one_worker, progress=False
+            )
+
+
+@pytest.mark.cluster
+def test_float_sums_over_many_tasks_have_the_graphs_bits(
+    rng: np.random.Generator, tmp_path: Path, one_worker: Any
+) -> None:
+    data = probe_data(rng, scan=(24, 5)) * rng.random((24, 5, 1, 1))  # float64: sums round
+    ds = qf.open(_npy(tmp_path, data), chunk_rows=1)
+    ops = [qf.sum_diffraction(ds), qf.virtual_adf(ds, inner=7.0, center=CENTER)]
+    with qf.config.set(pass_tasks_per_thread=6):  # 12 tasks: two levels of combine tasks
+        direct = qf.compute(*ops, client=one_worker, progress=False)
+        with qf.config.set(direct_passes=False):
+            graph = qf.compute(*ops, client=one_worker, progress=False)
+    ex = direct[0].provenance.execution
+    assert ex["query_route"]["path"] == "direct"
+    assert graph[0].provenance.execution["query_route"]["path"] == "graph"
+    assert ex["tasks"]["n_tasks"] > 8, ex["tasks"]  # more partials than one combine task takes
+    for a, b in zip(direct, graph, strict=True):
+        assert np.asarray(a.data).tobytes() == np.asarray(b.data).tobytes()  # every bit
 
 
 @pytest.mark.cluster
@@ -154,6 +181,14 @@ def test_a_worker_without_the_handler_sends_the_pass_through_the_graph(
     np.testing.assert_array_equal(fell.data, ref.data)
     route = fell.provenance.execution["query_route"]
     assert route["path"] == "graph" and "direct route failed" in route["why"], route
+    # the failed route rests a while (no retry, and no handler error on the worker, per
+    # pass), saying why; once forgotten, the pass goes direct again
+    (resting,) = qf.compute(
+        qf.virtual_adf(ds, inner=7.0, center=CENTER), client=one_worker, progress=False
+    )
+    route = resting.provenance.execution["query_route"]
+    assert route["path"] == "graph" and "failed" in route["why"] and "ago" in route["why"]
+    forget_pass_route(one_worker)
     (back,) = qf.compute(
         qf.virtual_adf(ds, inner=7.0, center=CENTER), client=one_worker, progress=False
     )
@@ -213,7 +248,7 @@ def test_a_pass_that_needs_much_of_the_workers_memory_goes_through_the_scheduler
 def test_the_handler_answers_unreadable_requests_and_errors(
     rng: np.random.Generator, tmp_path: Path
 ) -> None:
-    from distributed.protocol.pickle import dumps
+    from distributed.protocol.pickle import dumps, loads
 
     data = probe_data(rng, scan=(4, 5))
     ds = qf.open(_npy(tmp_path, data), chunk_rows=2)
@@ -223,16 +258,21 @@ def test_the_handler_answers_unreadable_requests_and_errors(
     worker = SimpleNamespace(
         address="tcp://127.0.0.1:1", name="w", executors={"default": ThreadPoolExecutor(2)}
     )
-    groups = dumps([((0, 0, 2),), ((1, 2, 4),)])
-    ok = asyncio.run(_answer(worker, dumps(lowered.spec), groups))
+    groups = dumps({"groups": [((0, 0, 2),), ((1, 2, 4),)], "need": {}})
+    ok = asyncio.run(_answer(worker, lowered.spec, groups))  # as the comm hands it over
     assert ok["status"] == "ok"
-    part = ok["partial"].data  # a Serialize: its arrays travel out of band
+    parts = ok["parts"].data  # a Serialize: its arrays travel out of band
+    assert [i for i, _ in parts] == [0, 1]  # one partial per task group, in chunk order
+    part = combine_partials(*(p for _, p in parts))
     assert {r["worker"] for r in part.records} == {"tcp://127.0.0.1:1"}
     sums = np.concatenate([b for _, b in sorted(part.blocks, key=lambda x: x[0])])
     np.testing.assert_array_equal(sums[:, :, 0], data.sum(axis=(2, 3), dtype=np.int64))
     np.testing.assert_array_equal(
         np.ravel(part.pattern_sum), data.sum(axis=(0, 1), dtype=np.int64).ravel()
     )
+    older = asyncio.run(_answer(worker, dumps(lowered.spec), groups))  # a pickled spec
+    assert older["status"] == "ok" and "parts" not in older  # answered as that client reads
+    np.testing.assert_array_equal(loads(older["partial"]).pattern_sum, part.pattern_sum)
     unreadable = asyncio.run(_answer(worker, b"not a pickle", groups))
     assert unreadable["status"] == "unreadable"
     broken = dumps(dataclasses.replace(lowered.spec, runtime="no-such-runtime"))
@@ -240,3 +280,21 @@ def test_the_handler_answers_unreadable_requests_and_errors(
     assert error["status"] == "error"
     exc = pickle.loads(error["error"])
     assert isinstance(exc, RuntimeUnavailableError) and "no-such-runtime" in str(exc)
+
+
+def test_a_paused_or_full_worker_sends_a_direct_pass_back() -> None:
+    from distributed.core import Status
+
+    from quantem_flow.graphs.direct_pass import _refusal, _reserved
+
+    worker = SimpleNamespace(
+        status=Status.running,
+        state=SimpleNamespace(total_resources={MEMORY_PREFIX + "host": 1000.0}),
+    )
+    assert _refusal(worker, {"host": 200.0}) is None
+    _reserved(worker)["host"] = 100.0  # a direct pass already running
+    why = _refusal(worker, {"host": 200.0})
+    assert why is not None and "host" in why and "25%" in why
+    worker.status = Status.paused
+    why = _refusal(worker, {})
+    assert why is not None and "paused" in why

@@ -18,6 +18,8 @@ import quantem_flow as qf
 from quantem_flow.errors import RuntimeUnavailableError
 from quantem_flow.graphs.lowering import lower_pass
 from quantem_flow.graphs.query_service import _answer
+from quantem_flow.graphs.resident_query import run_resident_group
+from quantem_flow.graphs.tasks import combine_partials
 from quantem_flow.representations.chunk import chunk_of
 from tests.conftest import probe_data
 
@@ -143,7 +145,7 @@ def _fake_worker(chunks: dict[Any, Any]) -> SimpleNamespace:
 def test_the_handler_answers_missing_chunks_unreadable_requests_and_errors(
     rng: np.random.Generator,
 ) -> None:
-    from distributed.protocol.pickle import dumps
+    from distributed.protocol.pickle import dumps, loads
 
     data = probe_data(rng, scan=(4, 5))
     p = qf.open(data, chunk_rows=2).persist(client="synchronous")
@@ -160,7 +162,7 @@ def test_the_handler_answers_missing_chunks_unreadable_requests_and_errors(
     worker = _fake_worker({("k", 0): chunk})
     ok = asyncio.run(_answer(worker, spec, dumps([((0,), [("k", 0)])])))
     assert ok["status"] == "ok"
-    part = ok["partial"].data  # a Serialize: its arrays travel out of band
+    part = loads(ok["partial"])  # a pickled spec (an older client): a pickled answer
     assert [r["worker"] for r in part.records] == ["tcp://127.0.0.1:1"]  # named, not "in-process"
     np.testing.assert_array_equal(
         part.blocks[0][1][:, :, 0], data[:2].sum(axis=(2, 3), dtype=np.int64)
@@ -212,7 +214,9 @@ def test_a_route_needs_every_holder_to_serve_queries() -> None:
 def test_resident_chunks_in_uneven_groups_run_once_each_and_sum_in_chunk_order(
     rng: np.random.Generator,
 ) -> None:
-    data = probe_data(rng, scan=(9, 4))
+    from distributed.protocol.pickle import dumps
+
+    data = probe_data(rng, scan=(9, 4)) * rng.random((9, 4, 1, 1))  # float64: sums round
     p = qf.open(data, chunk_rows=1).persist(client="synchronous")
     lowered = lower_pass(
         p,
@@ -222,24 +226,42 @@ def test_resident_chunks_in_uneven_groups_run_once_each_and_sum_in_chunk_order(
         runtime="cpu",
         resident=p.resident.graph_refs(),
     )
-    from distributed.protocol.pickle import dumps
-
     chunks = {
         ("k", i): chunk_of("dense", data[i : i + 1], scan_slice=((i, i + 1), (0, 4)))
         for i in range(9)
     }
     worker = _fake_worker(chunks)
-    # two groups as the client cuts them: one thread's worth each, uneven on purpose
+    # two groups as the client cuts them, one thread's worth each, uneven on purpose
     groups = [((0, 1, 2, 3, 4, 5, 6), [("k", i) for i in range(7)]), ((7, 8), [("k", 7), ("k", 8)])]
-    ok = asyncio.run(_answer(worker, dumps(lowered.spec), dumps(groups)))
+    ok = asyncio.run(_answer(worker, lowered.spec, dumps({"groups": groups})))
     assert ok["status"] == "ok"
-    part = ok["partial"].data
-    assert sorted(r["chunk"] for r in part.records) == list(range(9))  # each chunk once
-    blocks = dict(part.blocks)
+    parts = ok["parts"].data
+    assert [i for i, _ in parts] == [0, 7]  # one partial per group, by its first chunk
+    for (_, part), (indices, keys) in zip(parts, groups, strict=True):
+        assert [r["chunk"] for r in part.records] == list(indices)  # in chunk order
+        # the group's sums added as the graph's task for that group adds them, to the bit
+        task = run_resident_group(lowered.spec, indices, *(chunks[k] for k in keys))
+        assert np.ravel(part.pattern_sum).tobytes() == np.ravel(task.pattern_sum).tobytes()
+    whole = combine_partials(*(part for _, part in parts))
+    blocks = dict(whole.blocks)
     sums = np.concatenate([blocks[(i, i + 1)] for i in range(9)])
-    np.testing.assert_array_equal(sums[:, :, 0], data.sum(axis=(2, 3), dtype=np.int64))
-    np.testing.assert_array_equal(
-        np.ravel(part.pattern_sum), data.sum(axis=(0, 1), dtype=np.int64).ravel()
-    )
-    np.testing.assert_array_equal(np.ravel(part.pattern_max), data.max(axis=(0, 1)).ravel())
+    np.testing.assert_allclose(sums[:, :, 0], data.astype(np.float64).sum(axis=(2, 3)))
+    np.testing.assert_array_equal(np.ravel(whole.pattern_max), data.max(axis=(0, 1)).ravel())
     p.release()
+
+
+@pytest.mark.cluster
+def test_float_sums_on_the_direct_route_have_the_graphs_bits(
+    rng: np.random.Generator, cluster_client: Any
+) -> None:
+    data = probe_data(rng, scan=(12, 5)) * rng.random((12, 5, 1, 1))  # float64: sums round
+    p = qf.open(data, chunk_rows=1).persist(client=cluster_client)
+    try:
+        direct = qf.compute(qf.sum_diffraction(p), client=cluster_client)
+        with qf.config.set(direct_queries=False):
+            graph = qf.compute(qf.sum_diffraction(p), client=cluster_client)
+        assert direct[0].provenance.execution["query_route"]["path"] == "direct"
+        assert graph[0].provenance.execution["query_route"]["path"] == "graph"
+        assert np.asarray(direct[0].data).tobytes() == np.asarray(graph[0].data).tobytes()
+    finally:
+        p.release()

@@ -23,8 +23,15 @@ The route is taken only where nothing is given up that a person would see:
   worker's pool for it (the scheduler admits graph tasks against that
   budget; these jobs do not count against it).
 
-A worker that does not answer or has no handler makes the pass run as a
-graph, and the provenance's ``query_route`` says why either way.
+The worker itself sends a pass back while it is paused or its direct passes
+together already need that share of a pool.  A worker that cannot be reached
+or has no handler makes the pass run as a graph, and the route rests for
+:data:`RETRY_AFTER_S`; the provenance's ``query_route`` says why either way.
+The task groups' partials are added as the graph's combine tasks add them, so
+the sums have the graph's bits, float data included.  Not covered: a worker
+that hangs without dropping its connection makes a direct pass wait as long
+(a graph pass waits for its task the same way), and once a group fails the
+other groups already running finish before the error is answered.
 ``qf.config.set(direct_passes=False)`` sends every file pass through the
 scheduler.
 """
@@ -32,20 +39,23 @@ scheduler.
 from __future__ import annotations
 
 import functools
+import math
 import time
 import weakref
 from typing import Any
 
 from .pass_groups import run_chunk_group
-from .query_service import DirectQueryUnavailable, answer_with, ask_workers, spec_as_sent
-from .tasks import ChunkPartial, PassSpec, running_on
+from .query_service import answer_with, ask_workers, read_request, route_record
+from .tasks import ChunkPartial, PassSpec, combine_in_tree, running_on
 
 __all__ = [
     "NEED_SHARE",
     "PASS_HANDLER",
+    "RETRY_AFTER_S",
     "direct_pass_blocker",
     "forget_pass_route",
     "install_pass_handler",
+    "pass_need",
     "pass_route",
     "run_direct_pass",
 ]
@@ -56,8 +66,13 @@ PASS_HANDLER = "qf_direct_pass"
 #: Largest share of the worker's memory pool a direct pass's tasks may need together.
 NEED_SHARE = 0.25
 
-#: Per client: ``(workers the client's scheduler update counted, route or None, why not)``.
-_KEPT: weakref.WeakKeyDictionary[Any, tuple[int, dict[str, Any] | None, str]] = (
+#: Seconds a route that failed (a worker without the handler, one that did not answer)
+#: stays unused before the scheduler is asked again.
+RETRY_AFTER_S = 30.0
+
+#: Per client: ``(the cluster's state as the route was taken (:func:`_cluster_state`), route
+#: or None, why not, time.monotonic() after which a failed route is asked for again)``.
+_KEPT: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int], dict[str, Any] | None, str, float]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -78,18 +93,63 @@ def _run_group(
         return [(chunks[0][0], run_chunk_group(spec, chunks))]
 
 
-async def _answer(worker: Any, spec_sent: Any, groups_bytes: bytes) -> dict[str, Any]:
-    from distributed.protocol.pickle import loads
+def _reserved(worker: Any) -> dict[str, float]:
+    """Bytes of each memory pool the worker's running direct passes need (on its loop)."""
+    kept: dict[str, float] | None = getattr(worker, "_qf_direct_reserved", None)
+    if kept is None:
+        kept = {}
+        worker._qf_direct_reserved = kept
+    return kept
 
+
+def _refusal(worker: Any, need: dict[str, float]) -> str | None:
+    """Why the worker sends a pass back to the graph now, or ``None`` to run it.
+
+    Not while it is paused (its memory monitor stopped its tasks) or closing,
+    nor where the passes it runs directly would need more than :data:`NEED_SHARE`
+    of a pool together (the scheduler admits graph tasks against the pool;
+    these do not count there).
+    """
+    from distributed.core import Status
+
+    from .capabilities import MEMORY_PREFIX
+
+    if getattr(worker, "status", Status.running) != Status.running:
+        return f"the worker is {getattr(worker.status, 'name', worker.status)}"
+    reserved = _reserved(worker)
+    total = getattr(getattr(worker, "state", None), "total_resources", {}) or {}
+    for pool, nbytes in need.items():
+        budget = float(total.get(MEMORY_PREFIX + pool, 0.0))
+        if budget and reserved.get(pool, 0.0) + nbytes > NEED_SHARE * budget:
+            return (
+                f"direct passes running on the worker need {reserved.get(pool, 0.0) / 2**20:.0f} "
+                f"MiB of {pool} already; with this one's {nbytes / 2**20:.0f} MiB more than "
+                f"{NEED_SHARE:.0%} of its {budget / 2**20:.0f} MiB"
+            )
+    return None
+
+
+async def _answer(worker: Any, spec_sent: Any, payload_bytes: bytes) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
-        spec = spec_as_sent(spec_sent)
-        groups: list[tuple[tuple[int, int, int], ...]] = loads(groups_bytes)
+        spec, payload, pickled = read_request(spec_sent, payload_bytes)
+        groups: list[tuple[tuple[int, int, int], ...]] = list(payload["groups"])
+        need = {str(k): float(v) for k, v in dict(payload.get("need") or {}).items()}
     except Exception as exc:  # a client of another version: say so, the caller falls back
         return {"status": "unreadable", "why": f"{type(exc).__name__}: {exc}"}
+    refusal = _refusal(worker, need)
+    if refusal is not None:
+        return {"status": "busy", "why": refusal}
     where = {"worker": str(worker.address), "worker_name": str(worker.name)}
     jobs = [functools.partial(_run_group, where, spec, tuple(group)) for group in groups]
-    return await answer_with(worker, jobs, t0=t0)
+    reserved = _reserved(worker)
+    for pool, nbytes in need.items():  # the loop runs this handler: no other thread adds
+        reserved[pool] = reserved.get(pool, 0.0) + nbytes
+    try:
+        return await answer_with(worker, jobs, t0=t0, per_group=list, pickled=pickled)
+    finally:
+        for pool, nbytes in need.items():
+            reserved[pool] = max(0.0, reserved.get(pool, 0.0) - nbytes)
 
 
 def _workers_of(dask_scheduler: Any = None) -> list[dict[str, Any]]:
@@ -104,26 +164,42 @@ def _workers_of(dask_scheduler: Any = None) -> list[dict[str, Any]]:
     ]
 
 
-def _counted_workers(client: Any) -> int:
+def _cluster_state(client: Any) -> tuple[int, int]:
+    """What changes when the route may have: the workers counted, the last departure heard.
+
+    The count comes with the client's periodic scheduler update (no request);
+    departures (a worker lost or restarted: the same count, another address)
+    are pushed by the placement plugin to subscribed clients (:mod:`.pass_watch`).
+    """
+    from .pass_watch import pass_watch
+
     kept = getattr(client, "_scheduler_identity", None) or {}
     n = kept.get("n_workers") if isinstance(kept, dict) else None
-    return int(n) if isinstance(n, int) else -1
+    try:
+        latest = pass_watch(client).latest()
+    except Exception:  # a client that cannot subscribe: the count alone
+        latest = -1
+    return (int(n) if isinstance(n, int) else -1), latest
 
 
 def pass_route(client: Any) -> tuple[dict[str, Any] | None, str]:
     """The cluster's one worker (``address``, ``nthreads``, ``resources``), or ``None`` and why.
 
     Asked of the scheduler once and kept with the client until the number
-    of workers its periodic scheduler update counts changes, or
+    of workers its periodic scheduler update counts changes, a worker departs
+    (one restarted keeps the count and changes the address), or
     :func:`forget_pass_route`.
     """
     from .capabilities import RUNTIME_PREFIX
 
-    counted = _counted_workers(client)
+    counted = _cluster_state(client)
     kept = _KEPT.get(client)
-    if kept is not None and kept[0] == counted:
+    if kept is not None and kept[0] == counted and time.monotonic() < kept[3]:
         return kept[1], kept[2]
-    workers = client.run_on_scheduler(_workers_of)
+    try:
+        workers = client.run_on_scheduler(_workers_of)
+    except Exception as exc:  # the scheduler could not say: the graph asks it properly
+        return None, f"the scheduler's workers could not be read ({type(exc).__name__}: {exc})"
     route: dict[str, Any] | None = None
     if len(workers) != 1:
         why = f"the cluster has {len(workers)} workers: the scheduler places the tasks"
@@ -131,13 +207,22 @@ def pass_route(client: Any) -> tuple[dict[str, Any] | None, str]:
         why = "its worker does not run the quantem-flow worker plugin (the pass handler)"
     else:
         route, why = workers[0], ""
-    _KEPT[client] = (counted, route, why)
+    _KEPT[client] = (counted, route, why, math.inf)
     return route, why
 
 
-def forget_pass_route(client: Any) -> None:
-    """Drop the kept route: the next pass asks the scheduler again."""
-    _KEPT.pop(client, None)
+def forget_pass_route(client: Any, *, failed: str | None = None) -> None:
+    """Drop the kept route: the next pass asks the scheduler again.
+
+    With ``failed`` (why the route failed), file passes take the graph for
+    :data:`RETRY_AFTER_S` first, saying why, rather than trying a worker
+    without the handler on every pass.
+    """
+    if failed is None:
+        _KEPT.pop(client, None)
+        return
+    why = f"the direct route failed {RETRY_AFTER_S:.0f} s ago or less: {failed}"
+    _KEPT[client] = (_cluster_state(client), None, why, time.monotonic() + RETRY_AFTER_S)
 
 
 def direct_pass_blocker(
@@ -156,16 +241,14 @@ def direct_pass_blocker(
     resources = route["resources"]
     if resources.get(RUNTIME_PREFIX + spec.runtime, 0.0) <= 0:
         return f"the worker does not declare runtime {spec.runtime!r}"
-    layer = lowered.graph.layers.get(spec.pass_name)
-    need = ((getattr(layer, "annotations", None) or {}).get("qf_need") or {}).get("total") or {}
     n_tasks = len(lowered.chunk_keys)
-    for pool, nbytes in need.items():
-        budget = resources.get(MEMORY_PREFIX + str(pool), 0.0)
-        if n_tasks * float(nbytes) > NEED_SHARE * budget:
+    for pool, nbytes in pass_need(lowered).items():
+        budget = resources.get(MEMORY_PREFIX + pool, 0.0)
+        if nbytes > NEED_SHARE * budget:
             return (
-                f"its {n_tasks} tasks need {n_tasks * float(nbytes) / 2**20:.0f} MiB of "
-                f"{pool} together, more than {NEED_SHARE:.0%} of the worker's "
-                f"{budget / 2**20:.0f} MiB: the scheduler admits them against that budget"
+                f"its {n_tasks} tasks need {nbytes / 2**20:.0f} MiB of {pool} together, more "
+                f"than {NEED_SHARE:.0%} of the worker's {budget / 2**20:.0f} MiB: the "
+                "scheduler admits them against that budget"
             )
     return None
 
@@ -204,15 +287,18 @@ def run_direct_pass(
     spec: PassSpec = lowered.spec
     chunks = spec.dataset.chunks
     groups = [tuple((i, *chunks[i]) for i in covered) for covered in lowered.covers]
-    address = str(route["address"])
-    partials, seconds = ask_workers(client, PASS_HANDLER, spec, {address: dumps(groups)})
-    if len(partials) != 1:  # pragma: no cover - ask_workers answers once per request
-        raise DirectQueryUnavailable(f"{len(partials)} answers from one worker")
-    record = {
-        "path": "direct",
-        "why": "a file pass on a cluster of one worker: one message to it, no scheduling",
-        "workers": 1,
-        "worker_s": seconds,
-        "round_trip_s": time.perf_counter() - t0,
-    }
-    return partials[0], record
+    request = dumps({"groups": groups, "need": pass_need(lowered)})
+    parts, seconds = ask_workers(client, PASS_HANDLER, spec, {str(route["address"]): request})
+    record = route_record(
+        "a file pass on a cluster of one worker: one message to it, no scheduling", seconds, t0
+    )
+    # the task groups' partials added as the pass's graph adds them (bit for bit)
+    return combine_in_tree([p for _, p in parts], lowered.fan_in), record
+
+
+def pass_need(lowered: Any) -> dict[str, float]:
+    """Bytes of each memory pool the lowered pass's tasks need together (``qf_need``)."""
+    layer = lowered.graph.layers.get(lowered.spec.pass_name)
+    need = ((getattr(layer, "annotations", None) or {}).get("qf_need") or {}).get("total") or {}
+    n_tasks = len(lowered.chunk_keys)
+    return {str(pool): n_tasks * float(nbytes) for pool, nbytes in need.items()}

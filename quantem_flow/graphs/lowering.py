@@ -120,6 +120,9 @@ class LoweredPass:
     tasks: dict[str, Any]
     weights_key: str | None = None
     weights_task: bool = False
+    #: Partials per combine task of the pass's tree; 0 where it has none (its partials
+    #: are merged in one run): :func:`~quantem_flow.graphs.tasks.combine_in_tree`
+    fan_in: int = 0
 
 
 #: Partials per combine task when they hold sum or maximum patterns.
@@ -424,6 +427,7 @@ def lower_pass(
         tasks=tasks_record,
         weights_key=weights_key,
         weights_task=weights_as_task,
+        fan_in=fan_in,
     )
 
 

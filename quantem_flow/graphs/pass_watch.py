@@ -62,6 +62,11 @@ class PassWatch:
         with self._lock:
             return self._cursors.get(name)
 
+    def latest(self) -> int:
+        """Sequence number of the last departure heard of; -1 before any."""
+        with self._lock:
+            return max(self._departures, default=-1)
+
     def departures(self, names: list[str]) -> list[dict[str, Any]] | None:
         """Departures since the earliest of the passes ``names`` arrived, in order.
 

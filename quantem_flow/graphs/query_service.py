@@ -5,10 +5,12 @@ no scheduling: its chunks are already where they will be computed.  Through
 the scheduler a pass still costs its registration, the graph's submission,
 the tasks' transitions, the combine task and the gather, about 30 ms on the
 embedded default (benchmarks/RESULTS.md, "Close to the machine").  Here the
-client sends each worker holding chunks one message (the pass's spec, pickled
-once, and its chunk keys cut into one group per worker thread); the worker
-runs the groups on its own task threads, combines them and answers with one
-partial; the client combines the answers.  Nothing goes through the scheduler.
+client sends each worker holding chunks one message (the pass's spec, as Dask
+serializes data, and its chunk keys cut into one group per worker thread); the
+worker's threads claim the chunks one at a time, each group's partial is added
+as the graph's task for that group adds it, and the worker answers with one
+partial per group; the client adds the groups as the graph's combine tasks do
+(the same bits).  Nothing goes through the scheduler.
 
 The route (which worker holds which chunk, and how many threads it has) is
 taken from the scheduler once and kept with the resident chunks
@@ -34,15 +36,26 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..representations import Chunk
-from .tasks import ChunkPartial, PassSpec, combine_partials, run_resident_kernels, running_on
+from .tasks import (
+    ChunkPartial,
+    PassSpec,
+    combine_in_tree,
+    combine_partials,
+    run_resident_kernels,
+    running_on,
+)
 
 __all__ = [
     "HANDLER",
+    "DirectQueryBusy",
     "DirectQueryUnavailable",
     "answer_with",
     "ask_workers",
     "install_query_handler",
+    "read_request",
+    "route_record",
     "run_direct",
+    "spec_as_sent",
 ]
 
 #: Seconds a direct query waits to connect to a holding worker before the graph route
@@ -55,6 +68,10 @@ HANDLER = "qf_resident_query"
 
 class DirectQueryUnavailable(Exception):  # noqa: N818 - a condition, not an error shown to users
     """The direct route cannot run this query; the caller runs it as a graph (why: ``args[0]``)."""
+
+
+class DirectQueryBusy(DirectQueryUnavailable):
+    """The worker sent this one request back (paused, or its direct passes' memory in use)."""
 
 
 def install_query_handler(worker: Any) -> None:
@@ -104,13 +121,35 @@ def _run_claimed(
     return done
 
 
-async def _answer(worker: Any, spec_sent: Any, groups_bytes: bytes) -> dict[str, Any]:
+def read_request(spec_sent: Any, payload_bytes: bytes) -> tuple[PassSpec, Any, bool]:
+    """A direct request's spec, its payload (unpickled), and whether the spec came pickled.
+
+    A client before the fifteenth stop sends the spec as pickled bytes and reads
+    the answer's partial as pickled bytes; the answer is made as it asks.
+
+    Raises
+    ------
+    Exception
+        What unpickling raised, or :class:`TypeError` from :func:`spec_as_sent`.
+    """
     from distributed.protocol.pickle import loads
 
+    pickled = isinstance(spec_sent, (bytes, bytearray, memoryview))
+    return spec_as_sent(spec_sent), loads(payload_bytes), pickled
+
+
+def _resident_groups(payload: Any) -> list[tuple[tuple[int, ...], list[Any]]]:
+    """The chunk groups of a resident request (an older client sends them alone)."""
+    if isinstance(payload, dict):
+        return list(payload["groups"])
+    return list(payload)
+
+
+async def _answer(worker: Any, spec_sent: Any, groups_bytes: bytes) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
-        spec = spec_as_sent(spec_sent)
-        groups: list[tuple[tuple[int, ...], list[Any]]] = loads(groups_bytes)
+        spec, payload, pickled = read_request(spec_sent, groups_bytes)
+        groups = _resident_groups(payload)
     except Exception as exc:  # a client of another version: say so, the caller falls back
         return {"status": "unreadable", "why": f"{type(exc).__name__}: {exc}"}
     data = worker.data
@@ -124,22 +163,38 @@ async def _answer(worker: Any, spec_sent: Any, groups_bytes: bytes) -> dict[str,
         key=lambda item: item[0],
     )
     queue = _ChunkQueue(chunks)  # one job per thread the client counted, as many as groups
+
+    def per_group(ordered: list[tuple[int, ChunkPartial]]) -> list[tuple[int, ChunkPartial]]:
+        # as the graph's tasks add them: each group's chunks in turn (run_resident_group),
+        # whichever thread ran which chunk; the client adds the groups as its tree does
+        by_index = dict(ordered)
+        return [(int(ix[0]), combine_partials(*(by_index[int(i)] for i in ix))) for ix, _ in groups]
+
     jobs = [functools.partial(_run_claimed, where, spec, queue) for _ in groups]
-    return await answer_with(worker, jobs, t0=t0)
+    return await answer_with(worker, jobs, t0=t0, per_group=per_group, pickled=pickled)
 
 
 async def answer_with(
-    worker: Any, jobs: Sequence[Callable[[], list[tuple[int, ChunkPartial]]]], *, t0: float
+    worker: Any,
+    jobs: Sequence[Callable[[], list[tuple[int, ChunkPartial]]]],
+    *,
+    t0: float,
+    per_group: Callable[[list[tuple[int, ChunkPartial]]], list[tuple[int, ChunkPartial]]],
+    pickled: bool = False,
 ) -> dict[str, Any]:
-    """Run ``jobs`` on the worker's task threads and answer with their combined partial.
+    """Run ``jobs`` on the worker's task threads and answer with one partial per task group.
 
-    Each job returns ``(first chunk index, partial)`` pairs; they are combined
-    in chunk order, whichever thread ran them, so the sums are made in the
-    same order every time.  The reply a direct request gets:
-    ``{"status": "ok", "partial"}`` (the partial travels as Dask serializes
-    data, its arrays out of band, not copied into a pickle) or
-    ``{"status": "error", "error"}`` (the pickled exception, or its text where
-    it cannot travel), with ``seconds`` since ``t0`` (:func:`time.perf_counter`).
+    Each job returns ``(chunk index, partial)`` pairs; ``per_group`` gets all of
+    them in chunk order, whichever thread ran them, and returns ``(first chunk
+    index, partial)`` of each of the request's groups, added as the pass's graph
+    task would add them; the client adds the groups as the graph's combine tasks
+    do (:func:`~quantem_flow.graphs.tasks.combine_in_tree`), so the sums have the
+    graph's bits.  The reply: ``{"status": "ok", "parts"}`` (travelling as Dask
+    serializes data, arrays out of band), or for a request that came ``pickled``
+    (an older client) ``{"status": "ok", "partial"}``, the groups merged and
+    pickled as it reads them; ``{"status": "error", "error"}`` (the pickled
+    exception, or its text where it cannot travel); with ``seconds`` since
+    ``t0`` (:func:`time.perf_counter`).
     """
     from distributed.protocol import to_serialize
     from distributed.protocol.pickle import dumps
@@ -149,8 +204,12 @@ async def answer_with(
     try:
         done = await asyncio.gather(*(loop.run_in_executor(executor, job) for job in jobs))
         ordered = sorted((pair for pairs in done for pair in pairs), key=lambda pair: pair[0])
-        combined = combine_partials(*(part for _, part in ordered))
-        reply: dict[str, Any] = {"status": "ok", "partial": to_serialize(combined)}
+        parts = per_group(ordered)
+        reply: dict[str, Any] = (
+            {"status": "ok", "partial": dumps(combine_partials(*(p for _, p in parts)))}
+            if pickled
+            else {"status": "ok", "parts": to_serialize(parts)}
+        )
     except Exception as exc:
         try:
             reply = {"status": "error", "error": dumps(exc)}
@@ -162,7 +221,12 @@ async def answer_with(
 
 
 def run_direct(
-    client: Any, spec: PassSpec, route: dict[str, list[list[int]]], keys: Sequence[Any]
+    client: Any,
+    spec: PassSpec,
+    route: dict[str, list[list[int]]],
+    keys: Sequence[Any],
+    *,
+    fan_in: int = 0,
 ) -> tuple[ChunkPartial, dict[str, Any]]:
     """Run one pass on resident chunks by one message to each holding worker.
 
@@ -176,6 +240,9 @@ def run_direct(
         ``{worker address: [chunk indices of one thread, ...]}``.
     keys
         The resident chunks' keys, in chunk order.
+    fan_in
+        The combine tree's fan-in of the pass as lowered (0: none), so the
+        groups' sums are added as its graph adds them.
 
     Returns
     -------
@@ -195,18 +262,25 @@ def run_direct(
 
     t0 = time.perf_counter()
     requests = {
-        address: dumps([(tuple(g), [keys[i] for i in g]) for g in groups])
+        address: dumps({"groups": [(tuple(g), [keys[i] for i in g]) for g in groups]})
         for address, groups in route.items()
     }
-    partials, seconds = ask_workers(client, HANDLER, spec, requests)
-    record = {
+    parts, seconds = ask_workers(client, HANDLER, spec, requests)
+    record = route_record(
+        "resident chunks: one message to each holding worker, no scheduling", seconds, t0
+    )
+    return combine_in_tree([p for _, p in parts], fan_in), record
+
+
+def route_record(why: str, seconds: dict[str, float], t0: float) -> dict[str, Any]:
+    """The ``query_route`` provenance of a pass that took a direct route."""
+    return {
         "path": "direct",
-        "why": "resident chunks: one message to each holding worker, no scheduling",
-        "workers": len(route),
+        "why": why,
+        "workers": len(seconds),
         "worker_s": seconds,
         "round_trip_s": time.perf_counter() - t0,
     }
-    return combine_partials(*partials), record
 
 
 def spec_as_sent(sent: Any) -> PassSpec:
@@ -230,13 +304,12 @@ def spec_as_sent(sent: Any) -> PassSpec:
 
 def ask_workers(
     client: Any, handler: str, spec: PassSpec, requests: dict[str, bytes]
-) -> tuple[list[ChunkPartial], dict[str, float]]:
+) -> tuple[list[tuple[int, ChunkPartial]], dict[str, float]]:
     """Send each worker its request (``{address: groups}``) by ``handler``; their partials.
 
     The spec travels once per worker as Dask serializes data (its weight rows
-    out of band, not copied into a pickle).
-
-    Returns the partials in the order of ``requests`` and each worker's
+    out of band, not copied into a pickle).  Returns every worker's ``(first
+    chunk index, partial)`` per task group, in chunk order, and each worker's
     seconds.  Raises :class:`DirectQueryUnavailable` where a worker did not
     answer or could not take the request, and what the kernels raised where
     they failed.
@@ -263,7 +336,7 @@ def ask_workers(
         )
 
     replies = client.sync(ask_all)
-    partials: list[ChunkPartial] = []
+    parts: list[tuple[int, ChunkPartial]] = []
     seconds: dict[str, float] = {}
     for address, reply in zip(requests, replies, strict=True):
         if isinstance(reply, BaseException):
@@ -275,8 +348,13 @@ def ask_workers(
             raise loads(reply["error"])
         if status != "ok":
             why = reply.get("why") if isinstance(reply, dict) else repr(reply)
-            raise DirectQueryUnavailable(f"worker {address}: {status}: {why}")
-        partial = reply["partial"]  # deserialized by the comm; bytes from an older worker
-        partials.append(loads(partial) if isinstance(partial, bytes) else partial)
+            unavailable = DirectQueryBusy if status == "busy" else DirectQueryUnavailable
+            raise unavailable(f"worker {address}: {status}: {why}")
+        if "parts" in reply:  # deserialized by the comm
+            parts.extend((int(i), p) for i, p in reply["parts"])
+        else:  # a worker before the fifteenth stop: its groups merged, pickled
+            merged = loads(reply["partial"])
+            first = min((int(r["chunk"]) for r in merged.records), default=0)
+            parts.append((first, merged))
         seconds[address] = float(reply.get("seconds", 0.0))
-    return partials, seconds
+    return sorted(parts, key=lambda part: part[0]), seconds

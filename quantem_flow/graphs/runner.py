@@ -359,6 +359,7 @@ class Runner:
                 out.append(values[0] if outputs else _merged(parts))
             return out
         results: dict[int, ChunkPartial] = {}
+        n_file = sum(not getattr(p.spec.dataset, "is_persisted", False) for p in passes)
         for i, p in enumerate(passes):  # resident queries: straight to the holders
             direct = self._direct(i, p)
             if isinstance(direct, ChunkPartial):
@@ -366,7 +367,7 @@ class Runner:
             elif direct is not None:
                 passes[i] = direct  # the route failed: lowered again on fresh placement
             else:  # a file pass: straight to a one-worker cluster's worker, where it can
-                done = self._direct_file(i, p, progress=progress, n_passes=len(passes))
+                done = self._direct_file(i, p, progress=progress, n_passes=n_file)
                 if done is not None:
                     results[i] = done
         rest = [i for i in range(len(passes)) if i not in results]
@@ -415,7 +416,9 @@ class Runner:
             }
             return None
         try:
-            partial, record = run_direct(self.client, spec, route, resident.keys)
+            partial, record = run_direct(
+                self.client, spec, route, resident.keys, fan_in=lowered.fan_in
+            )
         except DirectQueryUnavailable as exc:
             resident.forget_route()
             logger.info("quantem-flow: direct query route failed (%s); running it as a graph", exc)
@@ -441,7 +444,7 @@ class Runner:
             pass_route,
             run_direct_pass,
         )
-        from .query_service import DirectQueryUnavailable
+        from .query_service import DirectQueryBusy, DirectQueryUnavailable
 
         ds = lowered.spec.dataset
         if self.client is None or getattr(ds, "is_persisted", False):
@@ -459,8 +462,11 @@ class Runner:
             return None
         try:
             partial, record = run_direct_pass(self.client, lowered, route)
+        except DirectQueryBusy as exc:  # this once: the next pass asks again
+            self.routes[i] = {"path": "graph", "why": f"the worker sent it back: {exc}"}
+            return None
         except DirectQueryUnavailable as exc:
-            forget_pass_route(self.client)
+            forget_pass_route(self.client, failed=str(exc))
             logger.info("quantem-flow: direct pass route failed (%s); running it as a graph", exc)
             self.routes[i] = {"path": "graph", "why": f"the direct route failed: {exc}"}
             return None
@@ -477,7 +483,7 @@ class Runner:
         *,
         kind: str = "resident query",
     ) -> None:
-        """Tell the scheduler's page about a direct query, without waiting for it."""
+        """Tell the scheduler's page about a pass that took a direct route, without waiting."""
         import time
 
         from .scheduler_plugin import DIRECT_QUERY_HANDLER

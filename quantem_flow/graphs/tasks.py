@@ -16,7 +16,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,7 @@ from .work_sharing import PassWork, SharedRows
 __all__ = [
     "ChunkPartial",
     "PassSpec",
+    "combine_in_tree",
     "combine_partials",
     "load_resident_chunk",
     "resident_digest",
@@ -654,6 +655,22 @@ def run_resident_kernels(spec: PassSpec, chunk: Chunk, index: int) -> ChunkParti
         complement=spec.complement_queries,
         radial=spec.radial_queries,
     )
+
+
+def combine_in_tree(parts: Sequence[ChunkPartial], fan_in: int) -> ChunkPartial:
+    """Merge partials as a pass's combine tasks do: ``fan_in`` at a time, level by level.
+
+    With ``fan_in`` of 0 (a pass without combine tasks) the parts are merged in
+    one run, as the client merges them.  Either way the sums are added in the
+    same order as the graph adds them, so a route that runs the same task
+    groups elsewhere gives the graph's bits on float data too.
+    """
+    if fan_in <= 0 or len(parts) <= 1:
+        return combine_partials(*parts)
+    level = list(parts)
+    while len(level) > 1:
+        level = [combine_partials(*level[j : j + fan_in]) for j in range(0, len(level), fan_in)]
+    return level[0]
 
 
 def combine_partials(*parts: ChunkPartial) -> ChunkPartial:
