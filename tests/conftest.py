@@ -59,17 +59,40 @@ def dask_thread_cluster(n_workers: int = 1, threads_per_worker: int = 1, **optio
     )
 
 
-@pytest.fixture(scope="session")
-def cluster_client() -> Iterator[Any]:
-    """A 2-process LocalCluster bound to 127.0.0.1 (dashboard included)."""
+def _local_client(n_workers: int, threads_per_worker: int) -> Iterator[Any]:
     from distributed import Client
 
     from quantem_flow.graphs.cluster import start_local_cluster
 
-    cluster = start_local_cluster(n_workers=2, threads_per_worker=1)
+    cluster = start_local_cluster(n_workers=n_workers, threads_per_worker=threads_per_worker)
     client = Client(cluster, set_as_default=False)
     try:
         yield client
     finally:
         client.close()
         cluster.close()
+
+
+@pytest.fixture(scope="session")
+def cluster_client() -> Iterator[Any]:
+    """A 2-process LocalCluster bound to 127.0.0.1 (dashboard included)."""
+    yield from _local_client(2, 1)
+
+
+@pytest.fixture(scope="module")
+def one_worker_client() -> Iterator[Any]:
+    """A LocalCluster of one worker process with two threads (the embedded default's shape)."""
+    yield from _local_client(1, 2)
+
+
+def five_operators(ds: Any, center: tuple[float, float] = (8.6, 14.2)) -> list[Any]:
+    """BF, ADF, CoM, sum and maximum pattern over ``ds`` around ``center`` (px)."""
+    import quantem_flow as qf
+
+    return [
+        qf.virtual_bf(ds, radius=4.5, center=center),
+        qf.virtual_adf(ds, inner=7.0, center=center),
+        qf.center_of_mass(ds, center=center),
+        qf.sum_diffraction(ds),
+        qf.max_diffraction(ds),
+    ]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import pickle
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,35 +26,9 @@ from quantem_flow.graphs.direct_pass import (
 )
 from quantem_flow.graphs.lowering import lower_pass
 from quantem_flow.graphs.tasks import combine_partials
-from tests.conftest import probe_data
+from tests.conftest import five_operators, probe_data
 
 CENTER = (8.6, 14.2)
-
-
-def _operators(ds: Any) -> list[Any]:
-    return [
-        qf.virtual_bf(ds, radius=4.5, center=CENTER),
-        qf.virtual_adf(ds, inner=7.0, center=CENTER),
-        qf.center_of_mass(ds, center=CENTER),
-        qf.sum_diffraction(ds),
-        qf.max_diffraction(ds),
-    ]
-
-
-@pytest.fixture(scope="module")
-def one_worker() -> Iterator[Any]:
-    """A cluster of one worker process with two threads (the embedded default's shape)."""
-    from distributed import Client
-
-    from quantem_flow.graphs.cluster import start_local_cluster
-
-    cluster = start_local_cluster(n_workers=1, threads_per_worker=2)
-    client = Client(cluster, set_as_default=False)
-    try:
-        yield client
-    finally:
-        client.close()
-        cluster.close()
 
 
 def _npy(tmp_path: Path, data: np.ndarray) -> str:
@@ -66,14 +39,14 @@ def _npy(tmp_path: Path, data: np.ndarray) -> str:
 
 @pytest.mark.cluster
 def test_a_file_pass_goes_direct_and_equals_the_graph_and_one_process(
-    rng: np.random.Generator, tmp_path: Path, one_worker: Any
+    rng: np.random.Generator, tmp_path: Path, one_worker_client: Any
 ) -> None:
     data = probe_data(rng, scan=(11, 6))
     ds = qf.open(_npy(tmp_path, data), chunk_rows=2)
-    direct = qf.compute(*_operators(ds), client=one_worker, progress=False)
+    direct = qf.compute(*five_operators(ds), client=one_worker_client, progress=False)
     with qf.config.set(direct_passes=False):
-        graph = qf.compute(*_operators(ds), client=one_worker, progress=False)
-    here = qf.compute(*_operators(ds), client="synchronous")
+        graph = qf.compute(*five_operators(ds), client=one_worker_client, progress=False)
+    here = qf.compute(*five_operators(ds), client="synchronous")
     for a, b, c in zip(direct, graph, here, strict=True):
         np.testing.assert_array_equal(a.data, b.data)  # bit for bit, CoM and patterns included
         np.testing.assert_array_equal(a.data, c.data)
@@ -92,12 +65,12 @@ def test_a_file_pass_goes_direct_and_equals_the_graph_and_one_process(
 
 @pytest.mark.cluster
 def test_what_keeps_a_file_pass_on_the_graph_is_said(
-    rng: np.random.Generator, tmp_path: Path, one_worker: Any, cluster_client: Any
+    rng: np.random.Generator, tmp_path: Path, one_worker_client: Any, cluster_client: Any
 ) -> None:
     data = probe_data(rng, scan=(6, 5))
     ds = qf.open(_npy(tmp_path, data), chunk_rows=2)
     (shown,) = qf.compute(
-        qf.virtual_bf(ds, radius=4.5, center=CENTER), client=one_worker, progress=True
+        qf.virtual_bf(ds, radius=4.5, center=CENTER), client=one_worker_client, progress=True
     )
     assert shown.provenance.execution["query_route"]["path"] == "graph"
     assert "progress bar" in shown.provenance.execution["query_route"]["why"]
@@ -105,7 +78,7 @@ def test_what_keeps_a_file_pass_on_the_graph_is_said(
     two = qf.compute(
         qf.virtual_bf(ds, radius=4.5, center=CENTER),
         qf.virtual_bf(other, radius=4.5, center=CENTER),
-        client=one_worker,
+        client=one_worker_client,
         progress=False,
     )
     assert all("2 passes" in r.provenance.execution["query_route"]["why"] for r in two)
@@ -120,12 +93,14 @@ def test_what_keeps_a_file_pass_on_the_graph_is_said(
 
 @pytest.mark.cluster
 def test_a_file_cut_short_on_the_worker_keeps_its_error_on_both_routes(
-    rng: np.random.Generator, tmp_path: Path, one_worker: Any
+    rng: np.random.Generator, tmp_path: Path, one_worker_client: Any
 ) -> None:
     data = probe_data(rng, scan=(6, 5))
     path = _npy(tmp_path, data)
     ds = qf.open(path, chunk_rows=2)
-    qf.compute(qf.virtual_bf(ds, radius=4.5, center=CENTER), client=one_worker, progress=False)
+    qf.compute(
+        qf.virtual_bf(ds, radius=4.5, center=CENTER), client=one_worker_client, progress=False
+    )
     with open(path, "r+b") as f:  # the worker reads past the end; the client's stat is fine
         f.truncate(Path(path).stat().st_size // 2)
     for direct in (True, False):
@@ -134,21 +109,23 @@ def test_a_file_cut_short_on_the_worker_keeps_its_error_on_both_routes(
             pytest.raises(CorruptChunkError, match=r"truncated or rewritten"),
         ):
             qf.compute(
-                qf.virtual_bf(ds, radius=4.5, center=CENTER), client=one_worker, progress=False
+                qf.virtual_bf(ds, radius=4.5, center=CENTER),
+                client=one_worker_client,
+                progress=False,
             )
 
 
 @pytest.mark.cluster
 def test_float_sums_over_many_tasks_have_the_graphs_bits(
-    rng: np.random.Generator, tmp_path: Path, one_worker: Any
+    rng: np.random.Generator, tmp_path: Path, one_worker_client: Any
 ) -> None:
     data = probe_data(rng, scan=(24, 5)) * rng.random((24, 5, 1, 1))  # float64: sums round
     ds = qf.open(_npy(tmp_path, data), chunk_rows=1)
     ops = [qf.sum_diffraction(ds), qf.virtual_adf(ds, inner=7.0, center=CENTER)]
     with qf.config.set(pass_tasks_per_thread=6):  # 12 tasks: two levels of combine tasks
-        direct = qf.compute(*ops, client=one_worker, progress=False)
+        direct = qf.compute(*ops, client=one_worker_client, progress=False)
         with qf.config.set(direct_passes=False):
-            graph = qf.compute(*ops, client=one_worker, progress=False)
+            graph = qf.compute(*ops, client=one_worker_client, progress=False)
     ex = direct[0].provenance.execution
     assert ex["query_route"]["path"] == "direct"
     assert graph[0].provenance.execution["query_route"]["path"] == "graph"
@@ -159,7 +136,7 @@ def test_float_sums_over_many_tasks_have_the_graphs_bits(
 
 @pytest.mark.cluster
 def test_a_worker_without_the_handler_sends_the_pass_through_the_graph(
-    rng: np.random.Generator, tmp_path: Path, one_worker: Any
+    rng: np.random.Generator, tmp_path: Path, one_worker_client: Any
 ) -> None:
     data = probe_data(rng, scan=(5, 4))
     ds = qf.open(_npy(tmp_path, data), chunk_rows=2)
@@ -171,26 +148,26 @@ def test_a_worker_without_the_handler_sends_the_pass_through_the_graph(
     def put_back(dask_worker: Any) -> None:
         install_pass_handler(dask_worker)
 
-    assert list(one_worker.run(drop).values()) == [True]
+    assert list(one_worker_client.run(drop).values()) == [True]
     try:
         (fell,) = qf.compute(
-            qf.virtual_adf(ds, inner=7.0, center=CENTER), client=one_worker, progress=False
+            qf.virtual_adf(ds, inner=7.0, center=CENTER), client=one_worker_client, progress=False
         )
     finally:
-        one_worker.run(put_back)
+        one_worker_client.run(put_back)
     np.testing.assert_array_equal(fell.data, ref.data)
     route = fell.provenance.execution["query_route"]
     assert route["path"] == "graph" and "direct route failed" in route["why"], route
     # the failed route rests a while (no retry, and no handler error on the worker, per
     # pass), saying why; once forgotten, the pass goes direct again
     (resting,) = qf.compute(
-        qf.virtual_adf(ds, inner=7.0, center=CENTER), client=one_worker, progress=False
+        qf.virtual_adf(ds, inner=7.0, center=CENTER), client=one_worker_client, progress=False
     )
     route = resting.provenance.execution["query_route"]
     assert route["path"] == "graph" and "failed" in route["why"] and "ago" in route["why"]
-    forget_pass_route(one_worker)
+    forget_pass_route(one_worker_client)
     (back,) = qf.compute(
-        qf.virtual_adf(ds, inner=7.0, center=CENTER), client=one_worker, progress=False
+        qf.virtual_adf(ds, inner=7.0, center=CENTER), client=one_worker_client, progress=False
     )
     assert back.provenance.execution["query_route"]["path"] == "direct"
     np.testing.assert_array_equal(back.data, ref.data)

@@ -21,19 +21,9 @@ from quantem_flow.graphs.query_service import _answer
 from quantem_flow.graphs.resident_query import run_resident_group
 from quantem_flow.graphs.tasks import combine_partials
 from quantem_flow.representations.chunk import chunk_of
-from tests.conftest import probe_data
+from tests.conftest import five_operators, probe_data
 
 CENTER = (8.6, 14.2)
-
-
-def _queries(ds: Any) -> list[Any]:
-    return [
-        qf.virtual_bf(ds, radius=4.5, center=CENTER),
-        qf.virtual_adf(ds, inner=7.0, center=CENTER),
-        qf.center_of_mass(ds, center=CENTER),
-        qf.sum_diffraction(ds),
-        qf.max_diffraction(ds),
-    ]
 
 
 @pytest.mark.cluster
@@ -43,9 +33,9 @@ def test_direct_and_graph_routes_give_the_same_results(
     data = probe_data(rng, scan=(10, 7))
     p = qf.open(data, chunk_rows=1).persist(client=cluster_client)
     try:
-        direct = qf.compute(*_queries(p), client=cluster_client)
+        direct = qf.compute(*five_operators(p), client=cluster_client)
         with qf.config.set(direct_queries=False):
-            graph = qf.compute(*_queries(p), client=cluster_client)
+            graph = qf.compute(*five_operators(p), client=cluster_client)
         for a, b in zip(direct, graph, strict=True):
             np.testing.assert_array_equal(a.data, b.data)  # bit for bit, CoM included
             assert a.units == b.units
