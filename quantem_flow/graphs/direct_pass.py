@@ -55,6 +55,7 @@ __all__ = [
     "direct_pass_blocker",
     "forget_pass_route",
     "install_pass_handler",
+    "need_over_share",
     "pass_need",
     "pass_route",
     "run_direct_pass",
@@ -102,31 +103,44 @@ def _reserved(worker: Any) -> dict[str, float]:
     return kept
 
 
+def need_over_share(
+    need: dict[str, float], resources: dict[str, float], reserved: dict[str, float]
+) -> str | None:
+    """Why a direct pass needing ``need`` bytes per pool is too big, or ``None``.
+
+    Too big where, with what the worker's running direct passes hold
+    (``reserved``), it would need more than :data:`NEED_SHARE` of the worker's
+    pool (its ``resources``): the scheduler admits graph tasks against the pool,
+    and direct passes do not count there.  The client asks it before sending
+    (nothing reserved in its view), the worker again as it takes the pass.
+    """
+    from .capabilities import MEMORY_PREFIX
+
+    for pool, nbytes in need.items():
+        budget = float(resources.get(MEMORY_PREFIX + pool, 0.0))
+        held = reserved.get(pool, 0.0)
+        if held + nbytes > NEED_SHARE * budget:
+            beside = f" beside the {held / 2**20:.0f} MiB of direct passes running" if held else ""
+            return (
+                f"the pass's tasks need {nbytes / 2**20:.0f} MiB of {pool} together{beside}, "
+                f"more than {NEED_SHARE:.0%} of the worker's {budget / 2**20:.0f} MiB: the "
+                "scheduler admits graph tasks against that budget"
+            )
+    return None
+
+
 def _refusal(worker: Any, need: dict[str, float]) -> str | None:
     """Why the worker sends a pass back to the graph now, or ``None`` to run it.
 
     Not while it is paused (its memory monitor stopped its tasks) or closing,
-    nor where the passes it runs directly would need more than :data:`NEED_SHARE`
-    of a pool together (the scheduler admits graph tasks against the pool;
-    these do not count there).
+    nor where :func:`need_over_share` says so with its running direct passes.
     """
     from distributed.core import Status
 
-    from .capabilities import MEMORY_PREFIX
-
     if getattr(worker, "status", Status.running) != Status.running:
         return f"the worker is {getattr(worker.status, 'name', worker.status)}"
-    reserved = _reserved(worker)
     total = getattr(getattr(worker, "state", None), "total_resources", {}) or {}
-    for pool, nbytes in need.items():
-        budget = float(total.get(MEMORY_PREFIX + pool, 0.0))
-        if budget and reserved.get(pool, 0.0) + nbytes > NEED_SHARE * budget:
-            return (
-                f"direct passes running on the worker need {reserved.get(pool, 0.0) / 2**20:.0f} "
-                f"MiB of {pool} already; with this one's {nbytes / 2**20:.0f} MiB more than "
-                f"{NEED_SHARE:.0%} of its {budget / 2**20:.0f} MiB"
-            )
-    return None
+    return need_over_share(need, dict(total), _reserved(worker))
 
 
 async def _answer(worker: Any, spec_sent: Any, payload_bytes: bytes) -> dict[str, Any]:
@@ -229,7 +243,7 @@ def direct_pass_blocker(
     lowered: Any, route: dict[str, Any], *, progress: bool, n_passes: int
 ) -> str | None:
     """Why the lowered pass should go through the scheduler, or ``None`` to send it direct."""
-    from .capabilities import MEMORY_PREFIX, RUNTIME_PREFIX
+    from .capabilities import RUNTIME_PREFIX
 
     spec: PassSpec = lowered.spec
     if spec.gather is not None:
@@ -241,16 +255,7 @@ def direct_pass_blocker(
     resources = route["resources"]
     if resources.get(RUNTIME_PREFIX + spec.runtime, 0.0) <= 0:
         return f"the worker does not declare runtime {spec.runtime!r}"
-    n_tasks = len(lowered.chunk_keys)
-    for pool, nbytes in pass_need(lowered).items():
-        budget = resources.get(MEMORY_PREFIX + pool, 0.0)
-        if nbytes > NEED_SHARE * budget:
-            return (
-                f"its {n_tasks} tasks need {nbytes / 2**20:.0f} MiB of {pool} together, more "
-                f"than {NEED_SHARE:.0%} of the worker's {budget / 2**20:.0f} MiB: the "
-                "scheduler admits them against that budget"
-            )
-    return None
+    return need_over_share(pass_need(lowered), resources, {})
 
 
 def run_direct_pass(

@@ -54,6 +54,7 @@ from .tasks import (
     PassSpec,
     combine_partials,
     load_resident_chunk,
+    reduce_in_tree,
     run_chunk_pass,
     run_resident_kernels,
     with_weights,
@@ -399,18 +400,14 @@ def lower_pass(
         )
     if fan_in is None:
         fan_in = PATTERN_FAN_IN
-    level: list[Key] = list(chunk_keys)
-    depth = 0
     combine_tasks: dict[Key, Task] = {}
-    while len(level) > 1 or depth == 0:
-        nxt: list[Key] = []
-        for j in range(0, len(level), fan_in):
-            ckey: Key = (comb_name, depth, j // fan_in)
-            group = level[j : j + fan_in]
-            combine_tasks[ckey] = Task(ckey, combine_partials, *(TaskRef(g) for g in group))
-            nxt.append(ckey)
-        level = nxt
-        depth += 1
+
+    def combine_task(group: Sequence[Key], depth: int, index: int) -> Key:
+        ckey: Key = (comb_name, depth, index)
+        combine_tasks[ckey] = Task(ckey, combine_partials, *(TaskRef(g) for g in group))
+        return ckey
+
+    output_key = reduce_in_tree(chunk_keys, fan_in, combine_task)
     layers[comb_name] = MaterializedLayer(
         combine_tasks,
         annotations=validate_annotations({"qf_role": "combine", "qf_runtime": "any"}),
@@ -420,7 +417,7 @@ def lower_pass(
     return LoweredPass(
         graph=graph,
         chunk_keys=chunk_keys,
-        output_key=level[0],
+        output_key=output_key,
         weight_keys=keys,
         spec=spec,
         covers=[covers[k] for k in chunk_keys],

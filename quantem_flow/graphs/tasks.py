@@ -16,8 +16,8 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -34,12 +34,15 @@ from .radial_query import plan_radial
 from .streamed import StreamedChunk, compile_timer_for, run_streamed_chunk
 from .work_sharing import PassWork, SharedRows
 
+_Item = TypeVar("_Item")
+
 __all__ = [
     "ChunkPartial",
     "PassSpec",
     "combine_in_tree",
     "combine_partials",
     "load_resident_chunk",
+    "reduce_in_tree",
     "resident_digest",
     "run_chunk_pass",
     "run_resident_kernels",
@@ -657,6 +660,25 @@ def run_resident_kernels(spec: PassSpec, chunk: Chunk, index: int) -> ChunkParti
     )
 
 
+def reduce_in_tree(
+    items: Sequence[_Item], fan_in: int, merge: Callable[[Sequence[_Item], int, int], _Item]
+) -> _Item:
+    """Merge ``items`` ``fan_in`` at a time, level by level, down to one (at least one level).
+
+    ``merge(group, depth, index)`` makes the ``index``-th merge of level ``depth``.
+    The one grouping a pass's combine tasks (:func:`~quantem_flow.graphs.lowering.lower_pass`)
+    and :func:`combine_in_tree` both follow, so their sums are added in the same order.
+    """
+    level = list(items)
+    depth = 0
+    while len(level) > 1 or depth == 0:
+        level = [
+            merge(level[j : j + fan_in], depth, j // fan_in) for j in range(0, len(level), fan_in)
+        ]
+        depth += 1
+    return level[0]
+
+
 def combine_in_tree(parts: Sequence[ChunkPartial], fan_in: int) -> ChunkPartial:
     """Merge partials as a pass's combine tasks do: ``fan_in`` at a time, level by level.
 
@@ -665,12 +687,9 @@ def combine_in_tree(parts: Sequence[ChunkPartial], fan_in: int) -> ChunkPartial:
     same order as the graph adds them, so a route that runs the same task
     groups elsewhere gives the graph's bits on float data too.
     """
-    if fan_in <= 0 or len(parts) <= 1:
+    if fan_in <= 0 or not parts:
         return combine_partials(*parts)
-    level = list(parts)
-    while len(level) > 1:
-        level = [combine_partials(*level[j : j + fan_in]) for j in range(0, len(level), fan_in)]
-    return level[0]
+    return reduce_in_tree(parts, fan_in, lambda group, _depth, _index: combine_partials(*group))
 
 
 def combine_partials(*parts: ChunkPartial) -> ChunkPartial:

@@ -134,14 +134,12 @@ class PassOutputs:
         ended; each result gets its own dicts and lists, so changing one
         result's provenance leaves the others as they were.
         """
-        for seen, record in self.dataset_records:
-            if seen is ds:
-                copied: dict[str, Any] = _containers_copied(record)
-                return copied
-        record = dataset_provenance(ds)
-        self.dataset_records.append((ds, record))
-        fresh: dict[str, Any] = _containers_copied(record)
-        return fresh
+        record = next((r for seen, r in self.dataset_records if seen is ds), None)
+        if record is None:
+            record = dataset_provenance(ds)
+            self.dataset_records.append((ds, record))
+        copied: dict[str, Any] = _containers_copied(record)
+        return copied
 
 
 def _containers_copied(value: Any) -> Any:
