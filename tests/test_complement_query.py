@@ -230,3 +230,43 @@ def test_the_cpu_price_passes_the_conformance_check(dtype: str) -> None:
     assert check_frame_pass_cost(lambda: get_runtime("cpu"), dtype, rng=rng)
     assert check_frame_pass_cost(lambda: get_runtime("cpu"), dtype, rng=rng, detector=(128, 128))
     assert not check_frame_pass_cost(_Unpriced, dtype, rng=rng)  # no price: nothing to check
+
+
+class _CountedPrice(CpuRuntime):
+    """The CPU runtime, counting the prices it is asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.priced = 0
+
+    def frame_pass_cost(self, weights: Any, **kwargs: Any) -> float | None:
+        self.priced += 1
+        return super().frame_pass_cost(weights, **kwargs)
+
+
+def test_the_chunks_of_a_pass_decide_once(rng: np.random.Generator) -> None:
+    k = 64
+    runtime = _CountedPrice()
+    ask = {"want_sum": False, "want_max": False, "gather": None, "runtime": runtime}
+    chunks = [
+        chunk_of("dense", rng.integers(0, 60, size=(2, 3, k, k), dtype=np.uint16)) for _ in range(4)
+    ]
+    weights = _disk_rows(k, com=False)
+    plans = [plan_complement(weights, np.dtype(np.uint16), chunk=c, **ask) for c in chunks]
+    assert all(isinstance(p, Complement) for p in plans)
+    assert runtime.priced == 2  # the rows as asked and their complement, once for the pass
+    # each chunk keeps its own totals; the flipped weights are shared, read-only
+    for plan, chunk in zip(plans, chunks, strict=True):
+        assert isinstance(plan, Complement)
+        np.testing.assert_array_equal(plan.totals, chunk.payload.reshape(6, -1).sum(axis=1))
+        assert not plan.weights.flags.writeable
+    # a copy with the same values decides from the kept decision; changed values decide again
+    plan_complement(weights.copy(), np.dtype(np.uint16), chunk=chunks[0], **ask)
+    assert runtime.priced == 2
+    changed = weights.copy()
+    changed[0, 0] = 1.0 - changed[0, 0]
+    plan_complement(changed, np.dtype(np.uint16), chunk=chunks[0], **ask)
+    assert runtime.priced == 4
+    # so does the same weights array on frames of another dtype
+    plan_complement(weights, np.dtype(np.uint8), chunk=chunks[0], **ask)
+    assert runtime.priced == 6

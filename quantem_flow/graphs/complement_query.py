@@ -20,6 +20,7 @@ needs more vectors for the complement than for the ring, and ran 1.9x slower thr
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 import time
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import config
 from ..representations import Chunk
 from ..runtimes.base import FramePassResult
 
@@ -37,6 +39,11 @@ MIN_SUPPORT = 0.5
 #: Attribute of a resident chunk handle holding its per-frame totals (float64, exact).
 _TOTALS_ATTR = "qf_frame_totals"
 _lock = threading.Lock()
+#: Complement decisions kept (a pass's chunks share one), the newest last.
+_DECISIONS_KEPT = 8
+_decisions: collections.OrderedDict[
+    tuple[Any, ...], tuple[np.ndarray, np.ndarray] | Declined | None
+] = collections.OrderedDict()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,14 +147,61 @@ def plan_complement(
         return None
     if weights.ndim != 2 or weights.shape[0] == 0:
         return None
+    try:
+        shape = _frame_shape(chunk)
+    except ValueError:
+        return None
+    decided = _decision(weights, np.dtype(dtype), shape, runtime)
+    if not isinstance(decided, tuple):
+        return decided
+    flipped, rows = decided
+    totals, seconds = frame_totals(runtime, chunk)
+    return Complement(weights=flipped, rows=rows, totals=totals, totals_s=seconds)
+
+
+def _decision(
+    weights: np.ndarray, dtype: np.dtype[Any], shape: tuple[int, int], runtime: Any
+) -> tuple[np.ndarray, np.ndarray] | Declined | None:
+    """The flipped weights and the rows flipped, or why not: the same for every chunk.
+
+    Kept per weight content (XXH3-128 of the rows, one sweep), dtype, frame shape and
+    runtime, so a pass's chunks decide once: a decision prices the weights twice
+    through the runtime's kernel choice (1-2 ms of Python per chunk before it was kept).
+    """
+    import xxhash
+
+    rows_c = np.ascontiguousarray(weights, dtype=np.float64)
+    key = (
+        xxhash.xxh3_128_digest(rows_c.reshape(-1).view(np.uint8).data),
+        rows_c.shape,
+        dtype.str,
+        shape,
+        type(runtime),  # the price is the runtime class's own
+        str(getattr(runtime, "name", "")),
+        bool(config.get("integer_dot_kernel")),  # the CPU's price depends on it
+    )
+    with _lock:
+        if key in _decisions:
+            _decisions.move_to_end(key)
+            return _decisions[key]
+    decided = _decide(rows_c, dtype, shape, runtime)
+    if isinstance(decided, tuple):
+        for array in decided:
+            array.setflags(write=False)  # shared by every chunk of the pass
+    with _lock:
+        _decisions[key] = decided
+        while len(_decisions) > _DECISIONS_KEPT:
+            _decisions.popitem(last=False)
+    return decided
+
+
+def _decide(
+    weights: np.ndarray, dtype: np.dtype[Any], shape: tuple[int, int], runtime: Any
+) -> tuple[np.ndarray, np.ndarray] | Declined | None:
     binary = np.all((weights == 0.0) | (weights == 1.0), axis=1)
     covered = np.count_nonzero(weights, axis=1) / max(weights.shape[1], 1)
     rows = binary & (covered > MIN_SUPPORT)
     if not rows.any():
-        return None
-    try:
-        shape = _frame_shape(chunk)
-    except ValueError:
         return None
     if shape[0] * shape[1] != weights.shape[1]:
         return None
@@ -155,9 +209,8 @@ def plan_complement(
     flipped[rows] = 1.0 - flipped[rows]
     price = getattr(runtime, "frame_pass_cost", None)
     if price is not None:
-        asked = price(weights, dtype=np.dtype(dtype), frame_shape=shape)
-        through = price(flipped, dtype=np.dtype(dtype), frame_shape=shape)
+        asked = price(weights, dtype=dtype, frame_shape=shape)
+        through = price(flipped, dtype=dtype, frame_shape=shape)
         if asked is not None and through is not None and through >= asked:
             return Declined(asked=float(asked), complement=float(through))
-    totals, seconds = frame_totals(runtime, chunk)
-    return Complement(weights=flipped, rows=rows, totals=totals, totals_s=seconds)
+    return flipped, rows
