@@ -20,7 +20,11 @@ name                          meaning                                    default
                               comes from the worker's task threads)
 ``stream_piece_mib``          MiB a streamed chunk pass reads, hashes    2
                               and runs at a time (0: whole chunks;
-                              docs/streamed-pass.md)
+                              docs/streamed-pass.md); with
+                              ``read_method="auto"`` a file read by
+                              ``pread`` may be read in pieces up to 4x
+                              larger where the worker's probe measured
+                              them faster
 ``map_piece_mib``             MiB a streamed pass maps and runs at a      16
                               time where it reads through a map and its
                               kernel carries the digest (one sweep: the

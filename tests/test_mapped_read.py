@@ -299,6 +299,7 @@ def _fake_probes(
         *,
         count_busy: bool = False,
         kernels: object = None,
+        piece_cap: int = 0,
     ) -> object:
         given = methods[len(asked)]
         asked.append((nbytes, start, sweeps))
@@ -553,3 +554,150 @@ def test_a_runtime_sweep_that_fails_leaves_the_probe_to_a_sum_and_says_so(tmp_pa
     )
     # its rounds and its verdict are a sum's: pread unless the map is 1.15x faster
     assert "read, digest and a sweep by a sum of the bytes" in choice.why
+
+
+def test_pread_piece_sizes_a_probe_reads_and_the_rule_that_chooses() -> None:
+    from quantem_flow.io import read_method
+
+    mib = 1 << 20
+    assert read_method._pread_sizes(2 * mib, 16 * mib) == [2 * mib, 8 * mib]
+    assert read_method._pread_sizes(2 * mib, 6 * mib) == [2 * mib, 6 * mib]  # whole pieces
+    assert read_method._pread_sizes(2 * mib, 3 * mib) == [2 * mib]  # no larger whole piece fits
+    assert read_method._pread_sizes(2 * mib, 0) == [2 * mib]  # admission counted one piece
+    # the setting's piece unless a larger one reads at least 1.05x faster
+    assert read_method._pread_piece({mib: 1.0, 4 * mib: 1.04}, mib)[0] == mib
+    chosen, why = read_method._pread_piece({mib: 1.0, 4 * mib: 1.06}, mib)
+    assert chosen == 4 * mib
+    assert "4194304 bytes, at least 1.05x faster than 1048576-byte pieces" in why
+    kept, why = read_method._pread_piece({mib: 1.3, 4 * mib: 1.0}, mib)
+    assert kept == mib and "(the setting's)" in why and "1048576: 1.3" in why
+
+
+def test_the_probe_reads_pread_in_a_larger_piece_where_admission_counted_one(
+    tmp_path: Path,
+) -> None:
+    from quantem_flow.io import read_method
+
+    path = tmp_path / "p.bin"
+    np.zeros(64 << 20, dtype=np.uint8).tofile(path)
+    seen: list[int] = []
+    lock = __import__("threading").Lock()
+
+    def kernels(view: np.ndarray) -> None:
+        with lock:
+            seen.append(view.nbytes)
+
+    probe = read_method._probe(
+        path, 0, 64 << 20, 1 << 20, sweeps=1, kernels=kernels, count_busy=True, piece_cap=4 << 20
+    )
+    assert set(probe.pread_GBps) == {1 << 20, 4 << 20}
+    assert probe.measured_GBps["pread"] == max(probe.pread_GBps.values())
+    assert "pread in 1048576-byte and 4194304-byte pieces" in probe.why
+    # 3 ways (pread 1 and 4 MiB, the map) x 2 rounds x 2 threads x 4 MiB, and the untimed
+    # first call over one 4 MiB buffer
+    assert sum(seen) == 3 * 2 * 2 * (4 << 20) + (4 << 20)
+    assert sorted(set(seen)) == [1 << 20, 4 << 20]
+    if probe.method == "pread":
+        assert probe.piece_bytes in (0, 4 << 20)
+    else:
+        assert probe.piece_bytes == 0  # a map reads in the pass's map pieces
+    record = probe.record()
+    assert set(record["pread_GBps_by_piece_bytes"]) == {"1048576", "4194304"}
+    pickle.loads(pickle.dumps(probe))
+
+
+@pytest.mark.parametrize(
+    ("sizes", "method", "piece"),
+    [
+        # the larger piece's fastest round over both probes is >= 1.05x: chosen
+        ([{1: 1.0, 4: 1.2}, {1: 1.1, 4: 1.0}], "pread", 4),
+        # within 1.05x of each other: the setting's piece
+        ([{1: 1.0, 4: 1.04}, {1: 1.02, 4: 1.0}], "pread", 0),
+        # the map chosen: no pread piece
+        ([{1: 0.5, 4: 0.6}, {1: 0.5, 4: 0.6}], "mmap", 0),
+    ],
+)
+def test_two_probes_choose_the_pread_piece_from_their_fastest_rounds(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    sizes: list[dict[int, float]],
+    method: str,
+    piece: int,
+) -> None:
+    from quantem_flow.io import read_method
+
+    mib = 1 << 20
+    rates = [
+        {"mmap": 1.0, "pread": max(s.values()), "sizes": {k * mib: v for k, v in s.items()}}
+        for s in sizes
+    ]
+    calls: list[int] = []
+
+    def fake(*args: Any, piece_cap: int = 0, **kwargs: Any) -> read_method.ReadChoice:
+        r = rates[len(calls) % len(rates)]
+        calls.append(piece_cap)
+        return read_method.ReadChoice(
+            "pread",
+            "fake",
+            {"mmap": float(r["mmap"]), "pread": float(r["pread"])},
+            pread_GBps=dict(r["sizes"]),
+        )
+
+    monkeypatch.setattr(read_method, "_probe", fake)
+    forget_probes()
+    path = tmp_path / "p.bin"
+    np.zeros(40 << 20, dtype=np.uint8).tofile(path)
+    choice = choose_read_method(
+        "auto", path, 0, 40 << 20, mib, digest_sweep=True, piece_cap=16 * mib
+    )
+    assert calls == [16 * mib, 16 * mib]  # both probes, with what admission counted
+    assert choice.method == method
+    assert choice.piece_bytes == piece * mib
+    assert choice.pread_GBps == {mib: max(s[1] for s in sizes), 4 * mib: max(s[4] for s in sizes)}
+    if method == "pread":
+        assert ("pread pieces of 4194304 bytes" if piece else "(the setting's)") in choice.why
+    # another cap is another question
+    assert choose_read_method("auto", path, 0, 40 << 20, mib, piece_cap=mib) is not choice
+    forget_probes()
+
+
+def test_a_pass_reads_in_the_pread_piece_its_probe_chose_with_the_same_values(
+    monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator, tmp_path: Path
+) -> None:
+    from quantem_flow.io import read_method
+
+    data = _frames(rng)
+    np.save(tmp_path / "d.npy", data)
+    ds = qf.open(tmp_path / "d.npy", chunk_rows=3)
+    # the setting's piece: 5 frames, cut to 4 (the kernels' frame group); a scan row is 13
+    asked_pieces: list[tuple[int, int]] = []
+
+    def fake(
+        path: Path, offset: int, nbytes: int, piece: int, *args: Any, piece_cap: int = 0, **kw: Any
+    ) -> read_method.ReadChoice:
+        asked_pieces.append((piece, piece_cap))
+        return read_method.ReadChoice(
+            "pread",
+            "fake",
+            {"mmap": 1.0, "pread": 2.0},
+            pread_GBps={piece: 1.0, 4 * piece: 2.0},
+        )
+
+    monkeypatch.setattr(read_method, "_probe", fake)
+    forget_probes()
+    with config.set(stream_piece_mib=PIECE_MIB, map_piece_mib=4 * PIECE_MIB, read_method="auto"):
+        chosen = qf.compute(*_ops(ds), client="synchronous", progress=False)
+    monkeypatch.undo()
+    # the probe was asked with the pass's piece (4 frames) and what admission counted for a
+    # task's piece (the larger of the read and mapped pieces: 20 frames' bytes)
+    assert asked_pieces and set(asked_pieces) == {(4 * FRAME, int(4 * PIECE_MIB * (1 << 20)))}
+    streamed = [r["streamed"] for r in _records(chosen[0])]
+    assert all(s["read"]["method"] == "pread" for s in streamed)
+    assert all(s["read"]["piece_bytes"] == 16 * FRAME for s in streamed)
+    assert all("chosen by this worker's read probe" in s["piece_size"] for s in streamed)
+    # a whole scan row of 13 frames fits 16 frames: one row per piece instead of 4 frames
+    assert all(s["piece_frames"] == 13 for s in streamed)
+    asked = _run(ds, "pread")  # the setting's pieces, no probe
+    assert all(r["streamed"]["piece_frames"] == 4 for r in _records(asked[0]))
+    _same(chosen, asked)
+    forget_probes()

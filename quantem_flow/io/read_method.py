@@ -35,8 +35,14 @@ both: one probe whose ``pread`` rounds met other work (an exact-NumPy chunk
 on the other thread) once measured the map 3x faster here, and a single
 probe finding ``pread`` as fast once kept an HDF5 file on ``pread`` (1.6x
 slower) for a worker's life (benchmarks/RESULTS.md, issue 24, tenth stop).
-The two probes run back to back, while the worker's other tasks reading the
-file wait for the verdict: a second probe made later, on another chunk, ran
+The probe also reads ``pread`` in a second, larger piece (:data:`PREAD_LARGER`
+times the pass's, within what admission counted for a task's piece) as a third
+way in every round; a file read by ``pread`` is read in the larger pieces where
+their fastest round was at least ``1 / SIZE_MARGIN`` times the setting's
+(:attr:`ReadChoice.piece_bytes`; larger pieces spread the kernel's calls and
+the Python around each piece, smaller ones keep the copy in cache: which wins
+is the machine's).  The two probes run back to back, while the worker's other
+tasks reading the file wait for the verdict: a second probe made later, on another chunk, ran
 beside the first chunk's kernels, and on the AVX2 VM of the thirteenth stop
 a worker kept an HDF5 file on ``pread`` at 0.6x the map's pass.  Other
 threads of the process are watched too: a round during which they used more
@@ -85,6 +91,15 @@ PROBE_ROUNDS = 4
 PIECES_PER_THREAD = 4
 #: The probe's reused buffers (one piece per thread) stay within this many bytes.
 PROBE_BUFFER_BYTES = 64 << 20
+#: Multiple of the configured ``pread`` piece a probe also reads ``pread`` pieces in, where a
+#: task's piece may hold that many bytes (``piece_cap``: what admission counted for it).
+PREAD_LARGER = 4
+#: A larger ``pread`` piece is chosen where its fastest round is at least this much faster
+#: than the configured piece's (the same bytes each way, the pass's own sweep): larger pieces
+#: spread each piece's fixed cost (the call, the kernel's entry, Python around it), smaller
+#: ones keep the copy in a core's cache for the sweep; which wins depends on the machine
+#: (8 MiB pieces were 1.06-1.20x 2 MiB on this project's two VMs with the pass's own sweep).
+SIZE_MARGIN = 1 / 1.05
 #: A way must be this much faster (fastest round time ratio) to be chosen over the other
 #: (within it, :func:`_decide`'s tie rule): rounds of one file differ by ~5-10 % from one
 #: another on a shared machine.
@@ -107,19 +122,31 @@ class ReadChoice:
     why
         A sentence for the chunk record.
     measured_GBps
-        The probe's read-and-touch rates (``{"mmap": ..., "pread": ...}``),
-        empty when nothing was measured.
+        The probe's read-and-touch rates (``{"mmap": ..., "pread": ...}``; ``pread``'s
+        the faster of its piece sizes), empty when nothing was measured.
+    piece_bytes
+        Bytes per ``pread`` piece the probe chose for the pass, or 0: the pass's own
+        piece (``stream_piece_mib``; a map reads pieces of ``map_piece_mib``).
+    pread_GBps
+        ``pread``'s rate per piece size the probe read (``{bytes: GB/s}``), where it read
+        more than one.
     """
 
     method: str
     why: str
     measured_GBps: dict[str, float] = dataclasses.field(default_factory=dict)
+    piece_bytes: int = 0
+    pread_GBps: dict[int, float] = dataclasses.field(default_factory=dict)
 
     def record(self) -> dict[str, Any]:
         """JSON-ready form for the chunk record."""
         out: dict[str, Any] = {"method": self.method, "why": self.why}
         if self.measured_GBps:
             out["measured_GBps"] = dict(self.measured_GBps)
+        if self.piece_bytes:
+            out["piece_bytes"] = self.piece_bytes
+        if self.pread_GBps:
+            out["pread_GBps_by_piece_bytes"] = {str(k): v for k, v in self.pread_GBps.items()}
         return out
 
 
@@ -265,6 +292,16 @@ def _reading(
     return one
 
 
+def _pread_sizes(piece: int, piece_cap: int) -> list[int]:
+    """The ``pread`` piece sizes a probe reads: the pass's own, and a larger one where it fits.
+
+    The larger is :data:`PREAD_LARGER` times the piece, at most ``piece_cap`` (the bytes a
+    task's piece may hold, as admission counted it), in whole multiples of the piece.
+    """
+    larger = min(PREAD_LARGER * piece, piece_cap // max(piece, 1) * piece)
+    return [piece, larger] if larger > piece else [piece]
+
+
 def _probe(
     path: Path,
     offset: int,
@@ -276,29 +313,34 @@ def _probe(
     *,
     count_busy: bool = False,
     kernels: Sweep | None = None,
+    piece_cap: int = 0,
 ) -> ReadChoice:
     """Measure both ways on ``[offset, offset + nbytes)``, from byte ``offset + start`` on.
 
     Each thread reads a run of ``span`` bytes per round: ``pread`` in pieces of
-    ``piece``, the map in pieces of ``map_piece`` where larger (as the pass maps them).
-    Rounds during which the process's other threads used more than :data:`BUSY_OTHERS`
-    of a CPU do not count unless ``count_busy``; where every round of a way was such a
-    round, nothing is measured (the answer says so).
+    ``piece`` and, where ``piece_cap`` allows, of a larger size too
+    (:func:`_pread_sizes`), the map in pieces of ``map_piece`` where larger (as the pass
+    maps them).  Rounds during which the process's other threads used more than
+    :data:`BUSY_OTHERS` of a CPU do not count unless ``count_busy``; where every round of
+    a way was such a round, nothing is measured (the answer says so).
     """
-    n_threads = _probe_threads(piece)
-    sizes = {"pread": piece, "mmap": max(piece, map_piece)}
-    span = max(PIECES_PER_THREAD * piece, sizes["mmap"])
+    pread_sizes = _pread_sizes(piece, piece_cap)
+    ways = {f"pread {size}": ("pread", size) for size in pread_sizes}
+    ways["mmap"] = ("mmap", max(piece, map_piece))
+    n_threads = _probe_threads(max(pread_sizes))
+    span = max(PIECES_PER_THREAD * piece, *(size for _, size in ways.values()))
     per_round = n_threads * span
-    rounds = min(PROBE_ROUNDS, nbytes // (2 * per_round))
+    rounds = min(PROBE_ROUNDS, nbytes // (len(ways) * per_round))
     if rounds < 1:
         return ReadChoice(
             "pread",
             f"too few bytes to measure ({nbytes} bytes, runs of {span} bytes per thread)",
         )
-    used = 2 * rounds * per_round
+    used = len(ways) * rounds * per_round
     first = start if start + used <= nbytes else 0
-    bufs = [np.zeros(piece, dtype=np.uint8) for _ in range(n_threads)]  # faulted in, as reused
-    _touch(bufs[0], 2, kernels)  # buffers are; the first calls of digest and kernels are not timed
+    # faulted in, as reused buffers are (one per thread, of the largest pread piece)
+    bufs = [np.zeros(max(pread_sizes), dtype=np.uint8) for _ in range(n_threads)]
+    _touch(bufs[0], 2, kernels)  # the first calls of digest and kernels are not timed
     try:
         mapped = MappedFile(path)  # the probe's own map: closed with it, whatever is chosen
         fd = os.open(path, os.O_RDONLY)
@@ -309,22 +351,22 @@ def _probe(
         # what the threads' hand-offs between rounds cost the process by themselves
         # (0.1-0.2 ms here): not other work
         idle = min(readers.round(lambda i: None)[1] for _ in range(3))
-        times: dict[str, list[float]] = {"pread": [], "mmap": []}
-        others: dict[str, list[float]] = {"pread": [], "mmap": []}
+        times: dict[str, list[float]] = {way: [] for way in ways}
+        others: dict[str, list[float]] = {way: [] for way in ways}
         at_byte = first
         for _ in range(rounds):
-            for method in ("pread", "mmap"):
-                size = sizes[method]
+            for way, (method, size) in ways.items():
                 at = [
                     [offset + at_byte + i * span + j * size for j in range(span // size)]
                     for i in range(n_threads)
                 ]
                 at_byte += per_round
+                views = [b[:size] for b in bufs]
                 wall, busy = readers.round(
-                    _reading(fd, mapped, bufs, method, at, sweeps, size, kernels)
+                    _reading(fd, mapped, views, method, at, sweeps, size, kernels)
                 )
-                times[method].append(wall)
-                others[method].append(busy)
+                times[way].append(wall)
+                others[way].append(busy)
     except OSError as exc:
         raise CorruptChunkError(
             f"reading {str(path)!r} to measure reads failed: {exc}; check the storage"
@@ -352,13 +394,18 @@ def _probe(
             "pread",
             (
                 f"{_BUSY} kept {busiest:.0%} of a CPU busy "
-                f"during the probe's rounds ({dropped} of {2 * rounds} rounds over "
+                f"during the probe's rounds ({dropped} of {len(ways) * rounds} rounds over "
                 f"{BUSY_OTHERS:.0%}), which would slow them; measured on a later chunk"
             ),
         )
-    read = {k: n_threads * (span // sizes[k]) * sizes[k] for k in times}
-    rate = {k: read[k] / min(v) / 1e9 for k, v in quiet.items()}
-    method, rule = _decide(rate, sweeps)
+    rate = {
+        way: n_threads * (span // size) * size / min(quiet[way]) / 1e9
+        for way, (_, size) in ways.items()
+    }
+    by_size = {size: round(rate[f"pread {size}"], 3) for size in pread_sizes}
+    measured = {"mmap": rate["mmap"], "pread": max(by_size.values())}
+    method, rule = _decide(measured, sweeps)
+    chosen, size_rule = _pread_piece(by_size, piece)
     what = _sweep_words(sweeps, by_kernels=kernels is not None)
     skipped = (
         f"; counting rounds during which other threads of this worker used up to "
@@ -369,15 +416,41 @@ def _probe(
         if dropped
         else ""
     )
+    pread_words = " and ".join(f"{size}-byte" for size in pread_sizes)
     return ReadChoice(
         method,
         (
             f"measured on this file by this worker ({what} on {n_threads} threads at "
-            f"once, as a pass runs): a map {rate['mmap']:.1f} GB/s, pread {rate['pread']:.1f} GB/s "
-            f"({rounds} rounds each way of {span} bytes per thread, pread in {piece}-byte "
-            f"pieces, the map in {sizes['mmap']}-byte pieces, alternating{skipped}); {rule}"
+            f"once, as a pass runs): a map {measured['mmap']:.1f} GB/s, pread "
+            f"{measured['pread']:.1f} GB/s ({rounds} rounds each way of {span} bytes per "
+            f"thread, pread in {pread_words} pieces, the map in {ways['mmap'][1]}-byte pieces, "
+            f"alternating{skipped}); {rule}"
+            + (f"; {size_rule}" if len(by_size) > 1 and method == "pread" else "")
         ),
-        {k: round(v, 3) for k, v in rate.items()},
+        {k: round(v, 3) for k, v in measured.items()},
+        piece_bytes=chosen if method == "pread" and chosen != piece else 0,
+        pread_GBps=by_size if len(by_size) > 1 else {},
+    )
+
+
+def _pread_piece(by_size: dict[int, float], piece: int) -> tuple[int, str]:
+    """The ``pread`` piece a probe's rates choose (``{bytes: GB/s}``), and the rule.
+
+    The pass's own piece unless a larger one read at least ``1 / SIZE_MARGIN`` times
+    faster (its fastest round, the same bytes, the pass's own sweep).
+    """
+    lead = 1 / SIZE_MARGIN
+    if piece not in by_size:  # not read in the setting's piece: nothing to compare with
+        return piece, f"pread pieces of {piece} bytes (the setting's)"
+    best = max(by_size, key=lambda size: (by_size[size], -size))
+    if best != piece and by_size[piece] <= SIZE_MARGIN * by_size[best]:
+        return best, (
+            f"pread pieces of {best} bytes, at least {lead:.2f}x faster than "
+            f"{piece}-byte pieces ({by_size[best]:.3g} against {by_size[piece]:.3g} GB/s)"
+        )
+    return piece, (
+        f"pread pieces of {piece} bytes (the setting's), as no other size read at least "
+        f"{lead:.2f}x faster ({', '.join(f'{k}: {v:.3g}' for k, v in by_size.items())} GB/s)"
     )
 
 
@@ -436,8 +509,9 @@ def choose_read_method(
     digest_sweep: bool = True,
     map_piece: int = 0,
     kernels: Sweep | None = None,
+    piece_cap: int = 0,
 ) -> ReadChoice:
-    """How to read a chunk's pieces.
+    """How to read a chunk's pieces, and in what size where ``pread`` reads them.
 
     Parameters
     ----------
@@ -467,6 +541,12 @@ def choose_read_method(
         on the AVX2 VM of issue 24's thirteenth stop the sum chose ``pread`` for a
         ``.npy`` whose pass ran 1.15x faster through the map.  The first pass that
         probes a file decides for it in this process.
+    piece_cap
+        The most bytes one piece of the pass may hold (what admission counted for a
+        task: the larger of the read and mapped pieces).  Where it is at least twice
+        ``piece``, the probe also reads ``pread`` pieces of up to :data:`PREAD_LARGER`
+        times ``piece`` and the choice says which size ``pread`` reads in
+        (:attr:`ReadChoice.piece_bytes`).
     """
     checked_read_method(requested)
     if requested == "pread":
@@ -495,6 +575,7 @@ def choose_read_method(
         sweeps,
         map_piece,
         kernels is not None,
+        piece_cap,
     )
     found = _PROBES.get(key)  # decided: no wait on a probe of another file
     if found is not None:
@@ -527,6 +608,7 @@ def choose_read_method(
                 map_piece,
                 count_busy=tries >= BUSY_TRIES,
                 kernels=kernels,
+                piece_cap=piece_cap,
             )
             if not probe.measured_GBps:  # too short, or other work: decides nothing now
                 if probe.why.startswith(_BUSY):
@@ -534,7 +616,7 @@ def choose_read_method(
                 return probe
             probes.append(probe)
         _BUSY_TRIES.pop(key, None)
-        decided = _verdict(probes, sweeps, by_kernels=kernels is not None)
+        decided = _verdict(probes, sweeps, by_kernels=kernels is not None, piece=piece)
         if fell_back:
             decided = dataclasses.replace(decided, why=f"{fell_back}; {decided.why}")
         _PROBES[key] = decided
@@ -560,16 +642,23 @@ def _working_sweep(kernels: Sweep | None, piece: int) -> tuple[Sweep | None, str
     return kernels, ""
 
 
-def _verdict(probes: list[ReadChoice], sweeps: int, *, by_kernels: bool) -> ReadChoice:
+def _verdict(
+    probes: list[ReadChoice], sweeps: int, *, by_kernels: bool, piece: int = 0
+) -> ReadChoice:
     """The file's read method from its probes: the fastest round each way over all of them.
 
     Other work (the other task threads' kernels, a compiler) only ever slows a
     round down, and it hits one way in one probe as often as the other: the
     fastest round of each way over every probe is the nearest to each way's
-    own rate.  Which way wins within ``1 / MARGIN``: :func:`_decide`.
+    own rate.  Which way wins within ``1 / MARGIN``: :func:`_decide`; which
+    ``pread`` piece, where the probes read more than one: :func:`_pread_piece`.
     """
     best = {k: max(p.measured_GBps[k] for p in probes) for k in probes[0].measured_GBps}
+    sizes = {size: max(p.pread_GBps[size] for p in probes) for size in probes[0].pread_GBps}
+    if sizes:
+        best["pread"] = max(sizes.values())
     method, rule = _decide(best, sweeps)
+    chosen, size_rule = _pread_piece(sizes, piece) if sizes else (piece, "")
     what = _sweep_words(sweeps, by_kernels=by_kernels)
     return ReadChoice(
         method,
@@ -580,6 +669,9 @@ def _verdict(probes: list[ReadChoice], sweeps: int, *, by_kernels: bool) -> Read
             f"thread at once); their fastest rounds, a map {best['mmap']:.1f} GB/s and pread "
             f"{best['pread']:.1f} GB/s ({rule}): "
             f"{'the map' if method == 'mmap' else 'pread'} for every chunk of this file"
+            + (f"; {size_rule}" if sizes and method == "pread" else "")
         ),
         {k: round(v, 3) for k, v in best.items()},
+        piece_bytes=chosen if method == "pread" and chosen != piece else 0,
+        pread_GBps=sizes,
     )
