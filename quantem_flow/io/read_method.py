@@ -85,7 +85,8 @@ __all__ = [
 
 #: Values of the ``read_method`` setting.
 READ_METHODS = ("auto", "mmap", "pread")
-#: Rounds each way a probe reads (alternating).
+#: Rounds each way a probe of two ways reads (alternating); with a third way (a larger
+#: ``pread`` piece) each way reads fewer, so a probe reads about as much as two ways did.
 PROBE_ROUNDS = 4
 #: Pieces each thread reads and sweeps per round (thread start-up is amortised over them).
 PIECES_PER_THREAD = 4
@@ -330,7 +331,9 @@ def _probe(
     n_threads = _probe_threads(max(pread_sizes))
     span = max(PIECES_PER_THREAD * piece, *(size for _, size in ways.values()))
     per_round = n_threads * span
-    rounds = min(PROBE_ROUNDS, nbytes // (len(ways) * per_round))
+    # a first compute pays for its probes (two per file and process): about as many bytes
+    # whatever the number of ways
+    rounds = min(-(-2 * PROBE_ROUNDS // len(ways)), nbytes // (len(ways) * per_round))
     if rounds < 1:
         return ReadChoice(
             "pread",
