@@ -564,13 +564,14 @@ def test_pread_piece_sizes_a_probe_reads_and_the_rule_that_chooses() -> None:
     assert read_method._pread_sizes(2 * mib, 6 * mib) == [2 * mib, 6 * mib]  # whole pieces
     assert read_method._pread_sizes(2 * mib, 3 * mib) == [2 * mib]  # no larger whole piece fits
     assert read_method._pread_sizes(2 * mib, 0) == [2 * mib]  # admission counted one piece
-    # the setting's piece unless a larger one reads at least 1.05x faster
-    assert read_method._pread_piece({mib: 1.0, 4 * mib: 1.04}, mib)[0] == mib
-    chosen, why = read_method._pread_piece({mib: 1.0, 4 * mib: 1.06}, mib)
+    # the largest piece within 1.05x of the fastest: the setting's only where clearly faster
+    chosen, why = read_method._pread_piece({mib: 1.04, 4 * mib: 1.0}, mib)
     assert chosen == 4 * mib
-    assert "4194304 bytes, at least 1.05x faster than 1048576-byte pieces" in why
-    kept, why = read_method._pread_piece({mib: 1.3, 4 * mib: 1.0}, mib)
-    assert kept == mib and "(the setting's)" in why and "1048576: 1.3" in why
+    assert "4194304 bytes, the largest read within 1.05x of the fastest" in why
+    assert read_method._pread_piece({mib: 1.0, 4 * mib: 1.3}, mib)[0] == 4 * mib
+    kept, why = read_method._pread_piece({mib: 1.06, 4 * mib: 1.0}, mib)
+    assert kept == mib and "(the setting's)" in why and "1048576: 1.06" in why
+    assert read_method._pread_piece({}, mib)[0] == mib
 
 
 def test_the_probe_reads_pread_in_a_larger_piece_where_admission_counted_one(
@@ -609,10 +610,12 @@ def test_the_probe_reads_pread_in_a_larger_piece_where_admission_counted_one(
 @pytest.mark.parametrize(
     ("sizes", "method", "piece"),
     [
-        # the larger piece's fastest round over both probes is >= 1.05x: chosen
+        # the fastest rounds over both probes: the larger piece 1.2, the setting's 1.1
         ([{1: 1.0, 4: 1.2}, {1: 1.1, 4: 1.0}], "pread", 4),
-        # within 1.05x of each other: the setting's piece
-        ([{1: 1.0, 4: 1.04}, {1: 1.02, 4: 1.0}], "pread", 0),
+        # within 1.05x of each other: the larger piece
+        ([{1: 1.0, 4: 1.0}, {1: 1.04, 4: 0.9}], "pread", 4),
+        # the setting's piece read 1.2x faster in one probe: the setting's
+        ([{1: 1.2, 4: 1.0}, {1: 1.0, 4: 0.9}], "pread", 0),
         # the map chosen: no pread piece
         ([{1: 0.5, 4: 0.6}, {1: 0.5, 4: 0.6}], "mmap", 0),
     ],
@@ -655,7 +658,8 @@ def test_two_probes_choose_the_pread_piece_from_their_fastest_rounds(
     assert choice.piece_bytes == piece * mib
     assert choice.pread_GBps == {mib: max(s[1] for s in sizes), 4 * mib: max(s[4] for s in sizes)}
     if method == "pread":
-        assert ("pread pieces of 4194304 bytes" if piece else "(the setting's)") in choice.why
+        said = "pread pieces of 4194304 bytes, the largest" if piece else "(the setting's)"
+        assert said in choice.why
     # another cap is another question
     assert choose_read_method("auto", path, 0, 40 << 20, mib, piece_cap=mib) is not choice
     forget_probes()

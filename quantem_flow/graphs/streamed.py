@@ -305,8 +305,8 @@ def run_streamed_chunk(
         largest = largest_piece(pieces)
         piece_why = (
             f"{choice.piece_bytes / (1 << 20):g} MiB, chosen by this worker's read probe: "
-            f"pread pieces of that size read at least {1 / SIZE_MARGIN:.2f}x faster than "
-            f"stream_piece_mib's ({piece_bytes / (1 << 20):g} MiB) with the pass's own sweep"
+            f"the largest pread piece it read within {1 / SIZE_MARGIN:.2f}x of the fastest "
+            f"with the pass's own sweep (stream_piece_mib: {piece_bytes / (1 << 20):g} MiB)"
         )
     if mapped is not None and in_kernel is not None and map_piece_bytes > piece_bytes:
         pieces = stream_pieces(rows, n_cols, frame_nbytes, map_piece_bytes)

@@ -37,12 +37,13 @@ probe finding ``pread`` as fast once kept an HDF5 file on ``pread`` (1.6x
 slower) for a worker's life (benchmarks/RESULTS.md, issue 24, tenth stop).
 The probe also reads ``pread`` in a second, larger piece (:data:`PREAD_LARGER`
 times the pass's, within what admission counted for a task's piece) as a third
-way in every round; a file read by ``pread`` is read in the larger pieces where
-their fastest round was at least ``1 / SIZE_MARGIN`` times the setting's
+way in every round; a file read by ``pread`` is read in the larger pieces unless
+the setting's read at least ``1 / SIZE_MARGIN`` times faster
 (:attr:`ReadChoice.piece_bytes`; larger pieces spread the kernel's calls and
-the Python around each piece, smaller ones keep the copy in cache: which wins
-is the machine's).  The two probes run back to back, while the worker's other
-tasks reading the file wait for the verdict: a second probe made later, on another chunk, ran
+the Python around each piece, more of it in a pass than in a probe, smaller
+ones keep the copy in cache: which wins is the machine's).  The two probes run
+back to back, while the worker's other tasks reading the file wait for the
+verdict: a second probe made later, on another chunk, ran
 beside the first chunk's kernels, and on the AVX2 VM of the thirteenth stop
 a worker kept an HDF5 file on ``pread`` at 0.6x the map's pass.  Other
 threads of the process are watched too: a round during which they used more
@@ -95,11 +96,12 @@ PROBE_BUFFER_BYTES = 64 << 20
 #: Multiple of the configured ``pread`` piece a probe also reads ``pread`` pieces in, where a
 #: task's piece may hold that many bytes (``piece_cap``: what admission counted for it).
 PREAD_LARGER = 4
-#: A larger ``pread`` piece is chosen where its fastest round is at least this much faster
-#: than the configured piece's (the same bytes each way, the pass's own sweep): larger pieces
-#: spread each piece's fixed cost (the call, the kernel's entry, Python around it), smaller
-#: ones keep the copy in a core's cache for the sweep; which wins depends on the machine
-#: (8 MiB pieces were 1.06-1.20x 2 MiB on this project's two VMs with the pass's own sweep).
+#: ``pread`` reads in the largest piece whose fastest round was within this factor of the
+#: fastest piece's (the same bytes each way, the pass's own sweep): larger pieces spread each
+#: piece's fixed cost (the call, the kernel's entry, the Python around it, more of it in a
+#: pass than in a probe), smaller ones keep the copy in a core's cache for the sweep; which
+#: wins is the machine's (8 MiB pieces ran passes 1.06-1.31x faster than 2 MiB on this
+#: project's two VMs, while their probes found them within 5 %).
 SIZE_MARGIN = 1 / 1.05
 #: A way must be this much faster (fastest round time ratio) to be chosen over the other
 #: (within it, :func:`_decide`'s tie rule): rounds of one file differ by ~5-10 % from one
@@ -439,21 +441,27 @@ def _probe(
 def _pread_piece(by_size: dict[int, float], piece: int) -> tuple[int, str]:
     """The ``pread`` piece a probe's rates choose (``{bytes: GB/s}``), and the rule.
 
-    The pass's own piece unless a larger one read at least ``1 / SIZE_MARGIN`` times
-    faster (its fastest round, the same bytes, the pass's own sweep).
+    The largest piece whose fastest round was within ``SIZE_MARGIN`` of the fastest
+    size's: the passes measured so far ran faster in larger ``pread`` pieces than their
+    probes showed (the Python and calls around each piece are the pass's, not the
+    probe's: 8 MiB pieces 1.06-1.31x 2 MiB in passes whose probes found them within 5 %),
+    so a smaller piece is kept only where it read clearly faster (a machine whose caches
+    the larger copy no longer fits).
     """
     lead = 1 / SIZE_MARGIN
-    if piece not in by_size:  # not read in the setting's piece: nothing to compare with
+    if not by_size:
         return piece, f"pread pieces of {piece} bytes (the setting's)"
-    best = max(by_size, key=lambda size: (by_size[size], -size))
-    if best != piece and by_size[piece] <= SIZE_MARGIN * by_size[best]:
-        return best, (
-            f"pread pieces of {best} bytes, at least {lead:.2f}x faster than "
-            f"{piece}-byte pieces ({by_size[best]:.3g} against {by_size[piece]:.3g} GB/s)"
+    fastest = max(by_size.values())
+    chosen = max(size for size, rate in by_size.items() if rate >= SIZE_MARGIN * fastest)
+    rates = ", ".join(f"{k}: {v:.3g}" for k, v in by_size.items())
+    if chosen == piece:
+        return piece, (
+            f"pread pieces of {piece} bytes (the setting's), as no larger piece read within "
+            f"{lead:.2f}x of it ({rates} GB/s)"
         )
-    return piece, (
-        f"pread pieces of {piece} bytes (the setting's), as no other size read at least "
-        f"{lead:.2f}x faster ({', '.join(f'{k}: {v:.3g}' for k, v in by_size.items())} GB/s)"
+    return chosen, (
+        f"pread pieces of {chosen} bytes, the largest read within {lead:.2f}x of the "
+        f"fastest ({rates} GB/s; the setting's {piece} bytes)"
     )
 
 
