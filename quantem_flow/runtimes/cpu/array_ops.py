@@ -92,10 +92,10 @@ class NumpyOps(ArrayOps):
         return x
 
     def rfft2(self, x: Any, shape: tuple[int, int]) -> Any:
-        """``scipy.fft.rfft2`` with ``workers`` threads."""
-        import scipy.fft
+        """``scipy.fft.rfft2`` with ``workers`` threads (SciPy's pocketfft: :mod:`.pocketfft`)."""
+        from . import pocketfft
 
-        return scipy.fft.rfft2(x, s=shape, axes=(-2, -1), workers=self.workers)
+        return pocketfft.rfft2(x, s=shape, axes=(-2, -1), workers=self.workers)
 
     def exp_i(self, phase: Any) -> Any:
         """``cos + i sin`` in complex128."""
@@ -159,7 +159,7 @@ class NumpyOps(ArrayOps):
         The spectra are a view of one reused ``(SPECTRA_SUB_BLOCK, rows, cols)``
         buffer, overwritten by the next sub-block: use them before asking for it.
         """
-        import scipy.fft
+        from . import pocketfft
 
         Rp, Cp = grid.fft_shape
         scale = 1.0 / (Rp * Cp)
@@ -187,9 +187,9 @@ class NumpyOps(ArrayOps):
             np.multiply(block[s:e], inv[s:e].reshape(-1, 1, 1), out=xs)
             if padded:
                 xs -= scale
-            f = scipy.fft.rfft(xs, n=Cp, axis=-1, workers=self.workers)
+            f = pocketfft.rfft(xs, n=Cp, axis=-1, workers=self.workers)
             f = f[:, :, :nc] if prefix else np.take(f, cols, axis=2)
-            f = scipy.fft.fft(f, n=Rp, axis=1, workers=self.workers, overwrite_x=True)
+            f = pocketfft.fft(f, n=Rp, axis=1, workers=self.workers, overwrite_x=True)
             if split:
                 out[:, :low] = f[:, :low]
                 out[:, low:] = f[:, Rp - (nr - low) :]
@@ -264,12 +264,12 @@ class NumpyOps(ArrayOps):
 
     def describe(self) -> dict[str, Any]:
         """Runtime, precision and FFT library."""
-        import scipy
+        from . import pocketfft
 
         return {
             "runtime": self.name,
             "precision": self.precision,
-            "fft": f"scipy.fft (pocketfft) {scipy.__version__}, workers={self.workers}",
+            "fft": f"{pocketfft.backend_name()}, workers={self.workers}",
             "spectra": "rfft over scan columns, then fft over scan rows of the band's columns "
             "only (pruned rfft2), float64/complex128",
             "accumulation": "one compiled loop (LLVM IR, no fast-math) over pixels x band "
@@ -280,17 +280,21 @@ class NumpyOps(ArrayOps):
 
     @classmethod
     def prewarm(cls) -> threading.Thread | None:
-        """Import SciPy's FFT and compile the trotter loop in a background thread.
+        """Load SciPy's FFT and compile the trotter loop in a background thread.
 
-        Started when the SSB plan is made, the import (0.14 s in a fresh
-        interpreter) and the compile (:mod:`.trotter_ir`, about 0.02 s)
-        overlap the gather pass instead of adding to the SSB stage, whose own
-        calls wait for them on the import lock and the kernel's lock.  Values
-        do not depend on it.
+        Started when the SSB plan is made, the FFT's load (its pocketfft
+        extension alone, 0.02 s: :mod:`.pocketfft`; the ``scipy.fft`` package
+        where that cannot load, 0.2-0.3 s) and the compile (:mod:`.trotter_ir`,
+        about 0.02 s) overlap the gather pass instead of adding to the SSB
+        stage, whose own calls wait for them on the loader's lock and the
+        kernel's lock.  Values do not depend on it.
         """
 
         def load() -> None:
-            import scipy.fft  # noqa: F401  (0.14 s in a fresh interpreter; the stage needs it)
+            from . import pocketfft
+
+            if pocketfft.extension() is None:
+                import scipy.fft  # noqa: F401  (0.2-0.3 s in a fresh interpreter)
 
             f = np.zeros((1, 1, 1), dtype=np.complex128)
             one = np.zeros(1)
