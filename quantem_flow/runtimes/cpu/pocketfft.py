@@ -111,17 +111,24 @@ def _axis(axis: int, ndim: int) -> int:
 
 def rfft(x: Any, *, n: int, axis: int, workers: int) -> np.ndarray:
     """``scipy.fft.rfft(x, n=n, axis=axis, workers=workers)``, the same values."""
-    ext = extension()
-    if ext is None:
+    if extension() is None:
         import scipy.fft
 
         return np.asarray(scipy.fft.rfft(x, n=n, axis=axis, workers=workers))
+    return _r2c(x, (n,), (axis,), workers)
+
+
+def _r2c(x: Any, sizes: tuple[int, ...], axes: tuple[int, ...], workers: int) -> np.ndarray:
+    """The real transform over ``axes``, each cut or zero-padded to its size first."""
+    ext = extension()
+    assert ext is not None  # the callers fall back to scipy.fft before
     a = _floating(x)
     if a.dtype.kind == "c":
         raise TypeError("x must be a real sequence")
-    ax = _axis(axis, a.ndim)
-    a, _ = _fit(a, n, ax)
-    return np.asarray(ext.r2c(a, (ax,), True, 0, None, int(workers)))
+    ax = tuple(_axis(v, a.ndim) for v in axes)
+    for size, v in zip(sizes, ax, strict=True):
+        a, _ = _fit(a, int(size), v)
+    return np.asarray(ext.r2c(a, ax, True, 0, None, int(workers)))
 
 
 def fft(x: Any, *, n: int, axis: int, workers: int, overwrite_x: bool = False) -> np.ndarray:
@@ -145,15 +152,8 @@ def fft(x: Any, *, n: int, axis: int, workers: int, overwrite_x: bool = False) -
 
 def rfft2(x: Any, *, s: tuple[int, int], axes: tuple[int, int], workers: int) -> np.ndarray:
     """``scipy.fft.rfft2(x, s=s, axes=axes, workers=workers)``, the same values."""
-    ext = extension()
-    if ext is None:
+    if extension() is None:
         import scipy.fft
 
         return np.asarray(scipy.fft.rfft2(x, s=s, axes=axes, workers=workers))
-    a = _floating(x)
-    if a.dtype.kind == "c":
-        raise TypeError("x must be a real sequence")
-    ax = tuple(_axis(v, a.ndim) for v in axes)
-    for size, v in zip(s, ax, strict=True):
-        a, _ = _fit(a, int(size), v)
-    return np.asarray(ext.r2c(a, ax, True, 0, None, int(workers)))
+    return _r2c(x, tuple(s), tuple(axes), workers)
