@@ -299,23 +299,25 @@ def run_streamed_chunk(
     )
     read_s += time.perf_counter() - t_choose
     mapped = mapped_file(where[0]) if choice.method == "mmap" and where is not None else None
+    target = piece_bytes
     piece_why = "cache-sized: the piece is swept more than once, or read into a buffer"
     if mapped is None and choice.method == "pread" and choice.piece_bytes > piece_bytes:
-        pieces = stream_pieces(rows, n_cols, frame_nbytes, choice.piece_bytes)
-        largest = largest_piece(pieces)
+        target = choice.piece_bytes
         piece_why = (
             f"{choice.piece_bytes / (1 << 20):g} MiB, chosen by this worker's read probe: "
             f"the largest pread piece it read within {1 / SIZE_MARGIN:.2f}x of the fastest "
             f"with the pass's own sweep (stream_piece_mib: {piece_bytes / (1 << 20):g} MiB)"
         )
     if mapped is not None and in_kernel is not None and map_piece_bytes > piece_bytes:
-        pieces = stream_pieces(rows, n_cols, frame_nbytes, map_piece_bytes)
-        largest = largest_piece(pieces)
+        target = map_piece_bytes
         piece_why = (
             f"map_piece_mib ({map_piece_bytes / (1 << 20):g} MiB): read through a map and "
             "swept once (the kernel hashes each group of frames in cache), so the piece need "
             "not fit a cache; a larger piece spreads its fixed cost over more bytes"
         )
+    if target != piece_bytes:  # cut again in the larger pieces
+        pieces = stream_pieces(rows, n_cols, frame_nbytes, target)
+        largest = largest_piece(pieces)
     shared = part
     if shared is None and work is not None:
         shared = work.running(

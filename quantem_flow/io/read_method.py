@@ -669,7 +669,7 @@ def _verdict(
     if sizes:
         best["pread"] = max(sizes.values())
     method, rule = _decide(best, sweeps)
-    chosen, size_rule = _pread_piece(sizes, piece) if sizes else (piece, "")
+    chosen, size_rule = _pread_piece(sizes, piece)
     what = _sweep_words(sweeps, by_kernels=by_kernels)
     return ReadChoice(
         method,
